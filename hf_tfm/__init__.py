@@ -1,0 +1,39 @@
+"""hf_tfm: Transformer models (encoder-only, decoder-only, encoder-decoder) native to the Hugging Face ecosystem.
+
+Importing the package registers every model type with the transformers Auto classes, and marks the classes for
+`register_for_auto_class` so that `save_pretrained` writes `auto_map` and copies the flat modeling code.
+"""
+
+import transformers
+
+from .configuration_tfm import TfmConfig, TfmDecoderConfig
+from .modeling_tfm import (
+    AUTO_CLASSES,
+    TfmDecoderForCausalLM,
+    TfmDecoderForSequenceClassification,
+    TfmDecoderModel,
+    TfmPreTrainedModel,
+)
+
+__version__ = "0.1.0"
+
+
+def _register() -> None:
+    for config_class, models in AUTO_CLASSES.items():
+        transformers.AutoConfig.register(config_class.model_type, config_class, exist_ok=True)
+        config_class.register_for_auto_class()
+        for auto_name, model_class in models.items():
+            getattr(transformers, auto_name).register(config_class, model_class, exist_ok=True)
+            model_class.register_for_auto_class(auto_name)
+
+
+_register()
+
+__all__ = [
+    "TfmConfig",
+    "TfmDecoderConfig",
+    "TfmPreTrainedModel",
+    "TfmDecoderModel",
+    "TfmDecoderForCausalLM",
+    "TfmDecoderForSequenceClassification",
+]

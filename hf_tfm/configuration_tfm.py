@@ -1,0 +1,183 @@
+"""Configuration for the hf_tfm family: one config of shared building blocks, one subclass per paradigm.
+
+A config is data that picks the blocks (position scheme, norm, feed-forward, attention shape). Every invalid
+value or combination raises `ValueError` naming the field at construction time, before any model is built.
+"""
+
+from typing import ClassVar
+
+from huggingface_hub.dataclasses import strict
+from transformers.activations import ACT2FN
+from transformers.configuration_utils import PreTrainedConfig
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+POSITION_EMBEDDING_TYPES = ("learned", "sinusoidal", "rope", "alibi", "none")
+NORM_TYPES = ("layernorm", "rmsnorm")
+NORM_POSITIONS = ("pre", "post")
+FFN_TYPES = ("mlp", "glu")
+
+
+def _require(condition: bool, field: str, message: str) -> None:
+    if not condition:
+        raise ValueError(f"Invalid `{field}`: {message}")
+
+
+@strict
+class TfmConfig(PreTrainedConfig):
+    r"""
+    Shared options of every hf_tfm Transformer. Field names follow the transformers models users know.
+
+    Args:
+        vocab_size (`int`): number of token ids the embedding table holds.
+        hidden_size (`int`): width of the residual stream.
+        num_hidden_layers (`int`): number of Transformer blocks.
+        num_attention_heads (`int`): query heads per attention layer.
+        num_key_value_heads (`int`, *optional*): key/value heads; equal to `num_attention_heads` (MHA) by default,
+            fewer for GQA, 1 for MQA. Must divide `num_attention_heads`.
+        head_dim (`int`, *optional*): width of one head; `hidden_size // num_attention_heads` by default.
+        intermediate_size (`int`, *optional*): feed-forward width; `4 * hidden_size` by default.
+        hidden_act (`str`): activation name from `transformers.activations.ACT2FN` (`gelu`, `gelu_new`, `relu`, `silu`...).
+        ffn_type (`str`): `"mlp"` (up, act, down) or `"glu"` (act(gate) * up, down: SwiGLU with `silu`, GeGLU with `gelu`).
+        mlp_bias (`bool`): biases on the feed-forward projections.
+        attention_bias (`bool`): biases on the query, key, value and output projections.
+        position_embedding_type (`str`): `"learned"`, `"sinusoidal"`, `"rope"`, `"alibi"` or `"none"`.
+        max_position_embeddings (`int`): rows of the learned position table; pretraining length for RoPE scaling.
+        rope_parameters (`dict`, *optional*): transformers' RoPE dict (`rope_type` in default, linear, dynamic, yarn,
+            longrope, llama3, and `rope_theta`); only meaningful with `position_embedding_type="rope"`.
+        norm_type (`str`): `"layernorm"` or `"rmsnorm"`.
+        norm_position (`str`): `"pre"` (GPT-2, Llama) or `"post"` (original Transformer, BERT).
+        layer_norm_eps (`float`): epsilon of every norm.
+        norm_bias (`bool`): bias in LayerNorm (ignored by RMSNorm).
+        final_norm (`bool`): a norm after the last block (standard for pre-norm stacks).
+        embedding_norm (`bool`): a norm right after the embeddings (BERT).
+        embedding_dropout (`float`), hidden_dropout (`float`), attention_dropout (`float`): dropout probabilities.
+        scale_embeddings (`bool`): multiply token embeddings by `sqrt(hidden_size)` (original Transformer, Gemma).
+        type_vocab_size (`int`): number of token types (segment embeddings); 0 means none.
+        tie_word_embeddings (`bool`): the LM head shares the token embedding matrix.
+        initializer_range (`float`): std of the normal init of linear and embedding weights.
+    """
+
+    model_type = "tfm"
+    keys_to_ignore_at_inference: ClassVar[list[str]] = ["past_key_values"]
+
+    vocab_size: int = 32000
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    intermediate_size: int | None = None
+    hidden_act: str = "gelu"
+    ffn_type: str = "mlp"
+    mlp_bias: bool = True
+    attention_bias: bool = True
+    position_embedding_type: str = "learned"
+    max_position_embeddings: int = 1024
+    rope_parameters: dict | None = None
+    norm_type: str = "layernorm"
+    norm_position: str = "pre"
+    layer_norm_eps: float = 1e-5
+    norm_bias: bool = True
+    final_norm: bool = True
+    embedding_norm: bool = False
+    embedding_dropout: float = 0.0
+    hidden_dropout: float = 0.0
+    attention_dropout: float = 0.0
+    scale_embeddings: bool = False
+    type_vocab_size: int = 0
+    tie_word_embeddings: bool = True
+    initializer_range: float = 0.02
+    use_cache: bool = True
+    is_decoder: bool = False
+    pad_token_id: int | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+
+    def __post_init__(self, **kwargs):
+        self._check_fields(kwargs)
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
+        if self.head_dim is None:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        if self.intermediate_size is None:
+            self.intermediate_size = 4 * self.hidden_size
+        super().__post_init__(**kwargs)
+        if self.position_embedding_type == "rope":
+            self._check_rope()
+        else:
+            # transformers fills a default RoPE dict into every config; a non-RoPE model must not carry one.
+            self.rope_parameters = None
+
+    def _check_fields(self, kwargs: dict) -> None:
+        for field in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "max_position_embeddings"):
+            _require(getattr(self, field) > 0, field, f"must be a positive integer, got {getattr(self, field)}")
+        for field in ("num_key_value_heads", "head_dim", "intermediate_size"):
+            value = getattr(self, field)
+            _require(value is None or value > 0, field, f"must be a positive integer or None, got {value}")
+        _require(self.type_vocab_size >= 0, "type_vocab_size", f"must be >= 0, got {self.type_vocab_size}")
+        if self.head_dim is None:
+            _require(
+                self.hidden_size % self.num_attention_heads == 0,
+                "hidden_size",
+                f"{self.hidden_size} is not divisible by num_attention_heads={self.num_attention_heads} "
+                "(set head_dim explicitly to decouple them)",
+            )
+        kv_heads = self.num_key_value_heads or self.num_attention_heads
+        _require(
+            self.num_attention_heads % kv_heads == 0,
+            "num_key_value_heads",
+            f"num_attention_heads={self.num_attention_heads} is not divisible by num_key_value_heads={kv_heads}",
+        )
+        for field, allowed in (
+            ("position_embedding_type", POSITION_EMBEDDING_TYPES),
+            ("norm_type", NORM_TYPES),
+            ("norm_position", NORM_POSITIONS),
+            ("ffn_type", FFN_TYPES),
+        ):
+            value = getattr(self, field)
+            _require(value in allowed, field, f"{value!r} is not one of {allowed}")
+        _require(self.hidden_act in ACT2FN, "hidden_act", f"{self.hidden_act!r} is not a transformers activation")
+        for field in ("embedding_dropout", "hidden_dropout", "attention_dropout"):
+            value = getattr(self, field)
+            _require(0.0 <= value < 1.0, field, f"a dropout probability must be in [0, 1), got {value}")
+        _require(self.layer_norm_eps > 0, "layer_norm_eps", f"must be > 0, got {self.layer_norm_eps}")
+        _require(self.initializer_range >= 0, "initializer_range", f"must be >= 0, got {self.initializer_range}")
+        rope = self.rope_parameters or kwargs.get("rope_scaling")
+        if self.position_embedding_type != "rope":
+            scaled = rope and rope.get("rope_type", rope.get("type", "default")) != "default"
+            _require(
+                not scaled,
+                "rope_parameters",
+                f"RoPE scaling {rope} is set but position_embedding_type={self.position_embedding_type!r}; "
+                "use position_embedding_type='rope'",
+            )
+
+    def _check_rope(self) -> None:
+        rope = self.rope_parameters
+        rope_type = rope.get("rope_type", "default")
+        _require(
+            rope_type == "default" or rope_type in ROPE_INIT_FUNCTIONS,
+            "rope_parameters",
+            f"unknown rope_type {rope_type!r}; known: {['default', *ROPE_INIT_FUNCTIONS]}",
+        )
+        _require(self.head_dim % 2 == 0, "head_dim", f"RoPE needs an even head_dim, got {self.head_dim}")
+        _require(
+            rope.get("partial_rotary_factor", 1.0) == 1.0,
+            "rope_parameters",
+            "partial_rotary_factor is not supported: every head dimension is rotated",
+        )
+        if rope_type in ("linear", "dynamic", "yarn", "llama3", "longrope"):
+            required = {"linear": "factor", "dynamic": "factor", "yarn": "factor", "llama3": "factor"}.get(rope_type)
+            _require(
+                required is None or isinstance(rope.get(required), (int, float)),
+                "rope_parameters",
+                f"rope_type={rope_type!r} needs a numeric {required!r}",
+            )
+
+
+@strict
+class TfmDecoderConfig(TfmConfig):
+    r"""Decoder-only (GPT-2 / Llama-style) configuration: causal self-attention blocks and an LM head."""
+
+    model_type = "tfm_decoder"
+    is_decoder: bool = True

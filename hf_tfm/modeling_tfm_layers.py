@@ -1,0 +1,248 @@
+"""Building blocks shared by every hf_tfm paradigm: norms, position schemes, attention and feed-forward.
+
+Each block is written once here; the paradigms in `modeling_tfm.py` only compose them. Attention runs through
+transformers' attention interface (eager, sdpa, flex, flash), so every backend the library ships is available.
+"""
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from transformers.activations import ACT2FN
+from transformers.cache_utils import Cache
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, dynamic_rope_update
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, eager_attention_forward
+
+from .configuration_tfm import TfmConfig
+
+
+class TfmRMSNorm(nn.Module):
+    """RMSNorm computed in float32, exactly as Llama's (and T5's) so converted checkpoints match bit for bit."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.variance_epsilon = eps
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        input_dtype = hidden_states.dtype
+        hidden_states = hidden_states.to(torch.float32)
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        return self.weight * hidden_states.to(input_dtype)
+
+    def extra_repr(self) -> str:
+        return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}"
+
+
+def make_norm(config: TfmConfig) -> nn.Module:
+    if config.norm_type == "rmsnorm":
+        return TfmRMSNorm(config.hidden_size, eps=config.layer_norm_eps)
+    return nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps, bias=config.norm_bias)
+
+
+# ----------------------------------------------------------------------------------------------- position schemes
+
+
+class TfmRotaryEmbedding(nn.Module):
+    """RoPE with every transformers scaling type. Follows `LlamaRotaryEmbedding` so that `PreTrainedModel._init_weights`
+    recomputes `inv_freq` after meta-device loading (the class name and `original_inv_freq` are what it looks for)."""
+
+    def __init__(self, config: TfmConfig):
+        super().__init__()
+        self.max_seq_len_cached = config.max_position_embeddings
+        self.original_max_seq_len = config.max_position_embeddings
+        self.config = config
+        self.rope_type = config.rope_parameters["rope_type"]
+        rope_init_fn: Callable = self.compute_default_rope_parameters
+        if self.rope_type != "default":
+            rope_init_fn = ROPE_INIT_FUNCTIONS[self.rope_type]
+        inv_freq, self.attention_scaling = rope_init_fn(config)
+        self.inv_freq = nn.Buffer(inv_freq, persistent=False)
+        self.original_inv_freq = nn.Buffer(inv_freq.clone(), persistent=False)
+
+    @staticmethod
+    def compute_default_rope_parameters(config: TfmConfig, device=None, **kwargs) -> tuple[torch.Tensor, float]:
+        base = config.rope_parameters["rope_theta"]
+        dim = config.head_dim
+        inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).to(device=device, dtype=torch.float) / dim))
+        return inv_freq, 1.0
+
+    @torch.no_grad()
+    @dynamic_rope_update
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = position_ids[..., None].float() * self.inv_freq.to(device=x.device, dtype=torch.float)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = emb.cos() * self.attention_scaling
+        sin = emb.sin() * self.attention_scaling
+        return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
+
+
+def sinusoidal_table(num_positions: int, dim: int) -> torch.Tensor:
+    """The fixed sin/cos table of 'Attention Is All You Need': sin on even features, cos on odd ones."""
+    position = torch.arange(num_positions, dtype=torch.float).unsqueeze(1)
+    div_term = torch.exp(torch.arange(0, dim, 2, dtype=torch.float) * (-math.log(10000.0) / dim))
+    table = torch.zeros(num_positions, dim)
+    table[:, 0::2] = torch.sin(position * div_term)
+    table[:, 1::2] = torch.cos(position * div_term[: dim // 2])
+    return table
+
+
+class TfmSinusoidalPositionalEmbedding(nn.Module):
+    """Fixed sinusoidal absolute positions. The table is a computed buffer, rebuilt in `_init_weights`."""
+
+    def __init__(self, config: TfmConfig):
+        super().__init__()
+        self.num_positions, self.dim = config.max_position_embeddings, config.hidden_size
+        self.table = nn.Buffer(sinusoidal_table(self.num_positions, self.dim), persistent=False)
+
+    def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
+        return self.table[position_ids]
+
+
+def alibi_slopes(num_heads: int) -> torch.Tensor:
+    """Per-head ALiBi slopes (Press et al.); non-powers of two interleave the next power's slopes, as in BLOOM."""
+    closest = 2 ** math.floor(math.log2(num_heads))
+    base = 2.0 ** (-(2.0 ** -(math.log2(closest) - 3)))
+    slopes = [base ** (i + 1) for i in range(closest)]
+    if closest != num_heads:
+        extra_base = 2.0 ** (-(2.0 ** -(math.log2(2 * closest) - 3)))
+        slopes += [extra_base ** (2 * i + 1) for i in range(num_heads - closest)]
+    return torch.tensor(slopes, dtype=torch.float)
+
+
+class TfmAlibiBias(nn.Module):
+    """ALiBi: a per-head linear penalty on query-key distance, added to attention scores. Distances use token
+    positions (not cache slots), so left padding does not shift them."""
+
+    def __init__(self, config: TfmConfig):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.slopes = nn.Buffer(alibi_slopes(self.num_heads), persistent=False)
+
+    def forward(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
+        """[B, q] and [B, kv] positions -> additive bias [B, heads, q, kv] in float32."""
+        distance = (query_positions[:, :, None] - key_positions[:, None, :]).abs().float()
+        return -self.slopes[None, :, None, None] * distance[:, None]
+
+
+def key_positions_for_bias(attention_mask: torch.Tensor | None, position_ids: torch.Tensor, kv_length: int):
+    """Token positions of every key slot: counted over the 2D padding mask when there is one (left padding),
+    else the slot index. Slots past the mask (a static cache's free tail) are masked anyway."""
+    batch = position_ids.shape[0]
+    if attention_mask is None or attention_mask.dim() != 2:
+        return torch.arange(kv_length, device=position_ids.device).expand(batch, kv_length)
+    positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    if positions.shape[-1] < kv_length:
+        tail = positions[:, -1:] + torch.arange(1, kv_length - positions.shape[-1] + 1, device=positions.device)
+        positions = torch.cat([positions, tail], dim=-1)
+    return positions[:, :kv_length].expand(batch, kv_length)
+
+
+def merge_position_bias(attention_mask, position_bias: torch.Tensor, dtype: torch.dtype):
+    """Fold an additive bias [B, H, q, kv] into the mask the eager/sdpa backends take: a float mask whose masked
+    entries stay at the dtype's minimum (never -inf, so a fully padded row cannot produce NaN)."""
+    min_value = torch.finfo(dtype).min
+    bias = position_bias.to(dtype)
+    if attention_mask is None:
+        return bias
+    if attention_mask.dtype == torch.bool:
+        attention_mask = torch.zeros_like(attention_mask, dtype=dtype).masked_fill(~attention_mask, min_value)
+    attention_mask = attention_mask[..., : bias.shape[-1]]
+    return (attention_mask.to(dtype) + bias).clamp(min=min_value)
+
+
+# ------------------------------------------------------------------------------------------------------ attention
+
+
+class TfmAttention(nn.Module):
+    """Multi-head attention with MHA/GQA/MQA, optional RoPE, optional additive position bias (ALiBi, relative), and
+    any transformers attention backend. `is_causal` is set explicitly: sdpa reads it when the mask is skipped."""
+
+    def __init__(self, config: TfmConfig, layer_idx: int, is_causal: bool = True):
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        self.is_causal = is_causal
+        self.head_dim = config.head_dim
+        self.num_heads = config.num_attention_heads
+        self.num_key_value_heads = config.num_key_value_heads
+        self.num_key_value_groups = self.num_heads // self.num_key_value_heads
+        self.scaling = self.head_dim**-0.5
+        self.attention_dropout = config.attention_dropout
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, self.num_key_value_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, self.num_key_value_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        position_bias: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        input_shape = hidden_states.shape[:-1]
+        hidden_shape = (*input_shape, -1, self.head_dim)
+        query_states = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        key_states = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        value_states = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+
+        if position_embeddings is not None:
+            cos, sin = position_embeddings
+            query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+        if past_key_values is not None:
+            key_states, value_states = past_key_values.update(key_states, value_states, self.layer_idx)
+
+        implementation = self.config._attn_implementation
+        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+        if position_bias is not None:
+            if implementation == "flex_attention":
+                kwargs["position_bias"] = position_bias
+            elif implementation in ("eager", "sdpa"):
+                attention_mask = merge_position_bias(attention_mask, position_bias, query_states.dtype)
+            else:
+                raise ValueError(
+                    f"attn_implementation={implementation!r} cannot add an attention bias "
+                    f"(position_embedding_type={self.config.position_embedding_type!r}); use eager, sdpa or flex_attention"
+                )
+
+        attn_output, attn_weights = attention_interface(
+            self,
+            query_states,
+            key_states,
+            value_states,
+            attention_mask,
+            dropout=self.attention_dropout if self.training else 0.0,
+            scaling=self.scaling,
+            **kwargs,
+        )
+        attn_output = attn_output.reshape(*input_shape, -1).contiguous()
+        return self.o_proj(attn_output), attn_weights
+
+
+# ------------------------------------------------------------------------------------------------- feed-forward
+
+
+class TfmFeedForward(nn.Module):
+    """Two-layer MLP (`down(act(up(x)))`) or gated GLU (`down(act(gate(x)) * up(x))`: SwiGLU, GeGLU...)."""
+
+    def __init__(self, config: TfmConfig):
+        super().__init__()
+        hidden, inner, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
+        self.gated = config.ffn_type == "glu"
+        if self.gated:
+            self.gate_proj = nn.Linear(hidden, inner, bias=bias)
+        self.up_proj = nn.Linear(hidden, inner, bias=bias)
+        self.down_proj = nn.Linear(inner, hidden, bias=bias)
+        self.act_fn = ACT2FN[config.hidden_act]
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if self.gated:
+            return self.down_proj(self.act_fn(self.gate_proj(hidden_states)) * self.up_proj(hidden_states))
+        return self.down_proj(self.act_fn(self.up_proj(hidden_states)))
