@@ -1,0 +1,44 @@
+"""Shared fixtures: tiny shapes, offline, deterministic."""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest
+import torch
+
+from hf_tfm import TfmDecoderConfig, TfmDecoderForCausalLM
+
+VOCAB = 97
+
+
+def tiny_config(**overrides) -> TfmDecoderConfig:
+    """A decoder small enough that a forward pass costs milliseconds on one CPU core."""
+    fields = dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    fields.update(overrides)
+    return TfmDecoderConfig(**fields)
+
+
+def tiny_model(seed: int = 0, **overrides) -> TfmDecoderForCausalLM:
+    torch.manual_seed(seed)
+    return TfmDecoderForCausalLM(tiny_config(**overrides)).eval()
+
+
+POSITION_TYPES = ["learned", "sinusoidal", "rope", "alibi", "none"]
+
+
+@pytest.fixture(autouse=True)
+def _deterministic():
+    torch.manual_seed(0)
+    yield

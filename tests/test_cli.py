@@ -1,0 +1,69 @@
+"""The `hf-tfm` command, the main job, the presets and the embedded corpus."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel
+
+from hf_tfm import TfmDecoderForCausalLM
+from hf_tfm.cli import main
+from hf_tfm.corpus import stdlib_docstrings
+from hf_tfm.demo import run_demo
+from conftest import VOCAB
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_convert_command_round_trip(tmp_path):
+    """`hf-tfm convert` turns a GPT-2 folder into hf_tfm and back without changing a weight or a logit."""
+    torch.manual_seed(0)
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=VOCAB, n_positions=64, bos_token_id=1, eos_token_id=2)).eval()
+    gpt2.save_pretrained(tmp_path / "gpt2")
+    main(["convert", str(tmp_path / "gpt2"), str(tmp_path / "tfm")])
+    main(["convert", str(tmp_path / "tfm"), str(tmp_path / "back"), "--to", "gpt2"])
+    ours = AutoModelForCausalLM.from_pretrained(tmp_path / "tfm").eval()
+    back = AutoModelForCausalLM.from_pretrained(tmp_path / "back").eval()
+    assert isinstance(ours, TfmDecoderForCausalLM) and isinstance(back, GPT2LMHeadModel)
+    ids = torch.randint(0, VOCAB, (2, 10))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids).logits, gpt2(ids).logits, rtol=0, atol=1e-5)
+    original, restored = gpt2.state_dict(), back.state_dict()
+    assert original.keys() == restored.keys()
+    assert all(torch.equal(original[k], restored[k]) for k in original)
+
+
+def test_convert_command_names_the_problem(tmp_path):
+    with pytest.raises(SystemExit, match="config.json not found"):
+        main(["convert", str(tmp_path / "missing"), str(tmp_path / "out")])
+    TfmDecoderForCausalLM(AutoConfig.for_model("tfm_decoder", vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=4)).save_pretrained(tmp_path / "tfm")
+    with pytest.raises(SystemExit, match="no converter for model_type='tfm_decoder' with --to None"):
+        main(["convert", str(tmp_path / "tfm"), str(tmp_path / "out")])
+
+
+def test_main_job_trains_generates_and_saves(tmp_path):
+    """The demo lowers validation loss, and its folder reloads as model + tokenizer that generate."""
+    summary = run_demo(str(tmp_path), max_steps=12, block_size=32, batch_size=4, eval_blocks=8, max_files=60)
+    assert summary["validation_loss_after"] < summary["validation_loss_before"]
+    model = AutoModelForCausalLM.from_pretrained(summary["model_dir"]).eval()
+    tokenizer = AutoTokenizer.from_pretrained(summary["model_dir"])
+    prompt = tokenizer("Return the", return_tensors="pt")
+    output = model.generate(**prompt, max_new_tokens=4, do_sample=False)
+    assert output.shape == (1, prompt["input_ids"].shape[1] + 4)
+
+
+@pytest.mark.parametrize("preset", sorted(p.name for p in (REPO / "configs").iterdir() if (p / "config.json").is_file()))
+def test_presets_load_and_build(preset):
+    config = AutoConfig.from_pretrained(REPO / "configs" / preset)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    assert isinstance(model, TfmDecoderForCausalLM)
+    if preset == "gpt2-124m":  # GPT-2 small's shape, tied head: 124,439,808 parameters
+        assert model.num_parameters() == 124_439_808
+
+
+def test_corpus_is_deterministic_and_split_by_file():
+    first, second = stdlib_docstrings(max_files=80), stdlib_docstrings(max_files=80)
+    assert first == second
+    assert first["train"] and first["validation"]
+    assert not set(first["train"]) & set(first["validation"])

@@ -1,0 +1,113 @@
+"""save_pretrained -> from_pretrained keeps every output, through the Auto classes and through remote code."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
+
+from hf_tfm import TfmDecoderForCausalLM, TfmDecoderForSequenceClassification, TfmDecoderModel
+from conftest import POSITION_TYPES, tiny_model
+
+# Each position scheme, plus RoPE scalings whose computed inv_freq differs from the default one.
+VARIANTS = {pos: {"position_embedding_type": pos} for pos in POSITION_TYPES}
+VARIANTS["rope-yarn"] = {"position_embedding_type": "rope", "rope_parameters": {"rope_type": "yarn", "factor": 4.0}}
+VARIANTS["rope-llama3"] = {
+    "position_embedding_type": "rope",
+    "rope_parameters": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0},
+}
+INPUT = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12], [0, 0, 3, 4, 5, 6, 7, 8]])
+MASK = torch.tensor([[1] * 8, [0, 0] + [1] * 6])
+
+
+def _logits(model):
+    with torch.no_grad():
+        return model(INPUT, attention_mask=MASK).logits
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_auto_from_pretrained_identical_logits(tmp_path, variant):
+    """Computed buffers (RoPE inv_freq, sinusoidal table, ALiBi slopes) survive meta-device loading."""
+    model = tiny_model(**VARIANTS[variant])
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert type(loaded) is TfmDecoderForCausalLM
+    torch.testing.assert_close(_logits(loaded), _logits(model), rtol=0, atol=0)
+
+
+def test_saved_folder_is_complete(tmp_path):
+    """The folder carries safetensors, the flat code, and auto_map entries for every Auto class."""
+    tiny_model().save_pretrained(tmp_path)
+    files = set(os.listdir(tmp_path))
+    assert {"model.safetensors", "config.json", "configuration_tfm.py", "modeling_tfm.py", "modeling_tfm_layers.py"} <= files
+    auto_map = json.loads((tmp_path / "config.json").read_text())["auto_map"]
+    assert set(auto_map) == {"AutoConfig", "AutoModel", "AutoModelForCausalLM", "AutoModelForSequenceClassification"}
+    assert type(AutoConfig.from_pretrained(tmp_path)).__name__ == "TfmDecoderConfig"
+    assert type(AutoModel.from_pretrained(tmp_path)) is TfmDecoderModel
+    classifier = AutoModelForSequenceClassification.from_pretrained(tmp_path, num_labels=3)
+    assert type(classifier) is TfmDecoderForSequenceClassification
+
+
+def _run_without_hf_tfm(script: str, tmp_path) -> subprocess.CompletedProcess:
+    """Run `script` in a fresh interpreter where `import hf_tfm` fails, with an empty remote-code cache."""
+    prelude = "import sys\nsys.modules['hf_tfm'] = None  # as if the package were not installed\n"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules"), "PYTHONPATH": ""}
+    return subprocess.run(
+        [sys.executable, "-c", prelude + textwrap.dedent(script)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_trust_remote_code_without_package(tmp_path):
+    """A saved folder loads with only torch + transformers: identical logits and greedy tokens for every variant."""
+    expected = {}
+    for name, overrides in VARIANTS.items():
+        model = tiny_model(**overrides)
+        model.save_pretrained(tmp_path / name)
+        tokens = model.generate(INPUT, attention_mask=MASK, max_new_tokens=5, do_sample=False)
+        expected[name] = {"logits": _logits(model), "tokens": tokens}
+    torch.save({"expected": expected, "input": INPUT, "mask": MASK}, tmp_path / "expected.pt")
+    result = _run_without_hf_tfm(
+        f"""
+        import torch
+        from transformers import AutoModelForCausalLM
+        data = torch.load("expected.pt")
+        for name, want in data["expected"].items():
+            model = AutoModelForCausalLM.from_pretrained(name, trust_remote_code=True).eval()
+            assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+            with torch.no_grad():
+                logits = model(data["input"], attention_mask=data["mask"]).logits
+            torch.testing.assert_close(logits, want["logits"], rtol=0, atol=0)
+            tokens = model.generate(data["input"], attention_mask=data["mask"], max_new_tokens=5, do_sample=False)
+            assert torch.equal(tokens, want["tokens"]), name
+        print("loaded", len(data["expected"]))
+        """,
+        tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"loaded {len(VARIANTS)}" in result.stdout
+
+
+def test_without_trust_remote_code_refuses(tmp_path):
+    """Without the package and without trust_remote_code, transformers refuses to execute the folder's code."""
+    tiny_model().save_pretrained(tmp_path / "model")
+    result = _run_without_hf_tfm(
+        """
+        from transformers import AutoModelForCausalLM
+        try:
+            AutoModelForCausalLM.from_pretrained("model", trust_remote_code=False)
+        except ValueError as error:
+            print("refused:", error)
+        """,
+        tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "refused:" in result.stdout and "trust_remote_code" in result.stdout
