@@ -114,7 +114,6 @@ def test_generate_matches_reference(make_ref, to_tfm, from_tfm, num_beams):
     )
     expected = ref.generate(**kwargs)
     actual = ours.generate(**kwargs)
-    assert expected.shape[1] > input_ids.shape[1]
     assert torch.equal(actual, expected)
 
 

@@ -1,0 +1,185 @@
+"""Generation and caching properties of hf_tfm decoders, for every position scheme."""
+
+import pytest
+import torch
+from conftest import POSITION_TYPES, VOCAB, tiny_model
+from torch._dynamo.exc import TorchDynamoException
+from torch._dynamo.utils import counters
+from transformers import CompileConfig
+from transformers.cache_utils import DynamicCache
+
+ATOL = 1e-5
+PAD = 0  # tiny_config's pad_token_id
+GREEDY = dict(do_sample=False, max_new_tokens=5, min_new_tokens=5)  # min_new_tokens: no early EOS, fixed shapes
+
+
+def padded_batch(lengths=(7, 4), seed=2):
+    """Left-padded prompts (pad id, mask 0 on the left) and the position ids `generate` builds from the mask."""
+    torch.manual_seed(seed)
+    width = max(lengths)
+    input_ids = torch.randint(3, VOCAB, (len(lengths), width))
+    attention_mask = torch.ones_like(input_ids)
+    for row, length in enumerate(lengths):
+        input_ids[row, : width - length] = PAD
+        attention_mask[row, : width - length] = 0
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    return input_ids, attention_mask, position_ids
+
+
+@pytest.mark.parametrize("position", POSITION_TYPES)
+def test_causality(position):
+    """Changing the token at position t leaves the logits at positions < t unchanged (and changes position t)."""
+    model = tiny_model(position_embedding_type=position)
+    input_ids = torch.randint(3, VOCAB, (1, 8))
+    changed = input_ids.clone()
+    changed[0, 5] = (changed[0, 5] + 1 - 3) % (VOCAB - 3) + 3
+    with torch.no_grad():
+        before, after = model(input_ids).logits, model(changed).logits
+    torch.testing.assert_close(after[:, :5], before[:, :5], atol=ATOL, rtol=0)
+    assert (after[:, 5] - before[:, 5]).abs().max() > 100 * ATOL
+
+
+@pytest.mark.parametrize("position", POSITION_TYPES)
+def test_left_padding_logits(position):
+    """A left-padded batch gives, at every real token, the logits of each row run alone."""
+    model = tiny_model(position_embedding_type=position)
+    input_ids, attention_mask, position_ids = padded_batch()
+    with torch.no_grad():
+        batched = model(input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
+        for row, mask in enumerate(attention_mask.bool()):
+            alone = model(input_ids[row : row + 1, mask]).logits[0]
+            torch.testing.assert_close(batched[row, mask], alone, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("position", POSITION_TYPES)
+def test_left_padding_generate(position):
+    """Greedy generation of a left-padded batch equals generating each row alone."""
+    model = tiny_model(position_embedding_type=position)
+    input_ids, attention_mask, _ = padded_batch()
+    batched = model.generate(input_ids, attention_mask=attention_mask, pad_token_id=PAD, **GREEDY)
+    for row, mask in enumerate(attention_mask.bool()):
+        prompt = input_ids[row : row + 1, mask]
+        alone = model.generate(prompt, attention_mask=torch.ones_like(prompt), pad_token_id=PAD, **GREEDY)
+        assert torch.equal(batched[row, (~mask).sum() :], alone[0])
+
+
+@pytest.mark.parametrize("position", POSITION_TYPES)
+def test_cache_matches_full_forward(position):
+    """Prefill on a prefix then one-token decode steps with a DynamicCache reproduce the full-forward logits,
+    on a left-padded batch."""
+    model = tiny_model(position_embedding_type=position)
+    input_ids, attention_mask, position_ids = padded_batch()
+    prefix = 5
+    with torch.no_grad():
+        full = model(input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
+        cache = DynamicCache(config=model.config)
+        out = model(
+            input_ids[:, :prefix],
+            attention_mask=attention_mask[:, :prefix],
+            position_ids=position_ids[:, :prefix],
+            past_key_values=cache,
+            use_cache=True,
+        )
+        steps = [out.logits]
+        for t in range(prefix, input_ids.shape[1]):
+            out = model(
+                input_ids[:, t : t + 1],
+                attention_mask=attention_mask[:, : t + 1],
+                position_ids=position_ids[:, t : t + 1],
+                past_key_values=out.past_key_values,
+                use_cache=True,
+            )
+            steps.append(out.logits)
+    assert cache.get_seq_length() == input_ids.shape[1]
+    real = attention_mask.bool()
+    torch.testing.assert_close(torch.cat(steps, dim=1)[real], full[real], atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("position", POSITION_TYPES)
+def test_generate_cache_matches_no_cache(position):
+    """Greedy generate gives the same tokens with and without the KV cache."""
+    model = tiny_model(position_embedding_type=position)
+    input_ids, attention_mask, _ = padded_batch()
+    cached = model.generate(input_ids, attention_mask=attention_mask, use_cache=True, **GREEDY)
+    uncached = model.generate(input_ids, attention_mask=attention_mask, use_cache=False, **GREEDY)
+    assert torch.equal(cached, uncached)
+
+
+@pytest.mark.parametrize("position", POSITION_TYPES)
+def test_static_cache_matches_dynamic(position):
+    """Greedy generate with a StaticCache gives the same tokens as the default DynamicCache."""
+    model = tiny_model(position_embedding_type=position)
+    input_ids, attention_mask, _ = padded_batch()
+    dynamic = model.generate(input_ids, attention_mask=attention_mask, **GREEDY)
+    static = model.generate(input_ids, attention_mask=attention_mask, cache_implementation="static", **GREEDY)
+    assert torch.equal(static, dynamic)
+
+
+@pytest.mark.parametrize("position", POSITION_TYPES)
+def test_attention_backends_agree(position):
+    """eager, sdpa and flex_attention give the same logits at real tokens of a left-padded batch (ALiBi included)."""
+    model = tiny_model(position_embedding_type=position)
+    # 16 tokens: torch 2.13's CPU flex_attention kernel returns garbage (flakily) for some tiny lengths such as
+    # 8 and 24, independently of hf_tfm (reproduced with plain torch.compile(flex_attention)).
+    input_ids, attention_mask, position_ids = padded_batch(lengths=(16, 11))
+    real = attention_mask.bool()
+    logits = {}
+    for implementation in ("eager", "sdpa", "flex_attention"):
+        model.set_attn_implementation(implementation)
+        try:
+            with torch.no_grad():
+                logits[implementation] = model(
+                    input_ids, attention_mask=attention_mask, position_ids=position_ids
+                ).logits[real]
+        except TorchDynamoException as error:  # only torch's compiler failing, never an hf_tfm error
+            pytest.skip(f"flex_attention cannot be compiled by this torch build: {type(error).__name__}: {error}")
+    torch.testing.assert_close(logits["sdpa"], logits["eager"], atol=ATOL, rtol=0)
+    torch.testing.assert_close(logits["flex_attention"], logits["eager"], atol=ATOL, rtol=0)
+
+
+def test_sampling_is_reproducible():
+    """do_sample with a fixed seed repeats exactly, another seed differs, and every token is in the vocabulary."""
+    model = tiny_model()
+    input_ids, attention_mask, _ = padded_batch()
+    kwargs = dict(attention_mask=attention_mask, do_sample=True, max_new_tokens=8, min_new_tokens=8, top_k=0)
+
+    def sample(seed):
+        torch.manual_seed(seed)
+        return model.generate(input_ids, **kwargs)
+
+    first, again, other = sample(123), sample(123), sample(124)
+    assert torch.equal(first, again)
+    assert not torch.equal(first, other)
+    assert first.shape == (2, input_ids.shape[1] + 8)
+    assert ((first >= 0) & (first < VOCAB)).all()
+
+
+def test_beam_search_shape():
+    """Beam search with num_return_sequences=2 returns 2 distinct continuations of each prompt."""
+    model = tiny_model()
+    input_ids, attention_mask, _ = padded_batch()
+    beams = dict(num_beams=3, num_return_sequences=2, do_sample=False, max_new_tokens=4, min_new_tokens=4)
+    out = model.generate(input_ids, attention_mask=attention_mask, **beams)
+    assert out.shape == (4, input_ids.shape[1] + 4)
+    assert torch.equal(out[:, : input_ids.shape[1]], input_ids.repeat_interleave(2, dim=0))
+    assert not torch.equal(out[0], out[1]) and not torch.equal(out[2], out[3])
+
+
+@pytest.mark.parametrize("position", ["rope", "alibi"])
+def test_slow_compiled_static_cache_generate(position):
+    """SLOW, the one inductor compile of the suite (deselect with `-k "not slow"`): generate with a static cache and
+    a fullgraph torch.compile'd decode step gives the uncompiled model's tokens, and compilation really happened."""
+    model = tiny_model(num_hidden_layers=1, position_embedding_type=position)
+    input_ids, attention_mask, _ = padded_batch(lengths=(6, 4))
+    kwargs = dict(attention_mask=attention_mask, cache_implementation="static", **GREEDY)
+    expected = model.generate(input_ids, **kwargs)
+
+    compile_config = CompileConfig(fullgraph=True, dynamic=False, mode="default")
+    # `GenerationMixin._valid_auto_compile_criteria` only auto-compiles on cuda/xpu/neuron/tpu, unless this private
+    # flag is set; there is no public switch for CPU (transformers' own tests set it the same way).
+    compile_config._compile_all_devices = True
+    torch._dynamo.reset()
+    counters.clear()
+    actual = model.generate(input_ids, compile_config=compile_config, **kwargs)
+    assert counters["stats"]["unique_graphs"] >= 1, "generate did not run the compiled forward"
+    assert torch.equal(actual, expected)
