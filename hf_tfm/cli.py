@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> None:
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="train a small decoder on stdlib docstrings, evaluate, generate, save")
     demo.add_argument("--output-dir", default="runs/demo")
-    demo.add_argument("--max-steps", type=int, default=300)
+    demo.add_argument("--max-steps", type=int, default=600)
     demo.add_argument("--seed", type=int, default=0)
     convert = commands.add_parser("convert", help="convert GPT-2/Llama checkpoints to hf_tfm and back, exactly")
     convert.add_argument("source", help="a saved model folder (gpt2, llama or tfm_decoder)")

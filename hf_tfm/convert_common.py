@@ -4,12 +4,19 @@ import torch
 from torch import nn
 
 
-def require_compatible(source: str, target: str, mismatches: dict[str, object]) -> None:
-    """Raise one ValueError listing every config field whose value the target architecture cannot express."""
-    bad = {field: value for field, value in mismatches.items() if value}
+def require_compatible(config, target: str, expected: dict[str, object], unsupported: dict[str, bool] | None = None):
+    """Raise one ValueError naming every field of `config` the target cannot express exactly: each field in
+    `expected` whose value differs, and each field flagged True in `unsupported`."""
+    bad = [field for field, value in expected.items() if getattr(config, field) != value]
+    bad += [field for field, flagged in (unsupported or {}).items() if flagged]
     if bad:
-        details = ", ".join(f"{field}={value!r}" for field, value in bad.items())
-        raise ValueError(f"Cannot convert {source} to {target} exactly: unsupported {details}")
+        details = ", ".join(f"{field}={getattr(config, field)!r}" for field in bad)
+        raise ValueError(f"Cannot convert {type(config).__name__} to {target} exactly: unsupported {details}")
+
+
+def renamed_fields(config, names: dict[str, str]) -> dict[str, object]:
+    """Read `config.<source name>` for each entry of a `{source name: target name}` table, keyed by target name."""
+    return {target: getattr(config, source) for source, target in names.items()}
 
 
 def load_exact(model: nn.Module, state_dict: dict[str, torch.Tensor]) -> nn.Module:

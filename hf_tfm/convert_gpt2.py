@@ -8,7 +8,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from .configuration_tfm import TfmDecoderConfig
-from .convert_common import load_exact, require_compatible
+from .convert_common import load_exact, renamed_fields, require_compatible
 from .modeling_tfm import TfmDecoderForCausalLM
 
 # per-layer renames whose tensors need only a transpose (Conv1D -> Linear) or nothing (norms)
@@ -21,80 +21,65 @@ _LAYER_NAMES = {
 }
 
 
+# GPT2Config field -> TfmDecoderConfig field, for every field with a direct counterpart
+_CONFIG_NAMES = {
+    "vocab_size": "vocab_size",
+    "n_embd": "hidden_size",
+    "n_layer": "num_hidden_layers",
+    "n_head": "num_attention_heads",
+    "n_positions": "max_position_embeddings",
+    "activation_function": "hidden_act",
+    "layer_norm_epsilon": "layer_norm_eps",
+    "embd_pdrop": "embedding_dropout",
+    "resid_pdrop": "hidden_dropout",
+    "attn_pdrop": "attention_dropout",
+    "tie_word_embeddings": "tie_word_embeddings",
+    "initializer_range": "initializer_range",
+    "bos_token_id": "bos_token_id",
+    "eos_token_id": "eos_token_id",
+    "pad_token_id": "pad_token_id",
+}
+# what GPT-2 always is, in TfmConfig terms
+_GPT2_ARCHITECTURE = dict(
+    position_embedding_type="learned",
+    norm_type="layernorm",
+    norm_position="pre",
+    ffn_type="mlp",
+    attention_bias=True,
+    mlp_bias=True,
+)
+
+
 def gpt2_config_to_tfm(config: GPT2Config) -> TfmDecoderConfig:
     require_compatible(
-        "GPT2Config",
+        config,
         "TfmDecoderConfig",
-        {
-            "scale_attn_weights": not config.scale_attn_weights,
-            "scale_attn_by_inverse_layer_idx": config.scale_attn_by_inverse_layer_idx,
-            "add_cross_attention": config.add_cross_attention,
-        },
+        {"scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False, "add_cross_attention": False},
     )
     return TfmDecoderConfig(
-        vocab_size=config.vocab_size,
-        hidden_size=config.n_embd,
-        num_hidden_layers=config.n_layer,
-        num_attention_heads=config.n_head,
+        **renamed_fields(config, _CONFIG_NAMES),
+        **_GPT2_ARCHITECTURE,
         intermediate_size=config.n_inner or 4 * config.n_embd,
-        hidden_act=config.activation_function,
-        ffn_type="mlp",
-        mlp_bias=True,
-        attention_bias=True,
-        position_embedding_type="learned",
-        max_position_embeddings=config.n_positions,
-        norm_type="layernorm",
-        norm_position="pre",
-        layer_norm_eps=config.layer_norm_epsilon,
-        embedding_dropout=config.embd_pdrop,
-        hidden_dropout=config.resid_pdrop,
-        attention_dropout=config.attn_pdrop,
-        tie_word_embeddings=config.tie_word_embeddings,
-        initializer_range=config.initializer_range,
-        bos_token_id=config.bos_token_id,
-        eos_token_id=config.eos_token_id,
-        pad_token_id=config.pad_token_id,
     )
 
 
 def tfm_config_to_gpt2(config: TfmDecoderConfig) -> GPT2Config:
     require_compatible(
-        "TfmDecoderConfig",
+        config,
         "GPT2Config",
         {
-            "position_embedding_type": config.position_embedding_type != "learned" and config.position_embedding_type,
-            "norm_type": config.norm_type != "layernorm" and config.norm_type,
-            "norm_position": config.norm_position != "pre" and config.norm_position,
-            "ffn_type": config.ffn_type != "mlp" and config.ffn_type,
-            "num_key_value_heads": config.num_key_value_heads != config.num_attention_heads and config.num_key_value_heads,
-            "head_dim": config.head_dim * config.num_attention_heads != config.hidden_size and config.head_dim,
-            "attention_bias": not config.attention_bias,
-            "mlp_bias": not config.mlp_bias,
-            "norm_bias": not config.norm_bias,
-            "final_norm": not config.final_norm,
-            "embedding_norm": config.embedding_norm,
-            "scale_embeddings": config.scale_embeddings,
-            "type_vocab_size": config.type_vocab_size,
+            **_GPT2_ARCHITECTURE,
+            "num_key_value_heads": config.num_attention_heads,
+            "norm_bias": True,
+            "final_norm": True,
+            "embedding_norm": False,
+            "scale_embeddings": False,
+            "type_vocab_size": 0,
         },
+        unsupported={"head_dim": config.head_dim * config.num_attention_heads != config.hidden_size},
     )
-    return GPT2Config(
-        vocab_size=config.vocab_size,
-        n_positions=config.max_position_embeddings,
-        n_embd=config.hidden_size,
-        n_layer=config.num_hidden_layers,
-        n_head=config.num_attention_heads,
-        n_inner=config.intermediate_size,
-        activation_function=config.hidden_act,
-        resid_pdrop=config.hidden_dropout,
-        embd_pdrop=config.embedding_dropout,
-        attn_pdrop=config.attention_dropout,
-        layer_norm_epsilon=config.layer_norm_eps,
-        initializer_range=config.initializer_range,
-        tie_word_embeddings=config.tie_word_embeddings,
-        bos_token_id=config.bos_token_id,
-        eos_token_id=config.eos_token_id,
-        pad_token_id=config.pad_token_id,
-    )
+    names = {ours: theirs for theirs, ours in _CONFIG_NAMES.items()}
+    return GPT2Config(**renamed_fields(config, names), n_inner=config.intermediate_size)
 
 
 def gpt2_to_tfm(model: GPT2LMHeadModel) -> TfmDecoderForCausalLM:

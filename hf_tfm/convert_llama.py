@@ -6,79 +6,68 @@ The layouts agree except for the two per-layer norm names, so conversion is a re
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from .configuration_tfm import TfmDecoderConfig
-from .convert_common import load_exact, require_compatible
+from .convert_common import load_exact, renamed_fields, require_compatible
 from .modeling_tfm import TfmDecoderForCausalLM
 
 _RENAMES = {".input_layernorm.": ".attn_norm.", ".post_attention_layernorm.": ".ffn_norm."}
 
 
+# LlamaConfig field -> TfmDecoderConfig field, for every field with a direct counterpart
+_CONFIG_NAMES = {
+    name: name
+    for name in (
+        "vocab_size",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "intermediate_size",
+        "hidden_act",
+        "mlp_bias",
+        "attention_bias",
+        "max_position_embeddings",
+        "tie_word_embeddings",
+        "initializer_range",
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+    )
+} | {"rms_norm_eps": "layer_norm_eps"}
+# what Llama always is, in TfmConfig terms
+_LLAMA_ARCHITECTURE = dict(position_embedding_type="rope", norm_type="rmsnorm", norm_position="pre", ffn_type="glu")
+
+
 def llama_config_to_tfm(config: LlamaConfig) -> TfmDecoderConfig:
-    require_compatible("LlamaConfig", "TfmDecoderConfig", {"pretraining_tp": config.pretraining_tp not in (None, 1)})
+    require_compatible(config, "TfmDecoderConfig", {}, unsupported={"pretraining_tp": config.pretraining_tp not in (None, 1)})
     return TfmDecoderConfig(
-        vocab_size=config.vocab_size,
-        hidden_size=config.hidden_size,
-        num_hidden_layers=config.num_hidden_layers,
-        num_attention_heads=config.num_attention_heads,
-        num_key_value_heads=config.num_key_value_heads,
-        head_dim=config.head_dim,
-        intermediate_size=config.intermediate_size,
-        hidden_act=config.hidden_act,
-        ffn_type="glu",
-        mlp_bias=config.mlp_bias,
-        attention_bias=config.attention_bias,
-        position_embedding_type="rope",
-        max_position_embeddings=config.max_position_embeddings,
+        **renamed_fields(config, _CONFIG_NAMES),
+        **_LLAMA_ARCHITECTURE,
         rope_parameters=dict(config.rope_parameters),
-        norm_type="rmsnorm",
-        norm_position="pre",
-        layer_norm_eps=config.rms_norm_eps,
-        attention_dropout=float(config.attention_dropout),
-        tie_word_embeddings=config.tie_word_embeddings,
-        initializer_range=config.initializer_range,
-        bos_token_id=config.bos_token_id,
-        eos_token_id=config.eos_token_id,
-        pad_token_id=config.pad_token_id,
+        attention_dropout=float(config.attention_dropout),  # Llama allows an int 0
     )
 
 
 def tfm_config_to_llama(config: TfmDecoderConfig) -> LlamaConfig:
     require_compatible(
-        "TfmDecoderConfig",
+        config,
         "LlamaConfig",
         {
-            "position_embedding_type": config.position_embedding_type != "rope" and config.position_embedding_type,
-            "norm_type": config.norm_type != "rmsnorm" and config.norm_type,
-            "norm_position": config.norm_position != "pre" and config.norm_position,
-            "ffn_type": config.ffn_type != "glu" and config.ffn_type,
-            "attention_bias/mlp_bias": config.attention_bias != config.mlp_bias and "differ",
-            "final_norm": not config.final_norm,
-            "embedding_norm": config.embedding_norm,
-            "scale_embeddings": config.scale_embeddings,
-            "type_vocab_size": config.type_vocab_size,
-            "embedding_dropout": config.embedding_dropout,
-            "hidden_dropout": config.hidden_dropout,
+            **_LLAMA_ARCHITECTURE,
+            "final_norm": True,
+            "embedding_norm": False,
+            "scale_embeddings": False,
+            "type_vocab_size": 0,
+            "embedding_dropout": 0.0,
+            "hidden_dropout": 0.0,
         },
+        unsupported={"mlp_bias": config.mlp_bias != config.attention_bias},  # Llama may set them apart; one flag each
     )
+    names = {ours: theirs for theirs, ours in _CONFIG_NAMES.items()}
     return LlamaConfig(
-        vocab_size=config.vocab_size,
-        hidden_size=config.hidden_size,
-        num_hidden_layers=config.num_hidden_layers,
-        num_attention_heads=config.num_attention_heads,
-        num_key_value_heads=config.num_key_value_heads,
-        head_dim=config.head_dim,
-        intermediate_size=config.intermediate_size,
-        hidden_act=config.hidden_act,
-        mlp_bias=config.mlp_bias,
-        attention_bias=config.attention_bias,
-        max_position_embeddings=config.max_position_embeddings,
+        **renamed_fields(config, names),
         rope_parameters=dict(config.rope_parameters),
-        rms_norm_eps=config.layer_norm_eps,
         attention_dropout=config.attention_dropout,
-        tie_word_embeddings=config.tie_word_embeddings,
-        initializer_range=config.initializer_range,
-        bos_token_id=config.bos_token_id,
-        eos_token_id=config.eos_token_id,
-        pad_token_id=config.pad_token_id,
     )
 
 

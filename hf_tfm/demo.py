@@ -51,7 +51,7 @@ def demo_config(vocab_size: int, tokenizer) -> TfmDecoderConfig:
 
 def run_demo(
     output_dir: str,
-    max_steps: int = 300,
+    max_steps: int = 600,
     block_size: int = 128,
     batch_size: int = 16,
     eval_blocks: int = 128,

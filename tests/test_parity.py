@@ -134,6 +134,7 @@ def test_round_trip_restores_state_dict(make_ref, to_tfm, from_tfm):
         (tfm_to_gpt2, lambda: tiny_model(position_embedding_type="rope"), "position_embedding_type"),
         (tfm_to_gpt2, lambda: tiny_model(num_key_value_heads=2), "num_key_value_heads"),
         (tfm_to_gpt2, lambda: tiny_model(norm_type="rmsnorm"), "norm_type"),
+        (tfm_to_gpt2, lambda: tiny_model(attention_bias=False), "attention_bias"),  # a falsy bad value is named too
         (
             tfm_to_llama,
             lambda: tiny_model(position_embedding_type="rope", ffn_type="glu", attention_bias=False, mlp_bias=False),
