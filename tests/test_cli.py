@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+from huggingface_hub import ModelCard
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
@@ -50,6 +51,10 @@ def test_main_job_trains_generates_and_saves(tmp_path):
     prompt = tokenizer("Return the", return_tensors="pt")
     output = model.generate(**prompt, max_new_tokens=4, do_sample=False)
     assert output.shape == (1, prompt["input_ids"].shape[1] + 4)
+    card = ModelCard.load(Path(summary["model_dir"]) / "README.md")
+    [loss, perplexity] = card.data.eval_results
+    assert loss.metric_value == summary["validation_loss_after"]
+    assert perplexity.metric_value == summary["validation_perplexity_after"]
 
 
 @pytest.mark.parametrize("preset", sorted(p.name for p in (REPO / "configs").iterdir() if (p / "config.json").is_file()))

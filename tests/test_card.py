@@ -1,0 +1,27 @@
+"""Model cards: metadata that huggingface_hub parses back, numbers that are the model's own."""
+
+import torch
+from huggingface_hub import ModelCard
+
+from hf_tfm.card import Measurement, write_model_card
+from conftest import tiny_model
+
+
+def test_card_round_trips_and_counts_parameters(tmp_path):
+    model = tiny_model(position_embedding_type="rope", num_key_value_heads=2)
+    write_model_card(
+        tmp_path,
+        model,
+        results=[Measurement("validation", "perplexity", 12.5)],
+        dataset="python-stdlib-docstrings",
+        training="3 steps.",
+    )
+    card = ModelCard.load(tmp_path / "README.md")
+    data = card.data.to_dict()
+    assert data["library_name"] == "transformers" and data["pipeline_tag"] == "text-generation"
+    assert {"hf_tfm", "tfm_decoder", "decoder-only", "rope"} <= set(data["tags"])
+    [result] = card.data.eval_results
+    assert (result.metric_type, result.metric_value, result.dataset_split) == ("perplexity", 12.5, "validation")
+    assert f"| parameters (total = active) | {model.num_parameters():,} |" in card.text
+    assert "| attention heads / kv heads | 4 / 2 (head_dim 8) |" in card.text
+    assert 'trust_remote_code=True' in card.text
