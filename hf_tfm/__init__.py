@@ -6,12 +6,19 @@ Importing the package registers every model type with the transformers Auto clas
 
 import transformers
 
-from .configuration_tfm import TfmConfig, TfmDecoderConfig
+from .configuration_tfm import TfmConfig, TfmDecoderConfig, TfmEncoderConfig, TfmEncoderDecoderConfig
 from .modeling_tfm import (
     AUTO_CLASSES,
     TfmDecoderForCausalLM,
     TfmDecoderForSequenceClassification,
     TfmDecoderModel,
+    TfmEncoderDecoderForConditionalGeneration,
+    TfmEncoderDecoderModel,
+    TfmEncoderForMaskedLM,
+    TfmEncoderForQuestionAnswering,
+    TfmEncoderForSequenceClassification,
+    TfmEncoderForTokenClassification,
+    TfmEncoderModel,
     TfmPreTrainedModel,
 )
 
@@ -32,8 +39,17 @@ _register()
 __all__ = [
     "TfmConfig",
     "TfmDecoderConfig",
+    "TfmEncoderConfig",
+    "TfmEncoderDecoderConfig",
     "TfmPreTrainedModel",
     "TfmDecoderModel",
     "TfmDecoderForCausalLM",
     "TfmDecoderForSequenceClassification",
+    "TfmEncoderModel",
+    "TfmEncoderForMaskedLM",
+    "TfmEncoderForSequenceClassification",
+    "TfmEncoderForTokenClassification",
+    "TfmEncoderForQuestionAnswering",
+    "TfmEncoderDecoderModel",
+    "TfmEncoderDecoderForConditionalGeneration",
 ]

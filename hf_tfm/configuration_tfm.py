@@ -11,7 +11,9 @@ from transformers.activations import ACT2FN
 from transformers.configuration_utils import PreTrainedConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-POSITION_EMBEDDING_TYPES = ("learned", "sinusoidal", "rope", "alibi", "none")
+POSITION_EMBEDDING_TYPES = ("learned", "sinusoidal", "rope", "alibi", "relative_bias", "none")
+# schemes that add a per-head bias to the attention scores instead of changing the embeddings
+ATTENTION_BIAS_POSITIONS = ("alibi", "relative_bias")
 NORM_TYPES = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("pre", "post")
 FFN_TYPES = ("mlp", "glu")
@@ -40,8 +42,11 @@ class TfmConfig(PreTrainedConfig):
         ffn_type (`str`): `"mlp"` (up, act, down) or `"glu"` (act(gate) * up, down: SwiGLU with `silu`, GeGLU with `gelu`).
         mlp_bias (`bool`): biases on the feed-forward projections.
         attention_bias (`bool`): biases on the query, key, value and output projections.
-        position_embedding_type (`str`): `"learned"`, `"sinusoidal"`, `"rope"`, `"alibi"` or `"none"`.
+        position_embedding_type (`str`): `"learned"`, `"sinusoidal"`, `"rope"`, `"alibi"`, `"relative_bias"` (T5's
+            bucketed relative position bias, learned per head) or `"none"`.
         max_position_embeddings (`int`): rows of the learned position table; pretraining length for RoPE scaling.
+        position_offset (`int`): learned positions are looked up at `position + offset` (BART uses 2).
+        relative_attention_num_buckets (`int`), relative_attention_max_distance (`int`): T5's relative-bias buckets.
         rope_parameters (`dict`, *optional*): transformers' RoPE dict (`rope_type` in default, linear, dynamic, yarn,
             longrope, llama3, and `rope_theta`); only meaningful with `position_embedding_type="rope"`.
         norm_type (`str`): `"layernorm"` or `"rmsnorm"`.
@@ -55,6 +60,12 @@ class TfmConfig(PreTrainedConfig):
         type_vocab_size (`int`): number of token types (segment embeddings); 0 means none.
         tie_word_embeddings (`bool`): the LM head shares the token embedding matrix.
         initializer_range (`float`): std of the normal init of linear and embedding weights.
+        attention_multiplier (`float`, *optional*): scale of the attention scores; `head_dim**-0.5` by default
+            (T5 uses 1.0).
+        lm_head_bias (`bool`): a bias on the LM head (BART's `final_logits_bias`).
+        scale_lm_head_input (`bool`): multiply the last hidden state by `hidden_size**-0.5` before the LM head
+            (T5 with tied embeddings).
+        use_pooler (`bool`): encoders get a pooler (dense + tanh on the first token, BERT's) for sentence-level heads.
     """
 
     model_type = "tfm"
@@ -73,6 +84,9 @@ class TfmConfig(PreTrainedConfig):
     attention_bias: bool = True
     position_embedding_type: str = "learned"
     max_position_embeddings: int = 1024
+    position_offset: int = 0
+    relative_attention_num_buckets: int = 32
+    relative_attention_max_distance: int = 128
     rope_parameters: dict | None = None
     norm_type: str = "layernorm"
     norm_position: str = "pre"
@@ -87,6 +101,10 @@ class TfmConfig(PreTrainedConfig):
     type_vocab_size: int = 0
     tie_word_embeddings: bool = True
     initializer_range: float = 0.02
+    attention_multiplier: float | None = None
+    lm_head_bias: bool = False
+    scale_lm_head_input: bool = False
+    use_pooler: bool = True
     use_cache: bool = True
     is_decoder: bool = False
     pad_token_id: int | None = None
@@ -114,7 +132,10 @@ class TfmConfig(PreTrainedConfig):
         for field in ("num_key_value_heads", "head_dim", "intermediate_size"):
             value = getattr(self, field)
             _require(value is None or value > 0, field, f"must be a positive integer or None, got {value}")
-        _require(self.type_vocab_size >= 0, "type_vocab_size", f"must be >= 0, got {self.type_vocab_size}")
+        for field in ("type_vocab_size", "position_offset"):
+            _require(getattr(self, field) >= 0, field, f"must be >= 0, got {getattr(self, field)}")
+        for field in ("relative_attention_num_buckets", "relative_attention_max_distance"):
+            _require(getattr(self, field) > 0, field, f"must be a positive integer, got {getattr(self, field)}")
         if self.head_dim is None:
             _require(
                 self.hidden_size % self.num_attention_heads == 0,
@@ -141,6 +162,11 @@ class TfmConfig(PreTrainedConfig):
             value = getattr(self, field)
             _require(0.0 <= value < 1.0, field, f"a dropout probability must be in [0, 1), got {value}")
         _require(self.layer_norm_eps > 0, "layer_norm_eps", f"must be > 0, got {self.layer_norm_eps}")
+        _require(
+            self.attention_multiplier is None or self.attention_multiplier > 0,
+            "attention_multiplier",
+            f"must be > 0 or None, got {self.attention_multiplier}",
+        )
         _require(self.initializer_range >= 0, "initializer_range", f"must be >= 0, got {self.initializer_range}")
         rope = self.rope_parameters or kwargs.get("rope_scaling")
         if self.position_embedding_type != "rope":
@@ -181,3 +207,35 @@ class TfmDecoderConfig(TfmConfig):
 
     model_type = "tfm_decoder"
     is_decoder: bool = True
+
+
+@strict
+class TfmEncoderConfig(TfmConfig):
+    r"""Encoder-only (BERT-style) configuration: bidirectional self-attention blocks, token types, pooler."""
+
+    model_type = "tfm_encoder"
+    type_vocab_size: int = 2
+
+
+@strict
+class TfmEncoderDecoderConfig(TfmConfig):
+    r"""
+    Encoder-decoder (T5 / BART / original Transformer) configuration. The shared fields describe both stacks;
+    `num_hidden_layers` is the encoder depth and `decoder_layers` the decoder depth (transformers' flat
+    encoder-decoder convention: `get_text_config(decoder=True)` maps it to `num_hidden_layers`).
+
+    Args:
+        decoder_layers (`int`, *optional*): decoder depth; the encoder's by default.
+        decoder_start_token_id (`int`, *optional*): first decoder input; labels are shifted right behind it.
+    """
+
+    model_type = "tfm_encoder_decoder"
+    is_encoder_decoder: bool = True
+    decoder_layers: int | None = None
+    decoder_start_token_id: int | None = None
+
+    def __post_init__(self, **kwargs):
+        if self.decoder_layers is None:
+            self.decoder_layers = self.num_hidden_layers
+        _require(self.decoder_layers > 0, "decoder_layers", f"must be a positive integer, got {self.decoder_layers}")
+        super().__post_init__(**kwargs)

@@ -1,27 +1,43 @@
 """hf_tfm models: the shared PreTrainedModel base, the Transformer block and stack, and the paradigms with their heads.
 
-A paradigm is a thin composition: the decoder-only model is the shared stack with a causal mask. Blocks come from
-`modeling_tfm_layers.py`; caching, masks, generation, loss and output capture come from transformers.
+Every paradigm is a thin composition of one stack class: the decoder-only model is a causal stack, the encoder a
+bidirectional stack, the encoder-decoder a bidirectional stack feeding a causal stack with cross-attention.
+Blocks come from `modeling_tfm_layers.py`; caches, masks, generation, losses and output capture from transformers.
 """
 
 import torch
 from torch import nn
 from transformers import initialization as init
-from transformers.cache_utils import Cache, DynamicCache
+from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.generation import GenerationMixin
-from transformers.masking_utils import create_causal_mask
+from transformers.loss.loss_utils import ForMaskedLMLoss
+from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
 from transformers.modeling_layers import GenericForSequenceClassification, GradientCheckpointingLayer
-from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+from transformers.modeling_outputs import (
+    BaseModelOutput,
+    BaseModelOutputWithPoolingAndCrossAttentions,
+    CausalLMOutputWithPast,
+    MaskedLMOutput,
+    QuestionAnsweringModelOutput,
+    Seq2SeqLMOutput,
+    Seq2SeqModelOutput,
+    SequenceClassifierOutput,
+    TokenClassifierOutput,
+)
 from transformers.modeling_utils import PreTrainedModel, slice_logits_to_keep
-from transformers.utils import can_return_tuple
+from transformers.models.bart.modeling_bart import shift_tokens_right
+from transformers.utils import ModelOutput, can_return_tuple
 from transformers.utils.generic import merge_with_config_defaults
-from transformers.utils.output_capturing import capture_outputs
+from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
-from .configuration_tfm import TfmConfig, TfmDecoderConfig
+from .configuration_tfm import TfmConfig, TfmDecoderConfig, TfmEncoderConfig, TfmEncoderDecoderConfig
 from .modeling_tfm_layers import (
     TfmAlibiBias,
     TfmAttention,
     TfmFeedForward,
+    TfmMaskedLMHead,
+    TfmPooler,
+    TfmRelativePositionBias,
     TfmRotaryEmbedding,
     TfmSinusoidalPositionalEmbedding,
     alibi_slopes,
@@ -32,13 +48,17 @@ from .modeling_tfm_layers import (
 
 
 class TfmBlock(GradientCheckpointingLayer):
-    """Self-attention then feed-forward, each in a residual branch with a pre- or post-norm."""
+    """Self-attention, optional cross-attention over an encoder's output, then feed-forward; each sublayer in a
+    residual branch with a pre- or post-norm."""
 
-    def __init__(self, config: TfmConfig, layer_idx: int, is_causal: bool = True):
+    def __init__(self, config: TfmConfig, layer_idx: int, is_causal: bool = True, cross_attention: bool = False):
         super().__init__()
         self.pre_norm = config.norm_position == "pre"
         self.self_attn = TfmAttention(config, layer_idx, is_causal=is_causal)
         self.attn_norm = make_norm(config)
+        if cross_attention:
+            self.cross_attn = TfmAttention(config, layer_idx, is_cross_attention=True)
+            self.cross_attn_norm = make_norm(config)
         self.mlp = TfmFeedForward(config)
         self.ffn_norm = make_norm(config)
         self.dropout = nn.Dropout(config.hidden_dropout)
@@ -53,10 +73,12 @@ class TfmBlock(GradientCheckpointingLayer):
     def forward(
         self,
         hidden_states: torch.Tensor,
+        encoder_hidden_states: torch.Tensor | None = None,  # positional, so gradient checkpointing sees it
         attention_mask: torch.Tensor | None = None,
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
         position_bias: torch.Tensor | None = None,
         past_key_values: Cache | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
         **kwargs,
     ) -> torch.Tensor:
         hidden_states = self._residual(
@@ -69,6 +91,16 @@ class TfmBlock(GradientCheckpointingLayer):
             past_key_values=past_key_values,
             **kwargs,
         )
+        if hasattr(self, "cross_attn"):
+            hidden_states = self._residual(
+                hidden_states,
+                self.cross_attn_norm,
+                self.cross_attn,
+                attention_mask=encoder_attention_mask,
+                key_value_states=encoder_hidden_states,
+                past_key_values=past_key_values,
+                **kwargs,
+            )
         return self._residual(hidden_states, self.ffn_norm, self.mlp)
 
 
@@ -83,7 +115,11 @@ class TfmPreTrainedModel(PreTrainedModel):
     _supports_flex_attn = True
     _supports_attention_backend = True
     _can_compile_fullgraph = True
-    _can_record_outputs = {"hidden_states": TfmBlock, "attentions": TfmAttention}
+    _can_record_outputs = {
+        "hidden_states": TfmBlock,
+        "attentions": OutputRecorder(TfmAttention, index=1, layer_name="self_attn"),
+        "cross_attentions": OutputRecorder(TfmAttention, index=1, layer_name="cross_attn"),
+    }
 
     def _init_weights(self, module):
         super()._init_weights(module)
@@ -95,7 +131,7 @@ class TfmPreTrainedModel(PreTrainedModel):
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         # transformers writes `auto_map` only for the saved class; list every Auto class of this paradigm so that
-        # AutoModel, AutoModelForCausalLM... all load the folder with trust_remote_code.
+        # AutoModel, AutoModelFor... all load the folder with trust_remote_code.
         classes = AUTO_CLASSES.get(type(self.config), {})
         if self._auto_class is not None and classes:
             auto_map = {"AutoConfig": f"configuration_tfm.{type(self.config).__name__}"}
@@ -130,32 +166,62 @@ def check_inputs(config: TfmConfig, input_ids, attention_mask, position_ids, pas
             )
 
 
+def check_labels(labels, input_ids, inputs_embeds, inputs_name: str = "input_ids") -> None:
+    """Labels must line up token for token with the inputs they score."""
+    tokens = input_ids if input_ids is not None else inputs_embeds
+    if labels is not None and tokens is not None and tuple(labels.shape) != tuple(tokens.shape[:2]):
+        raise ValueError(
+            f"labels have shape {tuple(labels.shape)}, expected {tuple(tokens.shape[:2])} (the shape of {inputs_name})"
+        )
+
+
+def share_embeddings(stack: nn.Module, table: nn.Embedding) -> None:
+    """Give a stack its owner's token table without registering it as the stack's own submodule: the owner holds
+    the one parameter, so the state dict has a single copy whatever `tie_word_embeddings` says (transformers would
+    only accept the shared tensor as a declared tie, and ties follow that flag)."""
+    stack.__dict__["embed_tokens"] = table
+
+
 class TfmStack(TfmPreTrainedModel):
-    """Embeddings, position scheme, N blocks and the final norm: the body every paradigm shares."""
+    """Embeddings, position scheme, N blocks and the final norm: the body every paradigm shares. Causal or
+    bidirectional, optionally with cross-attention (an encoder-decoder's decoder) and a pooler (an encoder)."""
 
-    is_causal = True
-
-    def __init__(self, config: TfmConfig):
+    def __init__(
+        self,
+        config: TfmConfig,
+        is_causal: bool = True,
+        cross_attention: bool = False,
+        num_layers: int | None = None,
+        pooler: bool = False,
+        embed_tokens: nn.Embedding | None = None,
+    ):
         super().__init__(config)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.is_causal = is_causal
+        if embed_tokens is None:
+            self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        else:
+            share_embeddings(self, embed_tokens)
         position = config.position_embedding_type
         if position == "learned":
-            self.embed_positions = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+            self.embed_positions = nn.Embedding(config.max_position_embeddings + config.position_offset, config.hidden_size)
         elif position == "sinusoidal":
             self.embed_positions = TfmSinusoidalPositionalEmbedding(config)
         elif position == "rope":
             self.rotary_emb = TfmRotaryEmbedding(config)
         elif position == "alibi":
-            self.alibi = TfmAlibiBias(config)
+            self.position_bias = TfmAlibiBias(config)
+        elif position == "relative_bias":
+            self.position_bias = TfmRelativePositionBias(config, bidirectional=not is_causal)
         if config.type_vocab_size > 0:
             self.embed_token_types = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.embed_norm = make_norm(config) if config.embedding_norm else None
         self.embed_dropout = nn.Dropout(config.embedding_dropout)
         self.embed_scale = config.hidden_size**0.5 if config.scale_embeddings else 1.0
         self.layers = nn.ModuleList(
-            [TfmBlock(config, i, is_causal=self.is_causal) for i in range(config.num_hidden_layers)]
+            [TfmBlock(config, i, is_causal, cross_attention) for i in range(num_layers or config.num_hidden_layers)]
         )
         self.norm = make_norm(config) if config.final_norm else None
+        self.pooler = TfmPooler(config) if pooler else None
         self.gradient_checkpointing = False
         self.post_init()
 
@@ -164,25 +230,36 @@ class TfmStack(TfmPreTrainedModel):
             inputs_embeds = self.embed_tokens(input_ids)
         hidden_states = inputs_embeds * self.embed_scale
         if hasattr(self, "embed_positions"):
-            hidden_states = hidden_states + self.embed_positions(position_ids).to(hidden_states.dtype)
+            positions = position_ids + self.config.position_offset if self.config.position_offset else position_ids
+            hidden_states = hidden_states + self.embed_positions(positions).to(hidden_states.dtype)
         if hasattr(self, "embed_token_types"):
             if token_type_ids is None:
                 token_type_ids = torch.zeros_like(position_ids)
             hidden_states = hidden_states + self.embed_token_types(token_type_ids)
+        elif token_type_ids is not None:
+            raise ValueError("token_type_ids were given but the config has type_vocab_size=0 (no token-type embeddings)")
         if self.embed_norm is not None:
             hidden_states = self.embed_norm(hidden_states)
         return self.embed_dropout(hidden_states)
 
     def build_mask(self, inputs_embeds, attention_mask, past_key_values, position_ids):
+        if not self.is_causal:
+            return create_bidirectional_mask(config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask)
         return create_causal_mask(
             config=self.config,
             inputs_embeds=inputs_embeds,
             attention_mask=attention_mask,
             past_key_values=past_key_values,
             position_ids=position_ids,
-            # an additive position bias needs the full mask to add to; sdpa would otherwise get None
-            allow_is_causal_skip=self.config.position_embedding_type != "alibi",
+            # an additive position bias needs the full causal mask to add to; sdpa would otherwise get None
+            allow_is_causal_skip=not hasattr(self, "position_bias"),
         )
+
+    def new_cache(self) -> Cache:
+        cache = DynamicCache(config=self.config)
+        if hasattr(self.layers[0], "cross_attn"):
+            return EncoderDecoderCache(cache, DynamicCache(config=self.config))
+        return cache
 
     @merge_with_config_defaults
     @capture_outputs
@@ -194,41 +271,81 @@ class TfmStack(TfmPreTrainedModel):
         past_key_values: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         token_type_ids: torch.LongTensor | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
         use_cache: bool | None = None,
         **kwargs,
-    ) -> BaseModelOutputWithPast:
+    ) -> BaseModelOutputWithPoolingAndCrossAttentions:
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
         batch, length = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
+        if not self.is_causal:
+            use_cache = False  # an encoder sees its whole input at once: nothing to cache
         if use_cache and past_key_values is None:
-            past_key_values = DynamicCache(config=self.config)
-        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+            past_key_values = self.new_cache()
+        self_cache = past_key_values.self_attention_cache if isinstance(past_key_values, EncoderDecoderCache) else past_key_values
+        past_length = self_cache.get_seq_length() if self_cache is not None else 0
         device = (input_ids if input_ids is not None else inputs_embeds).device
         if position_ids is None:
             position_ids = (torch.arange(length, device=device) + past_length).unsqueeze(0).expand(batch, -1)
         check_inputs(self.config, input_ids, attention_mask, position_ids, past_length, batch, length)
 
         hidden_states = self.embed(input_ids, inputs_embeds, position_ids, token_type_ids)
-        mask = self.build_mask(hidden_states, attention_mask, past_key_values, position_ids)
+        mask = self.build_mask(hidden_states, attention_mask, self_cache, position_ids)
         position_embeddings = self.rotary_emb(hidden_states, position_ids) if hasattr(self, "rotary_emb") else None
         position_bias = None
-        if hasattr(self, "alibi"):
+        if hasattr(self, "position_bias"):
             kv_length = mask.shape[-1] if mask is not None else past_length + length
             key_positions = key_positions_for_bias(attention_mask, position_ids, kv_length)
-            position_bias = self.alibi(position_ids.expand(batch, -1), key_positions)
+            position_bias = self.position_bias(position_ids.expand(batch, -1), key_positions)
+        if hasattr(self.layers[0], "cross_attn"):
+            encoder_attention_mask = self.cross_attention_mask(hidden_states, encoder_hidden_states, encoder_attention_mask)
 
         for layer in self.layers:
             hidden_states = layer(
                 hidden_states,
+                encoder_hidden_states,
                 attention_mask=mask,
                 position_embeddings=position_embeddings,
                 position_bias=position_bias,
                 past_key_values=past_key_values,
+                encoder_attention_mask=encoder_attention_mask,
                 **kwargs,
             )
         if self.norm is not None:
             hidden_states = self.norm(hidden_states)
-        return BaseModelOutputWithPast(last_hidden_state=hidden_states, past_key_values=past_key_values)
+        return BaseModelOutputWithPoolingAndCrossAttentions(
+            last_hidden_state=hidden_states,
+            pooler_output=self.pooler(hidden_states) if self.pooler is not None else None,
+            past_key_values=past_key_values,
+        )
+
+    def cross_attention_mask(self, hidden_states, encoder_hidden_states, encoder_attention_mask):
+        if encoder_hidden_states is None:
+            raise ValueError("this decoder has cross-attention: pass encoder_hidden_states (the encoder's output)")
+        expected = tuple(encoder_hidden_states.shape[:2])
+        if encoder_attention_mask is not None and tuple(encoder_attention_mask.shape) != expected:
+            raise ValueError(
+                f"the encoder attention_mask has shape {tuple(encoder_attention_mask.shape)}, expected {expected} "
+                "(batch, encoder length)"
+            )
+        return create_bidirectional_mask(
+            config=self.config,
+            inputs_embeds=hidden_states,
+            attention_mask=encoder_attention_mask,
+            encoder_hidden_states=encoder_hidden_states,
+        )
+
+
+def make_lm_head(config: TfmConfig) -> nn.Linear:
+    return nn.Linear(config.hidden_size, config.vocab_size, bias=config.lm_head_bias)
+
+
+def lm_logits(config: TfmConfig, lm_head: nn.Linear, hidden_states: torch.Tensor, logits_to_keep) -> torch.Tensor:
+    hidden_states = slice_logits_to_keep(hidden_states, logits_to_keep)
+    if config.scale_lm_head_input:  # T5 rescales before a tied head
+        hidden_states = hidden_states * config.hidden_size**-0.5
+    return lm_head(hidden_states)
 
 
 # ------------------------------------------------------------------------------------------------ decoder-only
@@ -247,7 +364,7 @@ class TfmDecoderForCausalLM(TfmPreTrainedModel, GenerationMixin):
     def __init__(self, config: TfmDecoderConfig):
         super().__init__(config)
         self.model = TfmDecoderModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = make_lm_head(config)
         self.post_init()
 
     @can_return_tuple
@@ -263,11 +380,8 @@ class TfmDecoderForCausalLM(TfmPreTrainedModel, GenerationMixin):
         logits_to_keep: int | torch.Tensor = 0,
         **kwargs,
     ) -> CausalLMOutputWithPast:
-        if labels is not None:
-            tokens_shape = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
-            if labels.shape != tokens_shape:
-                raise ValueError(f"labels have shape {tuple(labels.shape)}, expected {tuple(tokens_shape)} (batch, length)")
-        outputs: BaseModelOutputWithPast = self.model(
+        check_labels(labels, input_ids, inputs_embeds)
+        outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
@@ -276,8 +390,7 @@ class TfmDecoderForCausalLM(TfmPreTrainedModel, GenerationMixin):
             use_cache=use_cache,
             **kwargs,
         )
-        hidden_states = slice_logits_to_keep(outputs.last_hidden_state, logits_to_keep)
-        logits = self.lm_head(hidden_states)
+        logits = lm_logits(self.config, self.lm_head, outputs.last_hidden_state, logits_to_keep)
         loss = None
         if labels is not None:
             # kwargs carry Trainer's num_items_in_batch, which keeps gradient accumulation exact (trap 5)
@@ -305,14 +418,300 @@ class TfmDecoderForSequenceClassification(GenericForSequenceClassification, TfmP
         self.post_init()
 
 
-__all__ = [
-    "TfmPreTrainedModel",
-    "TfmBlock",
-    "TfmStack",
-    "TfmDecoderModel",
-    "TfmDecoderForCausalLM",
-    "TfmDecoderForSequenceClassification",
-]
+# ------------------------------------------------------------------------------------------------ encoder-only
+
+
+class TfmEncoderModel(TfmStack):
+    """Encoder-only body (BERT): the shared stack with bidirectional self-attention, and a pooler."""
+
+    config: TfmEncoderConfig
+
+    def __init__(self, config: TfmEncoderConfig, add_pooling_layer: bool = True):
+        super().__init__(config, is_causal=False, pooler=add_pooling_layer and config.use_pooler)
+
+
+class TfmEncoderHead(TfmPreTrainedModel):
+    """An encoder body plus a task layer; subclasses say what the layer is and how it turns into a loss."""
+
+    config: TfmEncoderConfig
+    add_pooling_layer = False
+
+    def __init__(self, config: TfmEncoderConfig):
+        super().__init__(config)
+        self.model = TfmEncoderModel(config, add_pooling_layer=self.add_pooling_layer)
+        self.dropout = nn.Dropout(config.hidden_dropout)
+        self.build_head(config)
+        self.post_init()
+
+    def encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, **kwargs):
+        return self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            **kwargs,
+        )
+
+
+class TfmEncoderForMaskedLM(TfmEncoderHead):
+    _tied_weights_keys = {"lm_head.decoder.weight": "model.embed_tokens.weight"}
+
+    def build_head(self, config):
+        self.lm_head = TfmMaskedLMHead(config)
+
+    def get_output_embeddings(self):
+        return self.lm_head.decoder
+
+    def set_output_embeddings(self, new_embeddings):
+        self.lm_head.decoder = new_embeddings
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        labels=None,
+        **kwargs,
+    ) -> MaskedLMOutput:
+        check_labels(labels, input_ids, inputs_embeds)
+        outputs = self.encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, **kwargs)
+        logits = self.lm_head(outputs.last_hidden_state)
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+        return MaskedLMOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+
+
+class TfmEncoderForSequenceClassification(TfmEncoderHead):
+    """Classifies from the pooled first token; `problem_type` picks single-label, multi-label or regression loss."""
+
+    add_pooling_layer = True
+
+    def build_head(self, config):
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        labels=None,
+        **kwargs,
+    ) -> SequenceClassifierOutput:
+        outputs = self.encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, **kwargs)
+        pooled = outputs.pooler_output if outputs.pooler_output is not None else outputs.last_hidden_state[:, 0]
+        logits = self.classifier(self.dropout(pooled))
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config)
+        return SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+
+
+class TfmEncoderForTokenClassification(TfmEncoderHead):
+    def build_head(self, config):
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        labels=None,
+        **kwargs,
+    ) -> TokenClassifierOutput:
+        check_labels(labels, input_ids, inputs_embeds)
+        outputs = self.encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, **kwargs)
+        logits = self.classifier(self.dropout(outputs.last_hidden_state))
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits=logits, labels=labels, config=self.config)
+        return TokenClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+
+
+class TfmEncoderForQuestionAnswering(TfmEncoderHead):
+    """Extractive QA: a start and an end logit per token."""
+
+    def build_head(self, config):
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        token_type_ids=None,
+        position_ids=None,
+        inputs_embeds=None,
+        start_positions=None,
+        end_positions=None,
+        **kwargs,
+    ) -> QuestionAnsweringModelOutput:
+        outputs = self.encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, **kwargs)
+        start_logits, end_logits = self.qa_outputs(outputs.last_hidden_state).unbind(dim=-1)
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            loss = self.loss_function(start_logits, end_logits, start_positions, end_positions, **kwargs)
+        return QuestionAnsweringModelOutput(
+            loss=loss,
+            start_logits=start_logits.contiguous(),
+            end_logits=end_logits.contiguous(),
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+
+
+# --------------------------------------------------------------------------------------------- encoder-decoder
+
+
+class TfmEncoderDecoderModel(TfmPreTrainedModel):
+    """Encoder-decoder body (T5 / BART / the original Transformer): a bidirectional stack, then a causal stack
+    that cross-attends to it. Both read one shared token table."""
+
+    config: TfmEncoderDecoderConfig
+
+    def __init__(self, config: TfmEncoderDecoderConfig):
+        super().__init__(config)
+        self.shared = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.encoder = TfmStack(config, is_causal=False, embed_tokens=self.shared)
+        self.decoder = TfmStack(
+            config, is_causal=True, cross_attention=True, num_layers=config.decoder_layers, embed_tokens=self.shared
+        )
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.shared
+
+    def set_input_embeddings(self, new_embeddings):
+        self.shared = new_embeddings
+        share_embeddings(self.encoder, new_embeddings)
+        share_embeddings(self.decoder, new_embeddings)
+
+    def get_encoder(self):
+        return self.encoder
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: tuple | BaseModelOutput | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        decoder_position_ids: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs,
+    ) -> Seq2SeqModelOutput:
+        if encoder_outputs is None:
+            encoder_outputs = self.encoder(input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs)
+        elif not isinstance(encoder_outputs, ModelOutput):  # a plain tuple from a user
+            encoder_outputs = BaseModelOutput(*encoder_outputs)
+        if decoder_input_ids is None and decoder_inputs_embeds is None:
+            raise ValueError("The decoder needs decoder_input_ids (or decoder_inputs_embeds, or labels to shift right)")
+        decoder_outputs = self.decoder(
+            input_ids=decoder_input_ids,
+            attention_mask=decoder_attention_mask,
+            position_ids=decoder_position_ids,
+            inputs_embeds=decoder_inputs_embeds,
+            encoder_hidden_states=encoder_outputs.last_hidden_state,
+            encoder_attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            use_cache=use_cache,
+            **kwargs,
+        )
+        return Seq2SeqModelOutput(
+            last_hidden_state=decoder_outputs.last_hidden_state,
+            past_key_values=decoder_outputs.past_key_values,
+            decoder_hidden_states=decoder_outputs.hidden_states,
+            decoder_attentions=decoder_outputs.attentions,
+            cross_attentions=decoder_outputs.cross_attentions,
+            encoder_last_hidden_state=encoder_outputs.last_hidden_state,
+            encoder_hidden_states=encoder_outputs.hidden_states,
+            encoder_attentions=encoder_outputs.attentions,
+        )
+
+
+class TfmEncoderDecoderForConditionalGeneration(TfmPreTrainedModel, GenerationMixin):
+    config: TfmEncoderDecoderConfig
+    _tied_weights_keys = {"lm_head.weight": "model.shared.weight"}
+
+    def __init__(self, config: TfmEncoderDecoderConfig):
+        super().__init__(config)
+        self.model = TfmEncoderDecoderModel(config)
+        self.lm_head = make_lm_head(config)
+        self.post_init()
+
+    def get_encoder(self):
+        return self.model.encoder
+
+    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        for field in ("decoder_start_token_id", "pad_token_id"):
+            if getattr(self.config, field) is None:
+                raise ValueError(f"labels can only be shifted into decoder_input_ids when the config sets {field}")
+        return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: tuple | BaseModelOutput | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        decoder_position_ids: torch.LongTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        **kwargs,
+    ) -> Seq2SeqLMOutput:
+        if labels is not None:
+            if decoder_input_ids is None and decoder_inputs_embeds is None:
+                decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
+            check_labels(labels, decoder_input_ids, decoder_inputs_embeds, "decoder_input_ids")
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            decoder_input_ids=decoder_input_ids,
+            decoder_attention_mask=decoder_attention_mask,
+            encoder_outputs=encoder_outputs,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            decoder_inputs_embeds=decoder_inputs_embeds,
+            decoder_position_ids=decoder_position_ids,
+            use_cache=use_cache,
+            **kwargs,
+        )
+        logits = lm_logits(self.config, self.lm_head, outputs.last_hidden_state, logits_to_keep)
+        loss = None
+        if labels is not None:
+            # labels are already the decoder's targets: plain cross-entropy, no causal shift (trap 6)
+            loss = ForMaskedLMLoss(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
+        return Seq2SeqLMOutput(
+            loss=loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            decoder_hidden_states=outputs.decoder_hidden_states,
+            decoder_attentions=outputs.decoder_attentions,
+            cross_attentions=outputs.cross_attentions,
+            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
+            encoder_hidden_states=outputs.encoder_hidden_states,
+            encoder_attentions=outputs.encoder_attentions,
+        )
 
 
 # Every Auto class each paradigm answers to: the one place that registration and `auto_map` read from.
@@ -322,4 +721,31 @@ AUTO_CLASSES: dict[type[TfmConfig], dict[str, type[TfmPreTrainedModel]]] = {
         "AutoModelForCausalLM": TfmDecoderForCausalLM,
         "AutoModelForSequenceClassification": TfmDecoderForSequenceClassification,
     },
+    TfmEncoderConfig: {
+        "AutoModel": TfmEncoderModel,
+        "AutoModelForMaskedLM": TfmEncoderForMaskedLM,
+        "AutoModelForSequenceClassification": TfmEncoderForSequenceClassification,
+        "AutoModelForTokenClassification": TfmEncoderForTokenClassification,
+        "AutoModelForQuestionAnswering": TfmEncoderForQuestionAnswering,
+    },
+    TfmEncoderDecoderConfig: {
+        "AutoModel": TfmEncoderDecoderModel,
+        "AutoModelForSeq2SeqLM": TfmEncoderDecoderForConditionalGeneration,
+    },
 }
+
+__all__ = [
+    "TfmPreTrainedModel",
+    "TfmBlock",
+    "TfmStack",
+    "TfmDecoderModel",
+    "TfmDecoderForCausalLM",
+    "TfmDecoderForSequenceClassification",
+    "TfmEncoderModel",
+    "TfmEncoderForMaskedLM",
+    "TfmEncoderForSequenceClassification",
+    "TfmEncoderForTokenClassification",
+    "TfmEncoderForQuestionAnswering",
+    "TfmEncoderDecoderModel",
+    "TfmEncoderDecoderForConditionalGeneration",
+]

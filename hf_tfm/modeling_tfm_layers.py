@@ -10,10 +10,11 @@ from collections.abc import Callable
 import torch
 from torch import nn
 from transformers.activations import ACT2FN
-from transformers.cache_utils import Cache
+from transformers.cache_utils import Cache, EncoderDecoderCache
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, dynamic_rope_update
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, eager_attention_forward
+from transformers.models.t5.modeling_t5 import T5Attention
 
 from .configuration_tfm import TfmConfig
 
@@ -128,6 +129,26 @@ class TfmAlibiBias(nn.Module):
         return -self.slopes[None, :, None, None] * distance[:, None]
 
 
+class TfmRelativePositionBias(nn.Module):
+    """T5's relative position bias: query-key offsets bucketed (exact when near, logarithmic when far) and a
+    learned scalar per bucket and head. Bidirectional buckets for encoders, one-sided for causal decoders."""
+
+    def __init__(self, config: TfmConfig, bidirectional: bool):
+        super().__init__()
+        self.bidirectional = bidirectional
+        self.num_buckets = config.relative_attention_num_buckets
+        self.max_distance = config.relative_attention_max_distance
+        self.relative_attention_bias = nn.Embedding(self.num_buckets, config.num_attention_heads)
+
+    def forward(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
+        """[B, q] and [B, kv] positions -> additive bias [B, heads, q, kv] in float32."""
+        relative_position = key_positions[:, None, :] - query_positions[:, :, None]
+        buckets = T5Attention._relative_position_bucket(
+            relative_position, bidirectional=self.bidirectional, num_buckets=self.num_buckets, max_distance=self.max_distance
+        )
+        return self.relative_attention_bias(buckets).permute(0, 3, 1, 2).float()
+
+
 def key_positions_for_bias(attention_mask: torch.Tensor | None, position_ids: torch.Tensor, kv_length: int):
     """Token positions of every key slot: counted over the 2D padding mask when there is one (left padding),
     else the slot index. Slots past the mask (a static cache's free tail) are masked anyway."""
@@ -159,18 +180,21 @@ def merge_position_bias(attention_mask, position_bias: torch.Tensor, dtype: torc
 
 class TfmAttention(nn.Module):
     """Multi-head attention with MHA/GQA/MQA, optional RoPE, optional additive position bias (ALiBi, relative), and
-    any transformers attention backend. `is_causal` is set explicitly: sdpa reads it when the mask is skipped."""
+    any transformers attention backend. `is_causal` is set explicitly: sdpa reads it when the mask is skipped.
+    As cross-attention it reads keys and values from the encoder output, computed once per generation and then
+    reused from the `EncoderDecoderCache` (the BART pattern)."""
 
-    def __init__(self, config: TfmConfig, layer_idx: int, is_causal: bool = True):
+    def __init__(self, config: TfmConfig, layer_idx: int, is_causal: bool = True, is_cross_attention: bool = False):
         super().__init__()
         self.config = config
         self.layer_idx = layer_idx
-        self.is_causal = is_causal
+        self.is_causal = is_causal and not is_cross_attention
+        self.is_cross_attention = is_cross_attention
         self.head_dim = config.head_dim
         self.num_heads = config.num_attention_heads
         self.num_key_value_heads = config.num_key_value_heads
         self.num_key_value_groups = self.num_heads // self.num_key_value_heads
-        self.scaling = self.head_dim**-0.5
+        self.scaling = config.attention_multiplier if config.attention_multiplier is not None else self.head_dim**-0.5
         self.attention_dropout = config.attention_dropout
         bias = config.attention_bias
         self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
@@ -185,19 +209,22 @@ class TfmAttention(nn.Module):
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
         position_bias: torch.Tensor | None = None,
         past_key_values: Cache | None = None,
+        key_value_states: torch.Tensor | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         input_shape = hidden_states.shape[:-1]
-        hidden_shape = (*input_shape, -1, self.head_dim)
-        query_states = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)
-        key_states = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
-        value_states = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
-
-        if position_embeddings is not None:
-            cos, sin = position_embeddings
-            query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
-        if past_key_values is not None:
-            key_states, value_states = past_key_values.update(key_states, value_states, self.layer_idx)
+        query_states = self.q_proj(hidden_states).view(*input_shape, -1, self.head_dim).transpose(1, 2)
+        if self.is_cross_attention:
+            key_states, value_states = self._cross_key_values(key_value_states, past_key_values)
+        else:
+            key_states, value_states = self._project_key_values(hidden_states)
+            if position_embeddings is not None:
+                cos, sin = position_embeddings
+                query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+            if isinstance(past_key_values, EncoderDecoderCache):
+                past_key_values = past_key_values.self_attention_cache
+            if past_key_values is not None:
+                key_states, value_states = past_key_values.update(key_states, value_states, self.layer_idx)
 
         implementation = self.config._attn_implementation
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
@@ -225,6 +252,20 @@ class TfmAttention(nn.Module):
         attn_output = attn_output.reshape(*input_shape, -1).contiguous()
         return self.o_proj(attn_output), attn_weights
 
+    def _project_key_values(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        shape = (*states.shape[:-1], -1, self.head_dim)
+        return self.k_proj(states).view(shape).transpose(1, 2), self.v_proj(states).view(shape).transpose(1, 2)
+
+    def _cross_key_values(self, encoder_states, cache: EncoderDecoderCache | None):
+        if cache is not None and cache.is_updated.get(self.layer_idx):
+            layer = cache.cross_attention_cache.layers[self.layer_idx]
+            return layer.keys, layer.values
+        key_states, value_states = self._project_key_values(encoder_states)
+        if cache is not None:
+            key_states, value_states = cache.cross_attention_cache.update(key_states, value_states, self.layer_idx)
+            cache.is_updated[self.layer_idx] = True
+        return key_states, value_states
+
 
 # ------------------------------------------------------------------------------------------------- feed-forward
 
@@ -246,3 +287,29 @@ class TfmFeedForward(nn.Module):
         if self.gated:
             return self.down_proj(self.act_fn(self.gate_proj(hidden_states)) * self.up_proj(hidden_states))
         return self.down_proj(self.act_fn(self.up_proj(hidden_states)))
+
+
+class TfmPooler(nn.Module):
+    """BERT's pooler: dense + tanh on the first token, the sentence vector for sequence-level heads."""
+
+    def __init__(self, config: TfmConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.activation = nn.Tanh()
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.activation(self.dense(hidden_states[:, 0]))
+
+
+class TfmMaskedLMHead(nn.Module):
+    """BERT's MLM head: dense, activation and norm, then the (tied) vocabulary projection with its own bias."""
+
+    def __init__(self, config: TfmConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act_fn = ACT2FN[config.hidden_act]
+        self.norm = make_norm(config)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.norm(self.act_fn(self.dense(hidden_states))))
