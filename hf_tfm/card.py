@@ -9,9 +9,14 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from .modeling_tfm import TfmPreTrainedModel
 
-PIPELINE_TAGS = {"tfm_decoder": "text-generation"}
-PARADIGMS = {"tfm_decoder": "decoder-only"}
-AUTO_CLASSES = {"tfm_decoder": "AutoModelForCausalLM"}
+# per model type: Hub pipeline tag, paradigm name, and the Auto class a card tells users to load with
+PIPELINE_TAGS = {"tfm_decoder": "text-generation", "tfm_encoder": "fill-mask", "tfm_encoder_decoder": "text2text-generation"}
+PARADIGMS = {"tfm_decoder": "decoder-only", "tfm_encoder": "encoder-only", "tfm_encoder_decoder": "encoder-decoder"}
+AUTO_CLASSES = {
+    "tfm_decoder": "AutoModelForCausalLM",
+    "tfm_encoder": "AutoModelForMaskedLM",
+    "tfm_encoder_decoder": "AutoModelForSeq2SeqLM",
+}
 
 
 @dataclass
@@ -27,9 +32,12 @@ def architecture_rows(model: TfmPreTrainedModel) -> list[tuple[str, str]]:
     position = config.position_embedding_type
     if position == "rope":
         position += f" ({config.rope_parameters['rope_type']}, theta {config.rope_parameters['rope_theta']:g})"
+    layers = str(config.num_hidden_layers)
+    if config.model_type == "tfm_encoder_decoder":
+        layers = f"{config.num_hidden_layers} encoder + {config.decoder_layers} decoder"
     return [
         ("paradigm", PARADIGMS[config.model_type]),
-        ("layers", str(config.num_hidden_layers)),
+        ("layers", layers),
         ("hidden size", str(config.hidden_size)),
         ("attention heads / kv heads", heads),
         ("position scheme", position),

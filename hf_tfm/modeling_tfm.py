@@ -408,6 +408,7 @@ class TfmDecoderForSequenceClassification(GenericForSequenceClassification, TfmP
     """Classifies from the last non-padding token, like `LlamaForSequenceClassification`."""
 
     config: TfmDecoderConfig
+    accepts_loss_kwargs = False  # as TfmEncoderForSequenceClassification: Trainer scales for accumulation
 
     def __init__(self, config: TfmDecoderConfig):
         # Build the body directly rather than through AutoModel, so remote-code loading needs no registry.
@@ -490,6 +491,9 @@ class TfmEncoderForSequenceClassification(TfmEncoderHead):
     """Classifies from the pooled first token; `problem_type` picks single-label, multi-label or regression loss."""
 
     add_pooling_layer = True
+    # the regression and multi-label losses cannot use Trainer's num_items_in_batch: let Trainer scale for
+    # gradient accumulation instead (HF_V5_NOTES trap 5)
+    accepts_loss_kwargs = False
 
     def build_head(self, config):
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
@@ -534,7 +538,7 @@ class TfmEncoderForTokenClassification(TfmEncoderHead):
         logits = self.classifier(self.dropout(outputs.last_hidden_state))
         loss = None
         if labels is not None:
-            loss = self.loss_function(logits=logits, labels=labels, config=self.config)
+            loss = self.loss_function(logits=logits, labels=labels, config=self.config, **kwargs)
         return TokenClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions)
 
 

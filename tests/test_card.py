@@ -1,7 +1,14 @@
 """Model cards: metadata that huggingface_hub parses back, numbers that are the model's own."""
 
-import torch
+import pytest
 from huggingface_hub import ModelCard
+
+from hf_tfm import (
+    TfmEncoderConfig,
+    TfmEncoderDecoderConfig,
+    TfmEncoderDecoderForConditionalGeneration,
+    TfmEncoderForMaskedLM,
+)
 
 from hf_tfm.card import Measurement, write_model_card
 from conftest import tiny_model
@@ -25,3 +32,22 @@ def test_card_round_trips_and_counts_parameters(tmp_path):
     assert f"| parameters (total = active) | {model.num_parameters():,} |" in card.text
     assert "| attention heads / kv heads | 4 / 2 (head_dim 8) |" in card.text
     assert 'trust_remote_code=True' in card.text
+
+
+@pytest.mark.parametrize(
+    "config_class, model_class, tag, layers",
+    [
+        (TfmEncoderConfig, TfmEncoderForMaskedLM, "fill-mask", "2"),
+        (TfmEncoderDecoderConfig, TfmEncoderDecoderForConditionalGeneration, "text2text-generation", "2 encoder + 3 decoder"),
+    ],
+)
+def test_card_for_each_paradigm(tmp_path, config_class, model_class, tag, layers):
+    fields = dict(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+    if config_class is TfmEncoderDecoderConfig:
+        fields["decoder_layers"] = 3
+    model = model_class(config_class(**fields))
+    write_model_card(tmp_path, model, results=[], dataset="d", training="none")
+    card = ModelCard.load(tmp_path / "README.md")
+    assert card.data.pipeline_tag == tag
+    assert f"| layers | {layers} |" in card.text
+    assert f"| parameters (total = active) | {model.num_parameters():,} |" in card.text

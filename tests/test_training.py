@@ -5,6 +5,7 @@ import torch
 from torch.utils.data import Dataset
 from transformers import Trainer, TrainingArguments
 
+from hf_tfm import TfmEncoderConfig, TfmEncoderForSequenceClassification, TfmEncoderForTokenClassification
 from conftest import tiny_model
 
 
@@ -50,7 +51,7 @@ def test_trainer_lowers_loss(tmp_path):
     assert losses[-1] < 0.5 * losses[0], losses
 
 
-def accumulation_run(tmp_path, data, batch_size, accumulation):
+def accumulation_run(tmp_path, data, batch_size, accumulation, make_model=lambda: tiny_model(seed=1)):
     args = training_args(
         tmp_path / f"bs{batch_size}",
         per_device_train_batch_size=batch_size,
@@ -61,7 +62,7 @@ def accumulation_run(tmp_path, data, batch_size, accumulation):
         max_grad_norm=0.0,  # no clipping: compare raw gradients
         train_sampling_strategy="sequential",
     )
-    trainer = Trainer(model=tiny_model(seed=1).train(), args=args, train_dataset=data)
+    trainer = Trainer(model=make_model().train(), args=args, train_dataset=data)
     trainer.train()
     return trainer.model, logged_losses(trainer)
 
@@ -92,4 +93,44 @@ def test_gradient_accumulation_matches_full_batch(tmp_path):
         moved |= not torch.allclose(p_full, p_start, atol=1e-4)
     assert moved, "the optimizer step should change the parameters"
     assert len(accumulated_loss) == len(full_loss) == 1
+    assert accumulated_loss[0] == pytest.approx(full_loss[0], rel=1e-5)
+
+
+def encoder_head(head_class, seed=1, **overrides):
+    torch.manual_seed(seed)
+    config = TfmEncoderConfig(
+        vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        max_position_embeddings=64, num_labels=3, **overrides,
+    )
+    return head_class(config)
+
+
+@pytest.mark.parametrize(
+    "head_class, label_counts",
+    [
+        # token labels with -100: micro-batches hold 7, 3, 9 and 4 labelled tokens; exact via num_items_in_batch
+        (TfmEncoderForTokenClassification, [6, 1, 2, 1, 6, 3, 2, 2]),
+        # one label per row: micro-batches are equal, so Trainer's 1/accumulation scaling is exact
+        (TfmEncoderForSequenceClassification, None),
+    ],
+)
+def test_gradient_accumulation_encoder_heads(tmp_path, head_class, label_counts):
+    """Accumulation 2 x 4 equals batch 8 for the encoder classification heads (each with its own loss scaling)."""
+    torch.manual_seed(0)
+    rows = []
+    for row in range(8):
+        ids = torch.randint(3, 97, (6,))
+        if label_counts is None:
+            labels = torch.tensor(row % 3)
+        else:
+            labels = torch.randint(0, 3, (6,))
+            labels[label_counts[row] :] = -100
+        rows.append({"input_ids": ids, "labels": labels})
+    data = ListDataset(rows)
+    make = lambda: encoder_head(head_class)  # noqa: E731
+    accumulated, accumulated_loss = accumulation_run(tmp_path, data, 2, 4, make_model=make)
+    full, full_loss = accumulation_run(tmp_path, data, 8, 1, make_model=make)
+    for (name, p_acc), p_full in zip(accumulated.named_parameters(), full.parameters()):
+        torch.testing.assert_close(p_acc, p_full, rtol=0, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+    assert not torch.allclose(full.classifier.weight, make().classifier.weight, atol=1e-4)
     assert accumulated_loss[0] == pytest.approx(full_loss[0], rel=1e-5)
