@@ -35,7 +35,7 @@ def tiny_model(seed: int = 0, **overrides) -> TfmDecoderForCausalLM:
     return TfmDecoderForCausalLM(tiny_config(**overrides)).eval()
 
 
-POSITION_TYPES = ["learned", "sinusoidal", "rope", "alibi", "none"]
+POSITION_TYPES = ["learned", "sinusoidal", "rope", "alibi", "relative_bias", "none"]
 
 
 @pytest.fixture(autouse=True)

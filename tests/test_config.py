@@ -7,7 +7,7 @@ import torch
 from transformers import AutoConfig
 
 import hf_tfm  # noqa: F401  (registers the tfm model types with the Auto classes)
-from hf_tfm import TfmDecoderConfig
+from hf_tfm import TfmDecoderConfig, TfmEncoderConfig, TfmEncoderDecoderConfig
 
 from conftest import POSITION_TYPES, VOCAB, tiny_config, tiny_model
 
@@ -106,3 +106,26 @@ def test_rope_scaling_types_run(rope_type):
     assert model.model.rotary_emb.rope_type == rope_type
     logits = model(torch.randint(3, VOCAB, (2, 6))).logits
     assert logits.shape == (2, 6, VOCAB) and logits.isfinite().all()
+
+
+def test_encoder_and_encoder_decoder_configs():
+    """Each paradigm's config carries its own defaults; the decoder depth maps to transformers' decoder view."""
+    encoder = TfmEncoderConfig(hidden_size=32, num_attention_heads=4)
+    assert (encoder.model_type, encoder.is_decoder, encoder.type_vocab_size, encoder.use_pooler) == ("tfm_encoder", False, 2, True)
+    seq2seq = TfmEncoderDecoderConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=2, decoder_layers=3)
+    assert seq2seq.is_encoder_decoder and seq2seq.get_text_config(decoder=True).num_hidden_layers == 3
+    assert TfmEncoderDecoderConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=2).decoder_layers == 2
+
+
+@pytest.mark.parametrize(
+    "config_class, field, value",
+    [
+        (TfmEncoderDecoderConfig, "decoder_layers", 0),
+        (TfmEncoderConfig, "position_offset", -1),
+        (TfmEncoderConfig, "relative_attention_num_buckets", 0),
+        (TfmEncoderConfig, "attention_multiplier", 0.0),
+    ],
+)
+def test_paradigm_config_fields_validated(config_class, field, value):
+    with pytest.raises(ValueError, match=field):
+        config_class(hidden_size=32, num_attention_heads=4, **{field: value})
