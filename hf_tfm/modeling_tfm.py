@@ -140,16 +140,27 @@ class TfmPreTrainedModel(PreTrainedModel):
         return super().save_pretrained(save_directory, *args, **kwargs)
 
 
-def check_inputs(config: TfmConfig, input_ids, attention_mask, position_ids, past_length: int, batch: int, length: int):
+def check_ids(name: str, ids: torch.Tensor | None, limit: int, what: str) -> None:
+    if ids is not None and ids.numel() > 0:
+        low, high = int(ids.min()), int(ids.max())
+        if low < 0 or high >= limit:
+            raise ValueError(f"{name} contains id {low if low < 0 else high}, outside {what} [0, {limit})")
+
+
+def check_inputs(
+    config: TfmConfig, input_ids, attention_mask, position_ids, token_type_ids, past_length: int, batch: int, length: int
+):
     """Turn bad input into an error that names it, instead of an index error deep in an embedding (or a silent
     wrong answer). Skipped under torch.compile, where data-dependent checks would break the graph."""
     if torch.compiler.is_compiling():
         return
-    if input_ids is not None and input_ids.numel() > 0:
-        low, high = int(input_ids.min()), int(input_ids.max())
-        if low < 0 or high >= config.vocab_size:
-            bad = low if low < 0 else high
-            raise ValueError(f"input_ids contains token id {bad}, outside the vocabulary [0, {config.vocab_size})")
+    check_ids("input_ids", input_ids, config.vocab_size, "the vocabulary")
+    if token_type_ids is not None:
+        if config.type_vocab_size == 0:
+            raise ValueError("token_type_ids were given but the config has type_vocab_size=0 (no token-type embeddings)")
+        if tuple(token_type_ids.shape) != (batch, length):
+            raise ValueError(f"token_type_ids have shape {tuple(token_type_ids.shape)}, expected {(batch, length)}")
+        check_ids("token_type_ids", token_type_ids, config.type_vocab_size, "the token types (type_vocab_size)")
     if attention_mask is not None and attention_mask.dim() == 2:
         expected = (batch, past_length + length)
         if tuple(attention_mask.shape) != expected:
@@ -236,8 +247,6 @@ class TfmStack(TfmPreTrainedModel):
             if token_type_ids is None:
                 token_type_ids = torch.zeros_like(position_ids)
             hidden_states = hidden_states + self.embed_token_types(token_type_ids)
-        elif token_type_ids is not None:
-            raise ValueError("token_type_ids were given but the config has type_vocab_size=0 (no token-type embeddings)")
         if self.embed_norm is not None:
             hidden_states = self.embed_norm(hidden_states)
         return self.embed_dropout(hidden_states)
@@ -288,7 +297,7 @@ class TfmStack(TfmPreTrainedModel):
         device = (input_ids if input_ids is not None else inputs_embeds).device
         if position_ids is None:
             position_ids = (torch.arange(length, device=device) + past_length).unsqueeze(0).expand(batch, -1)
-        check_inputs(self.config, input_ids, attention_mask, position_ids, past_length, batch, length)
+        check_inputs(self.config, input_ids, attention_mask, position_ids, token_type_ids, past_length, batch, length)
 
         hidden_states = self.embed(input_ids, inputs_embeds, position_ids, token_type_ids)
         mask = self.build_mask(hidden_states, attention_mask, self_cache, position_ids)

@@ -1,0 +1,175 @@
+"""Exact conversion between transformers' `BertModel` / `BertForMaskedLM` and `TfmEncoderModel` /
+`TfmEncoderForMaskedLM`, both directions.
+
+BERT is a post-norm encoder with a norm after the embeddings and none after the last block, learned absolute
+positions, token types, a dense+tanh pooler and an MLM head (dense, act, norm, tied decoder with its own bias).
+Every BERT linear layer is an `nn.Linear` like ours, so weights only change names.
+
+Not carried over: `padding_idx` of BERT's word embeddings (it only zeroes that row's gradient in training).
+"""
+
+import torch
+from transformers import BertConfig, BertForMaskedLM, BertModel
+
+from .configuration_tfm import TfmEncoderConfig
+from .convert_common import load_exact, renamed_fields, require_compatible
+from .modeling_tfm import TfmEncoderForMaskedLM, TfmEncoderModel
+
+# BertConfig field -> TfmEncoderConfig field, for every field with a direct counterpart
+_CONFIG_NAMES = {
+    "vocab_size": "vocab_size",
+    "hidden_size": "hidden_size",
+    "num_hidden_layers": "num_hidden_layers",
+    "num_attention_heads": "num_attention_heads",
+    "intermediate_size": "intermediate_size",
+    "hidden_act": "hidden_act",
+    "hidden_dropout_prob": "hidden_dropout",
+    "attention_probs_dropout_prob": "attention_dropout",
+    "max_position_embeddings": "max_position_embeddings",
+    "type_vocab_size": "type_vocab_size",
+    "layer_norm_eps": "layer_norm_eps",
+    "initializer_range": "initializer_range",
+    "tie_word_embeddings": "tie_word_embeddings",
+    "pad_token_id": "pad_token_id",
+    "bos_token_id": "bos_token_id",
+    "eos_token_id": "eos_token_id",
+}
+# what BERT always is, in TfmConfig terms
+_BERT_ARCHITECTURE = dict(
+    position_embedding_type="learned",
+    position_offset=0,
+    norm_type="layernorm",
+    norm_position="post",
+    norm_bias=True,
+    embedding_norm=True,
+    final_norm=False,
+    scale_embeddings=False,
+    ffn_type="mlp",
+    attention_bias=True,
+    mlp_bias=True,
+)
+
+# BERT module -> our module, inside one layer
+_LAYER_NAMES = {
+    "attention.self.query": "self_attn.q_proj",
+    "attention.self.key": "self_attn.k_proj",
+    "attention.self.value": "self_attn.v_proj",
+    "attention.output.dense": "self_attn.o_proj",
+    "attention.output.LayerNorm": "attn_norm",
+    "intermediate.dense": "mlp.up_proj",
+    "output.dense": "mlp.down_proj",
+    "output.LayerNorm": "ffn_norm",
+}
+_EMBEDDING_NAMES = {
+    "embeddings.word_embeddings": "embed_tokens",
+    "embeddings.position_embeddings": "embed_positions",
+    "embeddings.token_type_embeddings": "embed_token_types",
+    "embeddings.LayerNorm": "embed_norm",
+}
+_MLM_NAMES = {
+    "cls.predictions.transform.dense": "lm_head.dense",
+    "cls.predictions.transform.LayerNorm": "lm_head.norm",
+    "cls.predictions.decoder": "lm_head.decoder",
+}
+
+
+def bert_config_to_tfm(config: BertConfig, use_pooler: bool = True) -> TfmEncoderConfig:
+    position = getattr(config, "position_embedding_type", "absolute")  # not a field since transformers 5
+    require_compatible(
+        config,
+        "TfmEncoderConfig",
+        {"is_decoder": False, "add_cross_attention": False},
+        unsupported={
+            "position_embedding_type": position != "absolute",
+            # our classifier heads drop out with hidden_dropout
+            "classifier_dropout": config.classifier_dropout not in (None, config.hidden_dropout_prob),
+        },
+    )
+    return TfmEncoderConfig(
+        **renamed_fields(config, _CONFIG_NAMES),
+        **_BERT_ARCHITECTURE,
+        embedding_dropout=config.hidden_dropout_prob,
+        use_pooler=use_pooler,
+    )
+
+
+def tfm_config_to_bert(config: TfmEncoderConfig) -> BertConfig:
+    head_scale = config.head_dim**-0.5
+    require_compatible(
+        config,
+        "BertConfig",
+        {**_BERT_ARCHITECTURE, "num_key_value_heads": config.num_attention_heads, "is_decoder": False},
+        unsupported={
+            "head_dim": config.head_dim * config.num_attention_heads != config.hidden_size,
+            "type_vocab_size": config.type_vocab_size == 0,  # BERT always adds a token-type embedding
+            "attention_multiplier": config.attention_multiplier not in (None, head_scale),
+            "embedding_dropout": config.embedding_dropout != config.hidden_dropout,
+        },
+    )
+    names = {ours: theirs for theirs, ours in _CONFIG_NAMES.items()}
+    return BertConfig(**renamed_fields(config, names))
+
+
+def _module_names(num_layers: int, mlm: bool, pooler: bool) -> dict[str, str]:
+    """Every BERT module holding weights -> our module, with each side's prefix for the model class."""
+    theirs, ours = ("bert.", "model.") if mlm else ("", "")
+    names = {theirs + bert: ours + tfm for bert, tfm in _EMBEDDING_NAMES.items()}
+    for i in range(num_layers):
+        names.update({f"{theirs}encoder.layer.{i}.{b}": f"{ours}layers.{i}.{t}" for b, t in _LAYER_NAMES.items()})
+    if pooler:
+        names[theirs + "pooler.dense"] = ours + "pooler.dense"
+    if mlm:
+        names.update(_MLM_NAMES)
+    return names
+
+
+def _rename(source: dict[str, torch.Tensor], modules: dict[str, str]) -> dict[str, torch.Tensor]:
+    state = {}
+    for src, dst in modules.items():
+        for suffix in (".weight", ".bias"):
+            if src + suffix in source:  # embeddings have no bias; a missing weight is caught by load_exact
+                state[dst + suffix] = source[src + suffix]
+    return state
+
+
+def bert_to_tfm(model: BertModel | BertForMaskedLM) -> TfmEncoderModel | TfmEncoderForMaskedLM:
+    """Convert a `BertModel` (-> `TfmEncoderModel`) or `BertForMaskedLM` (-> `TfmEncoderForMaskedLM`) with
+    identical outputs, pooler included."""
+    mlm = isinstance(model, BertForMaskedLM)
+    if not mlm and not isinstance(model, BertModel):
+        raise TypeError(f"bert_to_tfm converts BertModel or BertForMaskedLM, got {type(model).__name__}")
+    source = model.state_dict()
+    if mlm and not torch.equal(source["cls.predictions.bias"], source["cls.predictions.decoder.bias"]):
+        # tied configs share these; an untied BERT keeps two, and only `decoder.bias` reaches the logits
+        raise ValueError(
+            "Cannot convert BertForMaskedLM to TfmEncoderForMaskedLM exactly: cls.predictions.bias differs from "
+            "cls.predictions.decoder.bias, and TfmMaskedLMHead holds a single decoder bias"
+        )
+    pooler = not mlm and model.pooler is not None
+    config = bert_config_to_tfm(model.config, use_pooler=mlm or pooler)
+    state = _rename(source, _module_names(config.num_hidden_layers, mlm, pooler))
+    target = TfmEncoderForMaskedLM(config) if mlm else TfmEncoderModel(config)
+    return load_exact(target, _contiguous(state))
+
+
+def tfm_to_bert(model: TfmEncoderModel | TfmEncoderForMaskedLM) -> BertModel | BertForMaskedLM:
+    """Convert a BERT-shaped `TfmEncoderModel` (-> `BertModel`) or `TfmEncoderForMaskedLM` (-> `BertForMaskedLM`)
+    back, with identical outputs."""
+    mlm = isinstance(model, TfmEncoderForMaskedLM)
+    if not mlm and not isinstance(model, TfmEncoderModel):
+        raise TypeError(f"tfm_to_bert converts TfmEncoderModel or TfmEncoderForMaskedLM, got {type(model).__name__}")
+    config = tfm_config_to_bert(model.config)
+    pooler = not mlm and model.pooler is not None
+    names = {ours: theirs for theirs, ours in _module_names(config.num_hidden_layers, mlm, pooler).items()}
+    source = model.state_dict()
+    state = _rename(source, names)
+    if mlm:
+        state["cls.predictions.bias"] = source["lm_head.decoder.bias"]
+        target = BertForMaskedLM(config)
+    else:
+        target = BertModel(config, add_pooling_layer=pooler)
+    return load_exact(target, _contiguous(state))
+
+
+def _contiguous(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {key: value.contiguous() for key, value in state.items()}
