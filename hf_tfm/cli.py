@@ -6,36 +6,57 @@ from pathlib import Path
 
 EXAMPLES = """examples:
   hf-tfm demo --output-dir runs/demo                 # train, evaluate, generate, save (embedded data)
-  hf-tfm convert path/to/gpt2 runs/tfm-from-gpt2      # GPT-2 or Llama folder -> hf_tfm
+  hf-tfm convert path/to/gpt2 runs/tfm-from-gpt2      # GPT-2, Llama, BERT, T5 or BART folder -> hf_tfm
   hf-tfm convert runs/tfm-from-gpt2 runs/back --to gpt2
 """
 
 
-def _convert(source: str, destination: str, to: str | None) -> None:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+# (source model_type, --to) -> "module.function" of the converter
+CONVERTERS = {
+    ("gpt2", None): "convert_gpt2.gpt2_to_tfm",
+    ("llama", None): "convert_llama.llama_to_tfm",
+    ("bert", None): "convert_bert.bert_to_tfm",
+    ("t5", None): "convert_t5.t5_to_tfm",
+    ("bart", None): "convert_bart.bart_to_tfm",
+    ("tfm_decoder", "gpt2"): "convert_gpt2.tfm_to_gpt2",
+    ("tfm_decoder", "llama"): "convert_llama.tfm_to_llama",
+    ("tfm_encoder", "bert"): "convert_bert.tfm_to_bert",
+    ("tfm_encoder_decoder", "t5"): "convert_t5.tfm_to_t5",
+    ("tfm_encoder_decoder", "bart"): "convert_bart.tfm_to_bart",
+}
+# the head a saved folder holds, read off its `architectures` entry
+AUTO_CLASS_BY_SUFFIX = {
+    "ForCausalLM": "AutoModelForCausalLM",
+    "LMHeadModel": "AutoModelForCausalLM",
+    "ForMaskedLM": "AutoModelForMaskedLM",
+    "ForConditionalGeneration": "AutoModelForSeq2SeqLM",
+}
 
-    from . import convert_gpt2, convert_llama
+
+def _convert(source: str, destination: str, to: str | None) -> None:
+    import importlib
+
+    import transformers
 
     config_file = Path(source) / "config.json"
     if not config_file.is_file():
         raise SystemExit(f"error: {config_file} not found: SOURCE must be a saved model folder")
-    model_type = json.loads(config_file.read_text()).get("model_type")
-    converters = {
-        ("gpt2", None): convert_gpt2.gpt2_to_tfm,
-        ("llama", None): convert_llama.llama_to_tfm,
-        ("tfm_decoder", "gpt2"): convert_gpt2.tfm_to_gpt2,
-        ("tfm_decoder", "llama"): convert_llama.tfm_to_llama,
-    }
-    if (model_type, to) not in converters:
-        known = ", ".join(f"{m}" + (f" --to {t}" if t else "") for m, t in converters)
+    saved = json.loads(config_file.read_text())
+    model_type = saved.get("model_type")
+    if (model_type, to) not in CONVERTERS:
+        known = ", ".join(m + (f" --to {t}" if t else "") for m, t in CONVERTERS)
         raise SystemExit(f"error: no converter for model_type={model_type!r} with --to {to}; known: {known}")
-    converted = converters[model_type, to](AutoModelForCausalLM.from_pretrained(source))
+    architecture = (saved.get("architectures") or [""])[0]
+    auto_name = next((auto for suffix, auto in AUTO_CLASS_BY_SUFFIX.items() if architecture.endswith(suffix)), "AutoModel")
+    module, function = CONVERTERS[model_type, to].split(".")
+    converter = getattr(importlib.import_module(f"hf_tfm.{module}"), function)
+    converted = converter(getattr(transformers, auto_name).from_pretrained(source))
     converted.save_pretrained(destination)
     try:
-        AutoTokenizer.from_pretrained(source).save_pretrained(destination)
+        transformers.AutoTokenizer.from_pretrained(source).save_pretrained(destination)
     except (OSError, ValueError):
         pass  # a folder without tokenizer files converts weights only
-    print(f"converted {model_type} -> {type(converted).__name__}: {destination}")
+    print(f"converted {model_type} ({architecture or auto_name}) -> {type(converted).__name__}: {destination}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -45,10 +66,10 @@ def main(argv: list[str] | None = None) -> None:
     demo.add_argument("--output-dir", default="runs/demo")
     demo.add_argument("--max-steps", type=int, default=600)
     demo.add_argument("--seed", type=int, default=0)
-    convert = commands.add_parser("convert", help="convert GPT-2/Llama checkpoints to hf_tfm and back, exactly")
-    convert.add_argument("source", help="a saved model folder (gpt2, llama or tfm_decoder)")
+    convert = commands.add_parser("convert", help="convert GPT-2/Llama/BERT/T5/BART checkpoints to hf_tfm and back, exactly")
+    convert.add_argument("source", help="a saved model folder: gpt2, llama, bert, t5, bart, or an hf_tfm model")
     convert.add_argument("destination", help="folder to write the converted model to")
-    convert.add_argument("--to", choices=["gpt2", "llama"], help="target when converting an hf_tfm model back")
+    convert.add_argument("--to", choices=sorted({t for _, t in CONVERTERS if t}), help="target when converting an hf_tfm model back")
     args = parser.parse_args(argv)
 
     import hf_tfm  # noqa: F401  (registers the Auto classes)

@@ -149,7 +149,7 @@ def bert_to_tfm(model: BertModel | BertForMaskedLM) -> TfmEncoderModel | TfmEnco
     config = bert_config_to_tfm(model.config, use_pooler=mlm or pooler)
     state = _rename(source, _module_names(config.num_hidden_layers, mlm, pooler))
     target = TfmEncoderForMaskedLM(config) if mlm else TfmEncoderModel(config)
-    return load_exact(target, _contiguous(state))
+    return load_exact(target, state)
 
 
 def tfm_to_bert(model: TfmEncoderModel | TfmEncoderForMaskedLM) -> BertModel | BertForMaskedLM:
@@ -168,8 +168,4 @@ def tfm_to_bert(model: TfmEncoderModel | TfmEncoderForMaskedLM) -> BertModel | B
         target = BertForMaskedLM(config)
     else:
         target = BertModel(config, add_pooling_layer=pooler)
-    return load_exact(target, _contiguous(state))
-
-
-def _contiguous(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {key: value.contiguous() for key, value in state.items()}
+    return load_exact(target, state)

@@ -19,10 +19,22 @@ def renamed_fields(config, names: dict[str, str]) -> dict[str, object]:
     return {target: getattr(config, source) for source, target in names.items()}
 
 
-def load_exact(model: nn.Module, state_dict: dict[str, torch.Tensor]) -> nn.Module:
-    """Load a converted state dict; any missing or unexpected key is a converter bug, never silently ignored."""
+def require_one_token_table(state: dict[str, torch.Tensor], shared: str, copies: list[str]) -> None:
+    """hf_tfm keeps one token table for encoder and decoder: every copy must equal `shared`."""
+    for key in copies:
+        if not torch.equal(state[key], state[shared]):
+            raise ValueError(
+                f"Cannot convert exactly: {key} differs from {shared}, and hf_tfm keeps one token table "
+                "shared by encoder and decoder"
+            )
+
+
+def load_exact(model: nn.Module, state_dict: dict[str, torch.Tensor], tie: bool = True) -> nn.Module:
+    """Load a converted state dict; any missing or unexpected key is a converter bug, never silently ignored.
+    With `tie`, a head tied by the config may be absent and is re-tied after loading; without, every tensor
+    is loaded as given (for a target whose config claims a tie its weights do not have: T5)."""
     result = model.load_state_dict(state_dict, strict=False)
-    tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
+    tied = {"lm_head.weight"} if tie and getattr(model.config, "tie_word_embeddings", False) else set()
     missing = set(result.missing_keys) - tied
     if missing or result.unexpected_keys:
         raise ValueError(

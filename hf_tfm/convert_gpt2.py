@@ -106,7 +106,7 @@ def gpt2_to_tfm(model: GPT2LMHeadModel) -> TfmDecoderForCausalLM:
             weight = source[f"{src}{theirs}.weight"]
             state[f"{dst}{ours}.weight"] = weight if theirs.startswith("ln_") else weight.t()
             state[f"{dst}{ours}.bias"] = source[f"{src}{theirs}.bias"]
-    return load_exact(TfmDecoderForCausalLM(gpt2_config_to_tfm(model.config)), _contiguous(state))
+    return load_exact(TfmDecoderForCausalLM(gpt2_config_to_tfm(model.config)), state)
 
 
 def tfm_to_gpt2(model: TfmDecoderForCausalLM) -> GPT2LMHeadModel:
@@ -129,8 +129,4 @@ def tfm_to_gpt2(model: TfmDecoderForCausalLM) -> GPT2LMHeadModel:
             weight = source[f"{src}{ours}.weight"]
             state[f"{dst}{theirs}.weight"] = weight if theirs.startswith("ln_") else weight.t()
             state[f"{dst}{theirs}.bias"] = source[f"{src}{ours}.bias"]
-    return load_exact(GPT2LMHeadModel(config), _contiguous(state))
-
-
-def _contiguous(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {key: value.contiguous() for key, value in state.items()}
+    return load_exact(GPT2LMHeadModel(config), state)

@@ -148,13 +148,22 @@ def check_ids(name: str, ids: torch.Tensor | None, limit: int, what: str) -> Non
 
 
 def check_inputs(
-    config: TfmConfig, input_ids, attention_mask, position_ids, token_type_ids, past_length: int, batch: int, length: int
+    config: TfmConfig,
+    input_ids,
+    attention_mask,
+    position_ids,
+    token_type_ids,
+    past_length: int,
+    batch: int,
+    length: int,
+    prefix: str = "",
 ):
     """Turn bad input into an error that names it, instead of an index error deep in an embedding (or a silent
-    wrong answer). Skipped under torch.compile, where data-dependent checks would break the graph."""
+    wrong answer). `prefix` is how the caller spells the arguments ("decoder_" for an encoder-decoder's decoder).
+    Skipped under torch.compile, where data-dependent checks would break the graph."""
     if torch.compiler.is_compiling():
         return
-    check_ids("input_ids", input_ids, config.vocab_size, "the vocabulary")
+    check_ids(f"{prefix}input_ids", input_ids, config.vocab_size, "the vocabulary")
     if token_type_ids is not None:
         if config.type_vocab_size == 0:
             raise ValueError("token_type_ids were given but the config has type_vocab_size=0 (no token-type embeddings)")
@@ -165,7 +174,7 @@ def check_inputs(
         expected = (batch, past_length + length)
         if tuple(attention_mask.shape) != expected:
             raise ValueError(
-                f"attention_mask has shape {tuple(attention_mask.shape)}, expected {expected} "
+                f"{prefix}attention_mask has shape {tuple(attention_mask.shape)}, expected {expected} "
                 f"(batch, cached tokens {past_length} + new tokens {length})"
             )
     if config.position_embedding_type in ("learned", "sinusoidal") and position_ids.numel() > 0:
@@ -297,7 +306,9 @@ class TfmStack(TfmPreTrainedModel):
         device = (input_ids if input_ids is not None else inputs_embeds).device
         if position_ids is None:
             position_ids = (torch.arange(length, device=device) + past_length).unsqueeze(0).expand(batch, -1)
-        check_inputs(self.config, input_ids, attention_mask, position_ids, token_type_ids, past_length, batch, length)
+        # a stack with cross-attention is an encoder-decoder's decoder: its inputs are the decoder_* arguments
+        prefix = "decoder_" if hasattr(self.layers[0], "cross_attn") else ""
+        check_inputs(self.config, input_ids, attention_mask, position_ids, token_type_ids, past_length, batch, length, prefix)
 
         hidden_states = self.embed(input_ids, inputs_embeds, position_ids, token_type_ids)
         mask = self.build_mask(hidden_states, attention_mask, self_cache, position_ids)
@@ -441,7 +452,8 @@ class TfmEncoderModel(TfmStack):
 
 
 class TfmEncoderHead(TfmPreTrainedModel):
-    """An encoder body plus a task layer; subclasses say what the layer is and how it turns into a loss."""
+    """An encoder body plus a task layer. Subclasses build the layer (`build_head`) and turn the encoder's output
+    into logits, loss and their output class (`predict`); the forward pass around them is this one."""
 
     config: TfmEncoderConfig
     add_pooling_layer = False
@@ -463,6 +475,20 @@ class TfmEncoderHead(TfmPreTrainedModel):
             **kwargs,
         )
 
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        **kwargs,
+    ):
+        outputs = self.encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, **kwargs)
+        return self.predict(outputs, labels, input_ids, inputs_embeds, **kwargs)
+
 
 class TfmEncoderForMaskedLM(TfmEncoderHead):
     _tied_weights_keys = {"lm_head.decoder.weight": "model.embed_tokens.weight"}
@@ -476,19 +502,8 @@ class TfmEncoderForMaskedLM(TfmEncoderHead):
     def set_output_embeddings(self, new_embeddings):
         self.lm_head.decoder = new_embeddings
 
-    @can_return_tuple
-    def forward(
-        self,
-        input_ids=None,
-        attention_mask=None,
-        token_type_ids=None,
-        position_ids=None,
-        inputs_embeds=None,
-        labels=None,
-        **kwargs,
-    ) -> MaskedLMOutput:
+    def predict(self, outputs, labels, input_ids, inputs_embeds, **kwargs) -> MaskedLMOutput:
         check_labels(labels, input_ids, inputs_embeds)
-        outputs = self.encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, **kwargs)
         logits = self.lm_head(outputs.last_hidden_state)
         loss = None
         if labels is not None:
@@ -507,18 +522,7 @@ class TfmEncoderForSequenceClassification(TfmEncoderHead):
     def build_head(self, config):
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
 
-    @can_return_tuple
-    def forward(
-        self,
-        input_ids=None,
-        attention_mask=None,
-        token_type_ids=None,
-        position_ids=None,
-        inputs_embeds=None,
-        labels=None,
-        **kwargs,
-    ) -> SequenceClassifierOutput:
-        outputs = self.encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, **kwargs)
+    def predict(self, outputs, labels, input_ids, inputs_embeds, **kwargs) -> SequenceClassifierOutput:
         pooled = outputs.pooler_output if outputs.pooler_output is not None else outputs.last_hidden_state[:, 0]
         logits = self.classifier(self.dropout(pooled))
         loss = None
@@ -531,19 +535,8 @@ class TfmEncoderForTokenClassification(TfmEncoderHead):
     def build_head(self, config):
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
 
-    @can_return_tuple
-    def forward(
-        self,
-        input_ids=None,
-        attention_mask=None,
-        token_type_ids=None,
-        position_ids=None,
-        inputs_embeds=None,
-        labels=None,
-        **kwargs,
-    ) -> TokenClassifierOutput:
+    def predict(self, outputs, labels, input_ids, inputs_embeds, **kwargs) -> TokenClassifierOutput:
         check_labels(labels, input_ids, inputs_embeds)
-        outputs = self.encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, **kwargs)
         logits = self.classifier(self.dropout(outputs.last_hidden_state))
         loss = None
         if labels is not None:
@@ -552,7 +545,8 @@ class TfmEncoderForTokenClassification(TfmEncoderHead):
 
 
 class TfmEncoderForQuestionAnswering(TfmEncoderHead):
-    """Extractive QA: a start and an end logit per token."""
+    """Extractive QA: a start and an end logit per token. Its own forward, because Trainer finds the label
+    names (`start_positions`, `end_positions`) in the signature."""
 
     def build_head(self, config):
         self.qa_outputs = nn.Linear(config.hidden_size, 2)
@@ -560,13 +554,13 @@ class TfmEncoderForQuestionAnswering(TfmEncoderHead):
     @can_return_tuple
     def forward(
         self,
-        input_ids=None,
-        attention_mask=None,
-        token_type_ids=None,
-        position_ids=None,
-        inputs_embeds=None,
-        start_positions=None,
-        end_positions=None,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        start_positions: torch.LongTensor | None = None,
+        end_positions: torch.LongTensor | None = None,
         **kwargs,
     ) -> QuestionAnsweringModelOutput:
         outputs = self.encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, **kwargs)

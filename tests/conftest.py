@@ -35,6 +35,25 @@ def tiny_model(seed: int = 0, **overrides) -> TfmDecoderForCausalLM:
     return TfmDecoderForCausalLM(tiny_config(**overrides)).eval()
 
 
+def perturb(model, scale: float = 0.1):
+    """Add noise to every tensor a checkpoint holds (norm weights, biases, BART's final_logits_bias; not computed
+    buffers such as RoPE's inv_freq), so that a dropped, swapped or transposed tensor changes the outputs well
+    beyond tolerance instead of hiding behind a near-zero or all-ones default init."""
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for tensor in model.state_dict().values():  # shares storage with the model
+            if tensor.is_floating_point():
+                tensor.add_(torch.randn_like(tensor) * scale)
+    return model.eval()
+
+
+def assert_same_state_dict(actual: dict, expected: dict) -> None:
+    """Converting there and back must restore every key and every tensor bit for bit."""
+    assert sorted(actual) == sorted(expected)
+    for key, value in expected.items():
+        assert torch.equal(actual[key], value), key
+
+
 POSITION_TYPES = ["learned", "sinusoidal", "rope", "alibi", "relative_bias", "none"]
 
 

@@ -5,13 +5,23 @@ from pathlib import Path
 import pytest
 from huggingface_hub import ModelCard
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForCausalLM,
+    AutoModelForSeq2SeqLM,
+    AutoTokenizer,
+    GPT2Config,
+    GPT2LMHeadModel,
+)
 
 from hf_tfm import TfmDecoderForCausalLM
 from hf_tfm.cli import main
 from hf_tfm.corpus import stdlib_docstrings
 from hf_tfm.demo import run_demo
-from conftest import VOCAB
+from conftest import VOCAB, assert_same_state_dict
+from test_minilm import minilm_dir
+from test_t5_bart_parity import bart, t5
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -32,6 +42,25 @@ def test_convert_command_round_trip(tmp_path):
     original, restored = gpt2.state_dict(), back.state_dict()
     assert original.keys() == restored.keys()
     assert all(torch.equal(original[k], restored[k]) for k in original)
+
+
+@pytest.mark.parametrize("reference", ["minilm", "t5", "bart"])
+def test_convert_command_other_paradigms(tmp_path, reference):
+    """`hf-tfm convert` picks the right head from the folder's architectures and round-trips BERT, T5 and BART."""
+    if reference == "minilm":  # the real pretrained BertModel folder, tokenizer included
+        source, to = minilm_dir(), "bert"
+    else:
+        model = {"t5": t5, "bart": bart}[reference]()
+        model.save_pretrained(tmp_path / reference)
+        source, to = tmp_path / reference, reference
+    original = AutoModel.from_pretrained(source) if reference == "minilm" else AutoModelForSeq2SeqLM.from_pretrained(source)
+    main(["convert", str(source), str(tmp_path / "tfm")])
+    main(["convert", str(tmp_path / "tfm"), str(tmp_path / "back"), "--to", to])
+    back = AutoModel.from_pretrained(tmp_path / "back") if reference == "minilm" else AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "back")
+    assert type(back) is type(original)
+    assert_same_state_dict(back.state_dict(), original.state_dict())
+    if reference == "minilm":
+        assert (tmp_path / "tfm" / "tokenizer.json").is_file()  # the tokenizer travels with the weights
 
 
 def test_convert_command_names_the_problem(tmp_path):

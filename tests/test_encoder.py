@@ -7,9 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 import transformers
-from conftest import VOCAB
+from conftest import VOCAB, assert_same_state_dict, perturb
 from test_minilm import minilm_dir
-from test_parity import perturb
 from test_save_load import _run_without_hf_tfm
 from transformers import AutoTokenizer, BertConfig, BertForMaskedLM, BertModel, pipeline
 
@@ -133,11 +132,8 @@ def test_bert_round_trip_restores_state_dict(make_bert):
     ref = make_bert()
     expected = ref.state_dict()
     back = tfm_to_bert(bert_to_tfm(ref))
-    actual = back.state_dict()
     assert type(back) is type(ref)
-    assert sorted(actual) == sorted(expected)
-    for key, value in expected.items():
-        assert torch.equal(actual[key], value), key
+    assert_same_state_dict(back.state_dict(), expected)
     if ref.config.tie_word_embeddings and isinstance(ref, BertForMaskedLM):
         assert back.cls.predictions.decoder.weight is back.bert.embeddings.word_embeddings.weight
 

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import VOCAB, tiny_model
+from conftest import VOCAB, assert_same_state_dict, perturb, tiny_model
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from hf_tfm.convert_gpt2 import gpt2_to_tfm, tfm_to_gpt2
@@ -20,16 +20,6 @@ LLAMA3 = {
 }
 LINEAR = {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}
 YARN = {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 32, "rope_theta": 10000.0}
-
-
-def perturb(model):
-    """Add noise to every parameter (norm weights and biases included), so that a dropped, swapped or transposed
-    tensor changes the logits well beyond ATOL instead of hiding behind the near-zero default init."""
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for param in model.parameters():
-            param.add_(torch.randn_like(param) * 0.1)
-    return model.eval()
 
 
 def gpt2(**overrides):
@@ -122,10 +112,7 @@ def test_round_trip_restores_state_dict(make_ref, to_tfm, from_tfm):
     """Reference -> hf_tfm -> reference reproduces the original state dict exactly (same keys, equal tensors)."""
     ref = make_ref()
     expected = ref.state_dict()
-    actual = from_tfm(to_tfm(ref)).state_dict()
-    assert sorted(actual) == sorted(expected)
-    for key, value in expected.items():
-        assert torch.equal(actual[key], value), key
+    assert_same_state_dict(from_tfm(to_tfm(ref)).state_dict(), expected)
 
 
 @pytest.mark.parametrize(

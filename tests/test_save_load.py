@@ -76,7 +76,7 @@ def test_trust_remote_code_without_package(tmp_path):
         expected[name] = {"logits": _logits(model), "tokens": tokens}
     torch.save({"expected": expected, "input": INPUT, "mask": MASK}, tmp_path / "expected.pt")
     result = _run_without_hf_tfm(
-        f"""
+        """
         import torch
         from transformers import AutoModelForCausalLM
         data = torch.load("expected.pt")

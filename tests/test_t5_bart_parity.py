@@ -1,0 +1,155 @@
+"""Exact parity between converted hf_tfm encoder-decoders and transformers' T5 (v1.0, v1.1) and BART, fp32."""
+
+import pytest
+import torch
+from conftest import VOCAB, assert_same_state_dict, perturb, tiny_model
+from transformers import BartConfig, BartForConditionalGeneration, T5Config, T5ForConditionalGeneration
+
+from hf_tfm.convert_bart import bart_to_tfm, tfm_to_bart
+from hf_tfm.convert_t5 import t5_to_tfm, tfm_to_t5
+
+ATOL = 1e-4
+PAD, BOS, EOS = 0, 1, 2
+
+
+def t5(v1_1: bool = False):
+    """v1.0: ReLU MLP, LM head tied and rescaled. v1.1: gated GELU, its own LM head, not rescaled. head_dim 16 with
+    4 heads (inner width 64 != d_model 32); few buckets, so the logarithmic ones are used."""
+    config = T5Config(
+        vocab_size=VOCAB,
+        d_model=32,
+        d_kv=16,
+        d_ff=64,
+        num_layers=2,
+        num_heads=4,
+        relative_attention_num_buckets=8,
+        relative_attention_max_distance=20,
+        feed_forward_proj="gated-gelu" if v1_1 else "relu",
+        tie_word_embeddings=not v1_1,
+        dropout_rate=0.0,
+        pad_token_id=PAD,
+        eos_token_id=EOS,
+        decoder_start_token_id=PAD,
+    )
+    model = T5ForConditionalGeneration(config)
+    if v1_1:  # what from_pretrained leaves for a v1.1 checkpoint: an lm_head of its own
+        model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
+    return perturb(model, scale=0.3)
+
+
+def bart(tied: bool = True, one_table: bool = True, **overrides):
+    """Untied BART still has one token table in practice (checkpoints store it three times, equal)."""
+    fields = dict(
+        vocab_size=VOCAB,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=3,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=64,
+        scale_embedding=tied,  # one of each
+        tie_word_embeddings=tied,
+        pad_token_id=PAD,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+        decoder_start_token_id=EOS,
+        forced_eos_token_id=EOS,
+    )
+    model = BartForConditionalGeneration(BartConfig(**{**fields, **overrides}))
+    if one_table and not tied:
+        shared = model.model.shared.weight
+        model.model.encoder.embed_tokens.weight = model.model.decoder.embed_tokens.weight = shared
+    return perturb(model, scale=0.3)
+
+
+# (id, reference factory, to_tfm, back to reference)
+REFERENCES = [
+    pytest.param(t5, t5_to_tfm, tfm_to_t5, id="t5-v1.0-tied-relu"),
+    pytest.param(lambda: t5(v1_1=True), t5_to_tfm, tfm_to_t5, id="t5-v1.1-untied-gated-gelu"),
+    pytest.param(bart, bart_to_tfm, tfm_to_bart, id="bart-tied-scaled"),
+    pytest.param(lambda: bart(tied=False), bart_to_tfm, tfm_to_bart, id="bart-untied"),
+]
+
+
+def encoder_batch():
+    """Two source rows, the second right-padded by 3, and the padding mask."""
+    torch.manual_seed(2)
+    input_ids = torch.randint(3, VOCAB, (2, 9))
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[1, 6:] = 0
+    input_ids[1, 6:] = PAD
+    return input_ids, attention_mask
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("make_ref, to_tfm, from_tfm", REFERENCES)
+def test_logits_match_reference(make_ref, to_tfm, from_tfm, attn):
+    """Converted models give the reference logits on a right-padded source batch with given decoder inputs."""
+    ref = make_ref()
+    ours = to_tfm(ref)
+    ref.set_attn_implementation(attn)
+    ours.set_attn_implementation(attn)
+    input_ids, attention_mask = encoder_batch()
+    kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=torch.randint(3, VOCAB, (2, 6)))
+    with torch.no_grad():
+        expected, actual = ref(**kwargs).logits, ours(**kwargs).logits
+    assert expected.abs().max() > 100 * ATOL  # the comparison is not vacuous
+    torch.testing.assert_close(actual, expected, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("num_beams", [1, 3], ids=["greedy", "beam3"])
+@pytest.mark.parametrize("make_ref, to_tfm, from_tfm", REFERENCES)
+def test_generate_matches_reference(make_ref, to_tfm, from_tfm, num_beams):
+    """Greedy and beam search on a right-padded source batch produce the reference tokens (with the reference's
+    generation defaults, such as BART's forced EOS)."""
+    ref = make_ref()
+    ours = to_tfm(ref)
+    input_ids, attention_mask = encoder_batch()
+    kwargs = dict(attention_mask=attention_mask, do_sample=False, num_beams=num_beams, max_new_tokens=6)
+    assert torch.equal(ours.generate(input_ids, **kwargs), ref.generate(input_ids, **kwargs))
+
+
+@pytest.mark.parametrize("make_ref, to_tfm, from_tfm", REFERENCES)
+def test_round_trip_restores_state_dict(make_ref, to_tfm, from_tfm):
+    """Reference -> hf_tfm -> reference reproduces the state dict exactly (same keys, equal tensors) and the tie."""
+    ref = make_ref()
+    expected = ref.state_dict()
+    back = from_tfm(to_tfm(ref))
+    assert_same_state_dict(back.state_dict(), expected)
+    tied = [model.lm_head.weight is model.get_input_embeddings().weight for model in (ref, back)]
+    assert tied[0] == tied[1]
+
+
+def edited(make_ref, to_tfm, **fields):
+    """A converted model whose config is then changed into something the reference cannot express."""
+    model = to_tfm(make_ref())
+    for field, value in fields.items():
+        setattr(model.config, field, value)
+    return model
+
+
+@pytest.mark.parametrize(
+    "convert, make_source, field",
+    [
+        (tfm_to_t5, lambda: edited(t5, t5_to_tfm, position_embedding_type="rope"), "position_embedding_type"),
+        (tfm_to_t5, lambda: edited(t5, t5_to_tfm, attention_multiplier=None), "attention_multiplier"),
+        (tfm_to_t5, lambda: edited(t5, t5_to_tfm, attention_bias=True), "attention_bias"),
+        (tfm_to_t5, lambda: edited(t5, t5_to_tfm, attention_dropout=0.1), "attention_dropout"),
+        (tfm_to_t5, lambda: edited(lambda: t5(v1_1=True), t5_to_tfm, hidden_act="gelu"), "hidden_act"),  # GELU-tanh only
+        (tfm_to_t5, lambda: edited(bart, bart_to_tfm), "norm_type"),
+        (tfm_to_bart, lambda: edited(bart, bart_to_tfm, norm_position="pre"), "norm_position"),
+        (tfm_to_bart, lambda: edited(bart, bart_to_tfm, position_offset=0), "position_offset"),
+        (tfm_to_bart, lambda: edited(bart, bart_to_tfm, head_dim=16), "head_dim"),
+        (tfm_to_bart, lambda: edited(bart, bart_to_tfm, final_norm=True), "final_norm"),  # a falsy expected value
+        (tfm_to_bart, tiny_model, "model_type"),  # a decoder-only model
+        (bart_to_tfm, lambda: bart(decoder_attention_heads=2), "decoder_attention_heads"),
+        (bart_to_tfm, lambda: bart(decoder_ffn_dim=48), "decoder_ffn_dim"),
+        (bart_to_tfm, lambda: bart(tied=False, one_table=False), "embed_tokens"),  # three different token tables
+    ],
+)
+def test_inexpressible_config_raises(convert, make_source, field):
+    """A config or model the target cannot express exactly raises ValueError naming the offending field."""
+    with pytest.raises(ValueError, match=field):
+        convert(make_source())
