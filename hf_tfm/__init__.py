@@ -7,8 +7,8 @@ Importing the package registers every model type with the transformers Auto clas
 import transformers
 
 from .configuration_tfm import TfmConfig, TfmDecoderConfig, TfmEncoderConfig, TfmEncoderDecoderConfig
+from . import modeling_tfm
 from .modeling_tfm import (
-    AUTO_CLASSES,
     TfmDecoderForCausalLM,
     TfmDecoderForSequenceClassification,
     TfmDecoderModel,
@@ -26,10 +26,11 @@ __version__ = "0.1.0"
 
 
 def _register() -> None:
-    for config_class, models in AUTO_CLASSES.items():
+    for config_class in (TfmDecoderConfig, TfmEncoderConfig, TfmEncoderDecoderConfig):
         transformers.AutoConfig.register(config_class.model_type, config_class, exist_ok=True)
         config_class.register_for_auto_class()
-        for auto_name, model_class in models.items():
+        for auto_name, model_name in config_class.auto_classes.items():
+            model_class = getattr(modeling_tfm, model_name)
             getattr(transformers, auto_name).register(config_class, model_class, exist_ok=True)
             model_class.register_for_auto_class(auto_name)
 

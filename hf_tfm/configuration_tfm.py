@@ -206,6 +206,13 @@ class TfmDecoderConfig(TfmConfig):
     r"""Decoder-only (GPT-2 / Llama-style) configuration: causal self-attention blocks and an LM head."""
 
     model_type = "tfm_decoder"
+    # Every Auto class this paradigm answers to, with the model class (in modeling_tfm.py) it builds: the one
+    # place that registration (hf_tfm/__init__.py) and `auto_map` (save_pretrained) read from.
+    auto_classes: ClassVar[dict[str, str]] = {
+        "AutoModel": "TfmDecoderModel",
+        "AutoModelForCausalLM": "TfmDecoderForCausalLM",
+        "AutoModelForSequenceClassification": "TfmDecoderForSequenceClassification",
+    }
     is_decoder: bool = True
 
 
@@ -214,6 +221,13 @@ class TfmEncoderConfig(TfmConfig):
     r"""Encoder-only (BERT-style) configuration: bidirectional self-attention blocks, token types, pooler."""
 
     model_type = "tfm_encoder"
+    auto_classes: ClassVar[dict[str, str]] = {
+        "AutoModel": "TfmEncoderModel",
+        "AutoModelForMaskedLM": "TfmEncoderForMaskedLM",
+        "AutoModelForSequenceClassification": "TfmEncoderForSequenceClassification",
+        "AutoModelForTokenClassification": "TfmEncoderForTokenClassification",
+        "AutoModelForQuestionAnswering": "TfmEncoderForQuestionAnswering",
+    }
     type_vocab_size: int = 2
 
 
@@ -230,6 +244,10 @@ class TfmEncoderDecoderConfig(TfmConfig):
     """
 
     model_type = "tfm_encoder_decoder"
+    auto_classes: ClassVar[dict[str, str]] = {
+        "AutoModel": "TfmEncoderDecoderModel",
+        "AutoModelForSeq2SeqLM": "TfmEncoderDecoderForConditionalGeneration",
+    }
     is_encoder_decoder: bool = True
     decoder_layers: int | None = None
     decoder_start_token_id: int | None = None

@@ -43,7 +43,7 @@ def test_saved_folder_is_complete(tmp_path):
     """The folder carries safetensors, the flat code, and auto_map entries for every Auto class."""
     tiny_model().save_pretrained(tmp_path)
     files = set(os.listdir(tmp_path))
-    assert {"model.safetensors", "config.json", "configuration_tfm.py", "modeling_tfm.py", "modeling_tfm_layers.py"} <= files
+    assert {"model.safetensors", "config.json", "configuration_tfm.py", "modeling_tfm.py", "modeling_tfm_stack.py", "modeling_tfm_layers.py"} <= files
     auto_map = json.loads((tmp_path / "config.json").read_text())["auto_map"]
     assert set(auto_map) == {"AutoConfig", "AutoModel", "AutoModelForCausalLM", "AutoModelForSequenceClassification"}
     assert type(AutoConfig.from_pretrained(tmp_path)).__name__ == "TfmDecoderConfig"
