@@ -13,8 +13,8 @@ from hf_tfm import TfmDecoderConfig, TfmDecoderForCausalLM
 VOCAB = 97
 
 
-def tiny_config(**overrides) -> TfmDecoderConfig:
-    """A decoder small enough that a forward pass costs milliseconds on one CPU core."""
+def tiny_config(config_class=TfmDecoderConfig, **overrides):
+    """A config (decoder by default) small enough that a forward pass costs milliseconds on one CPU core."""
     fields = dict(
         vocab_size=VOCAB,
         hidden_size=32,
@@ -27,7 +27,7 @@ def tiny_config(**overrides) -> TfmDecoderConfig:
         eos_token_id=2,
     )
     fields.update(overrides)
-    return TfmDecoderConfig(**fields)
+    return config_class(**fields)
 
 
 def tiny_model(seed: int = 0, **overrides) -> TfmDecoderForCausalLM:

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import transformers
-from conftest import VOCAB, assert_same_state_dict, perturb
+from conftest import VOCAB, assert_same_state_dict, perturb, tiny_config
 from test_minilm import minilm_dir
 from test_save_load import _run_without_hf_tfm
 from transformers import AutoTokenizer, BertConfig, BertForMaskedLM, BertModel, pipeline
@@ -37,16 +37,7 @@ AUTO_CLASSES = {
 
 
 def encoder_config(**overrides) -> TfmEncoderConfig:
-    fields = dict(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=64,
-        pad_token_id=PAD,
-    )
-    return TfmEncoderConfig(**{**fields, **overrides})
+    return tiny_config(TfmEncoderConfig, **overrides)
 
 
 def encoder(cls=TfmEncoderModel, **overrides):

@@ -3,7 +3,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import POSITION_TYPES, VOCAB
+from conftest import POSITION_TYPES, VOCAB, tiny_config
 from test_save_load import _run_without_hf_tfm
 from transformers import AutoModelForSeq2SeqLM
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
@@ -18,22 +18,10 @@ GREEDY = dict(do_sample=False, max_new_tokens=6, min_new_tokens=6)  # min_new_to
 
 def seq2seq(seed: int = 0, **overrides) -> TfmEncoderDecoderForConditionalGeneration:
     """A 2-layer encoder, 3-layer decoder model; a wide init so that greedy decoding does not just repeat a token."""
-    fields = dict(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        num_hidden_layers=2,
-        decoder_layers=3,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=64,
-        initializer_range=0.5,
-        pad_token_id=PAD,
-        bos_token_id=START,
-        eos_token_id=2,
-        decoder_start_token_id=START,
-    )
+    fields = dict(decoder_layers=3, initializer_range=0.5, bos_token_id=START, decoder_start_token_id=START)
     torch.manual_seed(seed)
-    return TfmEncoderDecoderForConditionalGeneration(TfmEncoderDecoderConfig(**{**fields, **overrides})).eval()
+    config = tiny_config(TfmEncoderDecoderConfig, **{**fields, **overrides})
+    return TfmEncoderDecoderForConditionalGeneration(config).eval()
 
 
 def encoder_batch(seed: int = 2):

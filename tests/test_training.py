@@ -6,7 +6,7 @@ from torch.utils.data import Dataset
 from transformers import Trainer, TrainingArguments
 
 from hf_tfm import TfmEncoderConfig, TfmEncoderForSequenceClassification, TfmEncoderForTokenClassification
-from conftest import tiny_model
+from conftest import tiny_config, tiny_model
 
 
 class ListDataset(Dataset):
@@ -98,11 +98,7 @@ def test_gradient_accumulation_matches_full_batch(tmp_path):
 
 def encoder_head(head_class, seed=1, **overrides):
     torch.manual_seed(seed)
-    config = TfmEncoderConfig(
-        vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-        max_position_embeddings=64, num_labels=3, **overrides,
-    )
-    return head_class(config)
+    return head_class(tiny_config(TfmEncoderConfig, num_labels=3, **overrides))
 
 
 @pytest.mark.parametrize(
