@@ -231,13 +231,13 @@ class TfmStack(TfmPreTrainedModel):
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
         hidden_states = inputs_embeds * self.embed_scale
-        if hasattr(self, "embed_positions"):
-            positions = position_ids + self.config.position_offset if self.config.position_offset else position_ids
-            hidden_states = hidden_states + self.embed_positions(positions).to(hidden_states.dtype)
-        if hasattr(self, "embed_token_types"):
+        if hasattr(self, "embed_token_types"):  # before positions: BERT's summation order, so parity is bit-exact
             if token_type_ids is None:
                 token_type_ids = torch.zeros_like(position_ids)
             hidden_states = hidden_states + self.embed_token_types(token_type_ids)
+        if hasattr(self, "embed_positions"):
+            positions = position_ids + self.config.position_offset if self.config.position_offset else position_ids
+            hidden_states = hidden_states + self.embed_positions(positions).to(hidden_states.dtype)
         if self.embed_norm is not None:
             hidden_states = self.embed_norm(hidden_states)
         return self.embed_dropout(hidden_states)
