@@ -199,6 +199,7 @@ class TfmStack(TfmPreTrainedModel):
     ):
         super().__init__(config)
         self.is_causal = is_causal
+        self.cross_attention = cross_attention  # only an encoder-decoder's decoder attends to another stack
         if embed_tokens is None:
             self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         else:
@@ -257,7 +258,7 @@ class TfmStack(TfmPreTrainedModel):
 
     def new_cache(self) -> Cache:
         cache = DynamicCache(config=self.config)
-        if hasattr(self.layers[0], "cross_attn"):
+        if self.cross_attention:
             return EncoderDecoderCache(cache, DynamicCache(config=self.config))
         return cache
 
@@ -288,8 +289,7 @@ class TfmStack(TfmPreTrainedModel):
         device = (input_ids if input_ids is not None else inputs_embeds).device
         if position_ids is None:
             position_ids = (torch.arange(length, device=device) + past_length).unsqueeze(0).expand(batch, -1)
-        # a stack with cross-attention is an encoder-decoder's decoder: its inputs are the decoder_* arguments
-        prefix = "decoder_" if hasattr(self.layers[0], "cross_attn") else ""
+        prefix = "decoder_" if self.cross_attention else ""  # how the user spelled this stack's arguments
         check_inputs(self.config, input_ids, attention_mask, position_ids, token_type_ids, past_length, batch, length, prefix)
 
         hidden_states = self.embed(input_ids, inputs_embeds, position_ids, token_type_ids)
@@ -300,7 +300,7 @@ class TfmStack(TfmPreTrainedModel):
             kv_length = mask.shape[-1] if mask is not None else past_length + length
             key_positions = key_positions_for_bias(attention_mask, position_ids, kv_length)
             position_bias = self.position_bias(position_ids.expand(batch, -1), key_positions)
-        if hasattr(self.layers[0], "cross_attn"):
+        if self.cross_attention:
             encoder_attention_mask = self.cross_attention_mask(hidden_states, encoder_hidden_states, encoder_attention_mask)
 
         for layer in self.layers:
