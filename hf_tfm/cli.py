@@ -6,7 +6,7 @@ from pathlib import Path
 
 EXAMPLES = """examples:
   hf-tfm demo --output-dir runs/demo                 # train, evaluate, generate, save (embedded data)
-  hf-tfm convert path/to/gpt2 runs/tfm-from-gpt2      # GPT-2, Llama, BERT, T5 or BART folder -> hf_tfm
+  hf-tfm convert path/to/gpt2 runs/tfm-from-gpt2      # GPT-2, Llama, Mixtral, BERT, T5 or BART folder -> hf_tfm
   hf-tfm convert runs/tfm-from-gpt2 runs/back --to gpt2
 """
 
@@ -15,11 +15,13 @@ EXAMPLES = """examples:
 CONVERTERS = {
     ("gpt2", None): "convert_gpt2.gpt2_to_tfm",
     ("llama", None): "convert_llama.llama_to_tfm",
+    ("mixtral", None): "convert_mixtral.mixtral_to_tfm",
     ("bert", None): "convert_bert.bert_to_tfm",
     ("t5", None): "convert_t5.t5_to_tfm",
     ("bart", None): "convert_bart.bart_to_tfm",
     ("tfm_decoder", "gpt2"): "convert_gpt2.tfm_to_gpt2",
     ("tfm_decoder", "llama"): "convert_llama.tfm_to_llama",
+    ("tfm_decoder", "mixtral"): "convert_mixtral.tfm_to_mixtral",
     ("tfm_encoder", "bert"): "convert_bert.tfm_to_bert",
     ("tfm_encoder_decoder", "t5"): "convert_t5.tfm_to_t5",
     ("tfm_encoder_decoder", "bart"): "convert_bart.tfm_to_bart",
@@ -66,8 +68,8 @@ def main(argv: list[str] | None = None) -> None:
     demo.add_argument("--output-dir", default="runs/demo")
     demo.add_argument("--max-steps", type=int, default=600)
     demo.add_argument("--seed", type=int, default=0)
-    convert = commands.add_parser("convert", help="convert GPT-2/Llama/BERT/T5/BART checkpoints to hf_tfm and back, exactly")
-    convert.add_argument("source", help="a saved model folder: gpt2, llama, bert, t5, bart, or an hf_tfm model")
+    convert = commands.add_parser("convert", help="convert GPT-2/Llama/Mixtral/BERT/T5/BART checkpoints to hf_tfm and back, exactly")
+    convert.add_argument("source", help="a saved model folder: gpt2, llama, mixtral, bert, t5, bart, or an hf_tfm model")
     convert.add_argument("destination", help="folder to write the converted model to")
     convert.add_argument("--to", choices=sorted({t for _, t in CONVERTERS if t}), help="target when converting an hf_tfm model back")
     args = parser.parse_args(argv)

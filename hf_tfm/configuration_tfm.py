@@ -66,6 +66,28 @@ class TfmConfig(PreTrainedConfig):
         scale_lm_head_input (`bool`): multiply the last hidden state by `hidden_size**-0.5` before the LM head
             (T5 with tied embeddings).
         use_pooler (`bool`): encoders get a pooler (dense + tanh on the first token, BERT's) for sentence-level heads.
+
+        > Mixture of Experts (every paradigm; `num_experts=0` keeps every layer dense)
+
+        num_experts (`int`): routed experts per MoE layer; 0 means dense.
+        num_experts_per_tok (`int`): top-k experts each token is routed to.
+        moe_intermediate_size (`int`, *optional*): width of one expert; `intermediate_size` by default. Experts are
+            gated (GLU with `hidden_act`, as Mixtral's) whatever `ffn_type` the dense layers use.
+        decoder_sparse_step (`int`): every N-th layer is MoE (layer i when `(i + 1) % N == 0`); 1 means all.
+        mlp_only_layers (`list[int]`): layers kept dense regardless of the step.
+        moe_layers (`list[int]`, *optional*): the exact MoE layers, overriding the step and `mlp_only_layers`.
+        shared_expert_intermediate_size (`int`): an always-on expert of this width (DeepSeekMoE, Qwen-MoE); 0 = none.
+        shared_expert_gate (`bool`): scale the shared expert by a learned sigmoid gate (Qwen2-MoE).
+        scoring_func (`str`): router scores, `"softmax"` (Mixtral) or `"sigmoid"` (DeepSeek-V3).
+        norm_topk_prob (`bool`): renormalise the top-k scores to sum to 1.
+        router_jitter_noise (`float`): multiplicative noise on the router input while training.
+        router_aux_loss_coef (`float`): weight of the load-balancing loss (Switch/Mixtral) added to the task loss.
+        router_z_loss_coef (`float`): weight of the router z-loss (ST-MoE) added to the task loss.
+        router_bias_update_rate (`float`): auxiliary-loss-free balancing (DeepSeek-V3): a per-expert bias, used only
+            to choose experts, moved by this rate against each expert's observed load after every optimizer step.
+        capacity_factor (`float`, *optional*): None is dropless; otherwise each expert takes at most
+            `ceil(capacity_factor * tokens * top_k / num_experts)` tokens per forward and drops the rest.
+        output_router_logits (`bool`): return per-layer router logits (and the aux loss) even without labels.
     """
 
     model_type = "tfm"
@@ -105,6 +127,22 @@ class TfmConfig(PreTrainedConfig):
     lm_head_bias: bool = False
     scale_lm_head_input: bool = False
     use_pooler: bool = True
+    num_experts: int = 0
+    num_experts_per_tok: int = 2
+    moe_intermediate_size: int | None = None
+    decoder_sparse_step: int = 1
+    mlp_only_layers: list[int] | None = None
+    moe_layers: list[int] | None = None
+    shared_expert_intermediate_size: int = 0
+    shared_expert_gate: bool = False
+    scoring_func: str = "softmax"
+    norm_topk_prob: bool = True
+    router_jitter_noise: float = 0.0
+    router_aux_loss_coef: float = 0.001
+    router_z_loss_coef: float = 0.0
+    router_bias_update_rate: float = 0.0
+    capacity_factor: float | None = None
+    output_router_logits: bool = False
     use_cache: bool = True
     is_decoder: bool = False
     pad_token_id: int | None = None
@@ -119,6 +157,11 @@ class TfmConfig(PreTrainedConfig):
             self.head_dim = self.hidden_size // self.num_attention_heads
         if self.intermediate_size is None:
             self.intermediate_size = 4 * self.hidden_size
+        if self.moe_intermediate_size is None:
+            self.moe_intermediate_size = self.intermediate_size
+        if self.mlp_only_layers is None:
+            self.mlp_only_layers = []
+        self._check_moe()
         super().__post_init__(**kwargs)
         if self.position_embedding_type == "rope":
             self._check_rope()
@@ -177,6 +220,42 @@ class TfmConfig(PreTrainedConfig):
                 f"RoPE scaling {rope} is set but position_embedding_type={self.position_embedding_type!r}; "
                 "use position_embedding_type='rope'",
             )
+
+    def _check_moe(self) -> None:
+        _require(self.num_experts >= 0, "num_experts", f"must be >= 0 (0 = dense), got {self.num_experts}")
+        if self.num_experts == 0:
+            return
+        _require(
+            1 <= self.num_experts_per_tok <= self.num_experts,
+            "num_experts_per_tok",
+            f"top-k must be in [1, num_experts={self.num_experts}], got {self.num_experts_per_tok}",
+        )
+        _require(self.moe_intermediate_size > 0, "moe_intermediate_size", f"must be > 0, got {self.moe_intermediate_size}")
+        _require(self.decoder_sparse_step >= 1, "decoder_sparse_step", f"must be >= 1, got {self.decoder_sparse_step}")
+        depth = max(self.num_hidden_layers, getattr(self, "decoder_layers", None) or 0)
+        for field in ("mlp_only_layers", "moe_layers"):
+            bad = [i for i in getattr(self, field) or [] if not 0 <= i < depth]
+            _require(not bad, field, f"layer indices {bad} are outside [0, {depth})")
+        _require(self.scoring_func in ("softmax", "sigmoid"), "scoring_func", f"{self.scoring_func!r} is not softmax or sigmoid")
+        _require(
+            self.capacity_factor is None or self.capacity_factor > 0,
+            "capacity_factor",
+            f"must be > 0 or None (dropless), got {self.capacity_factor}",
+        )
+        for field in ("router_aux_loss_coef", "router_z_loss_coef", "router_bias_update_rate", "router_jitter_noise"):
+            _require(getattr(self, field) >= 0, field, f"must be >= 0, got {getattr(self, field)}")
+        _require(
+            self.shared_expert_intermediate_size >= 0,
+            "shared_expert_intermediate_size",
+            f"must be >= 0 (0 = no shared expert), got {self.shared_expert_intermediate_size}",
+        )
+
+    def is_moe_layer(self, layer_idx: int) -> bool:
+        if self.num_experts == 0:
+            return False
+        if self.moe_layers is not None:
+            return layer_idx in self.moe_layers
+        return layer_idx not in self.mlp_only_layers and (layer_idx + 1) % self.decoder_sparse_step == 0
 
     def _check_rope(self) -> None:
         rope = self.rope_parameters

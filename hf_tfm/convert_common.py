@@ -19,6 +19,16 @@ def renamed_fields(config, names: dict[str, str]) -> dict[str, object]:
     return {target: getattr(config, source) for source, target in names.items()}
 
 
+def renamed_keys(state: dict[str, torch.Tensor], renames: dict[str, str]) -> dict[str, torch.Tensor]:
+    """The state dict with every key's substrings replaced per `renames` (for layouts that differ only in names)."""
+    renamed = {}
+    for key, value in state.items():
+        for old, new in renames.items():
+            key = key.replace(old, new)
+        renamed[key] = value
+    return renamed
+
+
 def require_one_token_table(state: dict[str, torch.Tensor], shared: str, copies: list[str]) -> None:
     """hf_tfm keeps one token table for encoder and decoder: every copy must equal `shared`."""
     for key in copies:

@@ -6,7 +6,7 @@ The layouts agree except for the two per-layer norm names, so conversion is a re
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from .configuration_tfm import TfmDecoderConfig
-from .convert_common import load_exact, renamed_fields, require_compatible
+from .convert_common import load_exact, renamed_fields, renamed_keys, require_compatible
 from .modeling_tfm import TfmDecoderForCausalLM
 
 _RENAMES = {".input_layernorm.": ".attn_norm.", ".post_attention_layernorm.": ".ffn_norm."}
@@ -71,22 +71,13 @@ def tfm_config_to_llama(config: TfmDecoderConfig) -> LlamaConfig:
     )
 
 
-def _rename(state, renames):
-    renamed = {}
-    for key, value in state.items():
-        for old, new in renames.items():
-            key = key.replace(old, new)
-        renamed[key] = value
-    return renamed
-
-
 def llama_to_tfm(model: LlamaForCausalLM) -> TfmDecoderForCausalLM:
     """Convert a `LlamaForCausalLM` into a `TfmDecoderForCausalLM` with identical outputs."""
     target = TfmDecoderForCausalLM(llama_config_to_tfm(model.config))
-    return load_exact(target, _rename(model.state_dict(), _RENAMES))
+    return load_exact(target, renamed_keys(model.state_dict(), _RENAMES))
 
 
 def tfm_to_llama(model: TfmDecoderForCausalLM) -> LlamaForCausalLM:
     """Convert a Llama-shaped `TfmDecoderForCausalLM` back into a `LlamaForCausalLM` with identical outputs."""
     target = LlamaForCausalLM(tfm_config_to_llama(model.config))
-    return load_exact(target, _rename(model.state_dict(), {new: old for old, new in _RENAMES.items()}))
+    return load_exact(target, renamed_keys(model.state_dict(), {new: old for old, new in _RENAMES.items()}))

@@ -13,11 +13,11 @@ from transformers.loss.loss_utils import ForMaskedLMLoss
 from transformers.modeling_layers import GenericForSequenceClassification
 from transformers.modeling_outputs import (
     BaseModelOutput,
-    CausalLMOutputWithPast,
     MaskedLMOutput,
+    MoeCausalLMOutputWithPast,
     QuestionAnsweringModelOutput,
-    Seq2SeqLMOutput,
-    Seq2SeqModelOutput,
+    Seq2SeqMoEModelOutput,
+    Seq2SeqMoEOutput,
     SequenceClassifierOutput,
     TokenClassifierOutput,
 )
@@ -60,8 +60,10 @@ class TfmDecoderForCausalLM(TfmPreTrainedModel, GenerationMixin):
         use_cache: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
         **kwargs,
-    ) -> CausalLMOutputWithPast:
+    ) -> MoeCausalLMOutputWithPast:
         check_labels(labels, input_ids, inputs_embeds)
+        output_router_logits = kwargs.pop("output_router_logits", None) or self.config.output_router_logits
+        routed = self.config.num_experts > 0 and (labels is not None or output_router_logits)
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -69,19 +71,24 @@ class TfmDecoderForCausalLM(TfmPreTrainedModel, GenerationMixin):
             past_key_values=past_key_values,
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
+            output_router_logits=routed,
             **kwargs,
         )
         logits = lm_logits(self.config, self.lm_head, outputs.last_hidden_state, logits_to_keep)
-        loss = None
+        loss = aux_loss = None
         if labels is not None:
             # kwargs carry Trainer's num_items_in_batch, which keeps gradient accumulation exact (trap 5)
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
-        return CausalLMOutputWithPast(
+        if routed:
+            loss, aux_loss = self.add_router_losses(loss, outputs.router_logits, attention_mask, labels, **kwargs)
+        return MoeCausalLMOutputWithPast(
             loss=loss,
+            aux_loss=aux_loss,
             logits=logits,
             past_key_values=outputs.past_key_values,
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
+            router_logits=outputs.router_logits,
         )
 
 
@@ -147,8 +154,14 @@ class TfmEncoderHead(TfmPreTrainedModel):
         labels: torch.Tensor | None = None,
         **kwargs,
     ):
-        outputs = self.encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, **kwargs)
-        return self.predict(outputs, labels, input_ids, inputs_embeds, **kwargs)
+        routed = self.config.num_experts > 0 and labels is not None
+        outputs = self.encode(
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_router_logits=routed, **kwargs
+        )
+        result = self.predict(outputs, labels, input_ids, inputs_embeds, **kwargs)
+        if routed:  # MoE: the router losses join the task loss
+            result.loss, _ = self.add_router_losses(result.loss, outputs.router_logits, attention_mask, labels, **kwargs)
+        return result
 
 
 class TfmEncoderForMaskedLM(TfmEncoderHead):
@@ -281,7 +294,7 @@ class TfmEncoderDecoderModel(TfmPreTrainedModel):
         decoder_position_ids: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         **kwargs,
-    ) -> Seq2SeqModelOutput:
+    ) -> Seq2SeqMoEModelOutput:
         if encoder_outputs is None:
             encoder_outputs = self.encoder(input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs)
         elif not isinstance(encoder_outputs, ModelOutput):  # a plain tuple from a user
@@ -299,15 +312,17 @@ class TfmEncoderDecoderModel(TfmPreTrainedModel):
             use_cache=use_cache,
             **kwargs,
         )
-        return Seq2SeqModelOutput(
+        return Seq2SeqMoEModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
             past_key_values=decoder_outputs.past_key_values,
             decoder_hidden_states=decoder_outputs.hidden_states,
             decoder_attentions=decoder_outputs.attentions,
+            decoder_router_logits=decoder_outputs.router_logits,
             cross_attentions=decoder_outputs.cross_attentions,
             encoder_last_hidden_state=encoder_outputs.last_hidden_state,
             encoder_hidden_states=encoder_outputs.hidden_states,
             encoder_attentions=encoder_outputs.attentions,
+            encoder_router_logits=getattr(encoder_outputs, "router_logits", None),
         )
 
 
@@ -346,7 +361,9 @@ class TfmEncoderDecoderForConditionalGeneration(TfmPreTrainedModel, GenerationMi
         use_cache: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
         **kwargs,
-    ) -> Seq2SeqLMOutput:
+    ) -> Seq2SeqMoEOutput:
+        output_router_logits = kwargs.pop("output_router_logits", None) or self.config.output_router_logits
+        routed = self.config.num_experts > 0 and (labels is not None or output_router_logits)
         if labels is not None:
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
@@ -362,23 +379,35 @@ class TfmEncoderDecoderForConditionalGeneration(TfmPreTrainedModel, GenerationMi
             decoder_inputs_embeds=decoder_inputs_embeds,
             decoder_position_ids=decoder_position_ids,
             use_cache=use_cache,
+            output_router_logits=routed,
             **kwargs,
         )
         logits = lm_logits(self.config, self.lm_head, outputs.last_hidden_state, logits_to_keep)
-        loss = None
+        loss = encoder_aux = decoder_aux = None
         if labels is not None:
             # labels are already the decoder's targets: plain cross-entropy, no causal shift (trap 6)
             loss = ForMaskedLMLoss(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
-        return Seq2SeqLMOutput(
+        if routed:  # MoE: each stack's router losses, over its own real tokens
+            if outputs.encoder_router_logits:
+                loss, encoder_aux = self.add_router_losses(loss, outputs.encoder_router_logits, attention_mask, labels, **kwargs)
+            if outputs.decoder_router_logits:
+                loss, decoder_aux = self.add_router_losses(
+                    loss, outputs.decoder_router_logits, decoder_attention_mask, labels, **kwargs
+                )
+        return Seq2SeqMoEOutput(
             loss=loss,
             logits=logits,
+            encoder_aux_loss=encoder_aux,
+            decoder_aux_loss=decoder_aux,
             past_key_values=outputs.past_key_values,
             decoder_hidden_states=outputs.decoder_hidden_states,
             decoder_attentions=outputs.decoder_attentions,
+            decoder_router_logits=outputs.decoder_router_logits,
             cross_attentions=outputs.cross_attentions,
             encoder_last_hidden_state=outputs.encoder_last_hidden_state,
             encoder_hidden_states=outputs.encoder_hidden_states,
             encoder_attentions=outputs.encoder_attentions,
+            encoder_router_logits=outputs.encoder_router_logits,
         )
 
 

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, EncoderDecoderCache
+from transformers.integrations.moe import use_experts_implementation
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, dynamic_rope_update
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, eager_attention_forward
@@ -273,10 +274,11 @@ class TfmAttention(nn.Module):
 class TfmFeedForward(nn.Module):
     """Two-layer MLP (`down(act(up(x)))`) or gated GLU (`down(act(gate(x)) * up(x))`: SwiGLU, GeGLU...)."""
 
-    def __init__(self, config: TfmConfig):
+    def __init__(self, config: TfmConfig, intermediate_size: int | None = None, gated: bool | None = None):
         super().__init__()
-        hidden, inner, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
-        self.gated = config.ffn_type == "glu"
+        hidden, bias = config.hidden_size, config.mlp_bias
+        inner = intermediate_size or config.intermediate_size
+        self.gated = config.ffn_type == "glu" if gated is None else gated
         if self.gated:
             self.gate_proj = nn.Linear(hidden, inner, bias=bias)
         self.up_proj = nn.Linear(hidden, inner, bias=bias)
@@ -313,3 +315,114 @@ class TfmMaskedLMHead(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.decoder(self.norm(self.act_fn(self.dense(hidden_states))))
+
+
+# --------------------------------------------------------------------------------------------- mixture of experts
+
+
+class TfmRouter(nn.Module):
+    """Scores every expert for every token and picks the top-k. An optional per-expert bias (auxiliary-loss-free
+    balancing, DeepSeek-V3) shifts which experts are chosen but not the weights they get; an optional capacity
+    drops the assignments an expert cannot take (weight 0, so the token keeps only its other experts)."""
+
+    def __init__(self, config: TfmConfig):
+        super().__init__()
+        self.num_experts, self.top_k = config.num_experts, config.num_experts_per_tok
+        self.scoring_func, self.norm_topk_prob = config.scoring_func, config.norm_topk_prob
+        self.jitter_noise, self.capacity_factor = config.router_jitter_noise, config.capacity_factor
+        self.weight = nn.Parameter(torch.empty(self.num_experts, config.hidden_size))
+        self.balancing = config.router_bias_update_rate > 0
+        if self.balancing:
+            self.expert_bias = nn.Buffer(torch.zeros(self.num_experts))  # learned state: saved with the model
+            self.tokens_per_expert = nn.Buffer(torch.zeros(self.num_experts), persistent=False)
+
+    def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """[tokens, hidden] -> router logits [tokens, experts], top-k weights and indices [tokens, k]."""
+        if self.training and self.jitter_noise > 0:
+            noise = torch.empty_like(hidden_states).uniform_(1.0 - self.jitter_noise, 1.0 + self.jitter_noise)
+            hidden_states = hidden_states * noise
+        router_logits = nn.functional.linear(hidden_states, self.weight)
+        if self.scoring_func == "softmax":
+            scores = torch.softmax(router_logits.float(), dim=-1)
+        else:
+            scores = torch.sigmoid(router_logits.float())
+        choice = scores + self.expert_bias if self.balancing else scores
+        top_k_index = torch.topk(choice, self.top_k, dim=-1).indices
+        top_k_weights = scores.gather(-1, top_k_index)
+        if self.norm_topk_prob:
+            top_k_weights = top_k_weights / top_k_weights.sum(dim=-1, keepdim=True)
+        if self.capacity_factor is not None:
+            top_k_weights = top_k_weights * self.within_capacity(top_k_index)
+        if self.balancing and self.training:
+            with torch.no_grad():
+                self.tokens_per_expert += torch.bincount(top_k_index.flatten(), minlength=self.num_experts)
+        return router_logits, top_k_weights, top_k_index
+
+    def within_capacity(self, top_k_index: torch.Tensor) -> torch.Tensor:
+        """1 where an assignment fits its expert's capacity, 0 where it overflows (first come, first served in
+        token order, each token's first choice before its second)."""
+        tokens = top_k_index.shape[0]
+        capacity = math.ceil(self.capacity_factor * tokens * self.top_k / self.num_experts)
+        one_hot = nn.functional.one_hot(top_k_index.t().reshape(-1), self.num_experts)  # choice-major order
+        position = (one_hot.cumsum(dim=0) * one_hot).sum(dim=-1) - 1
+        return (position < capacity).reshape(self.top_k, tokens).t().to(torch.float32)
+
+    @torch.no_grad()
+    def update_bias(self, rate: float) -> None:
+        """Move each expert's bias against its load since the last update (under-loaded up, over-loaded down)."""
+        load = self.tokens_per_expert
+        if load.sum() > 0:
+            self.expert_bias += rate * torch.sign(load.mean() - load)
+        load.zero_()
+
+
+@use_experts_implementation
+class TfmExperts(nn.Module):
+    """All experts' GLU weights in two fused tensors (`gate_up_proj [E, 2I, H]`, `down_proj [E, H, I]`, Mixtral's
+    layout), so transformers' experts backends (`experts_implementation`: eager, batched_mm, grouped_mm...) run them.
+    This eager forward is the reference the backends replace."""
+
+    def __init__(self, config: TfmConfig):
+        super().__init__()
+        self.num_experts = config.num_experts
+        experts, hidden, inner = config.num_experts, config.hidden_size, config.moe_intermediate_size
+        self.gate_up_proj = nn.Parameter(torch.empty(experts, 2 * inner, hidden))
+        self.down_proj = nn.Parameter(torch.empty(experts, hidden, inner))
+        self.act_fn = ACT2FN[config.hidden_act]
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
+        output = torch.zeros_like(hidden_states)
+        with torch.no_grad():
+            routed = nn.functional.one_hot(top_k_index, num_classes=self.num_experts).permute(2, 1, 0)  # [E, k, T]
+            hit = torch.greater(routed.sum(dim=(-1, -2)), 0).nonzero()
+        for expert in hit:
+            expert = expert[0]
+            slot, token = torch.where(routed[expert])
+            gate, up = nn.functional.linear(hidden_states[token], self.gate_up_proj[expert]).chunk(2, dim=-1)
+            expert_out = nn.functional.linear(self.act_fn(gate) * up, self.down_proj[expert])
+            output.index_add_(0, token, (expert_out * top_k_weights[token, slot, None]).to(output.dtype))
+        return output
+
+
+class TfmMoE(nn.Module):
+    """A sparse feed-forward layer: a router, fused routed experts, and an optional always-on shared expert."""
+
+    def __init__(self, config: TfmConfig):
+        super().__init__()
+        self.router = TfmRouter(config)
+        self.experts = TfmExperts(config)
+        if config.shared_expert_intermediate_size > 0:
+            self.shared_expert = TfmFeedForward(config, config.shared_expert_intermediate_size, gated=True)
+            self.shared_expert_gate = nn.Linear(config.hidden_size, 1, bias=False) if config.shared_expert_gate else None
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        shape = hidden_states.shape
+        tokens = hidden_states.reshape(-1, shape[-1])
+        _, top_k_weights, top_k_index = self.router(tokens)
+        output = self.experts(tokens, top_k_index, top_k_weights)
+        if hasattr(self, "shared_expert"):
+            shared = self.shared_expert(tokens)
+            if self.shared_expert_gate is not None:
+                shared = torch.sigmoid(self.shared_expert_gate(tokens)) * shared
+            output = output + shared
+        return output.reshape(shape)

@@ -2,6 +2,8 @@
 stack (embeddings, position scheme, blocks, final norm), causal or bidirectional, with or without cross-attention.
 """
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 from transformers import initialization as init
@@ -10,6 +12,7 @@ from transformers.masking_utils import create_bidirectional_mask, create_causal_
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPoolingAndCrossAttentions
 from transformers.modeling_utils import PreTrainedModel, slice_logits_to_keep
+from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
@@ -17,10 +20,13 @@ from .configuration_tfm import TfmConfig
 from .modeling_tfm_layers import (
     TfmAlibiBias,
     TfmAttention,
+    TfmExperts,
     TfmFeedForward,
+    TfmMoE,
     TfmPooler,
     TfmRelativePositionBias,
     TfmRotaryEmbedding,
+    TfmRouter,
     TfmSinusoidalPositionalEmbedding,
     alibi_slopes,
     key_positions_for_bias,
@@ -29,9 +35,16 @@ from .modeling_tfm_layers import (
 )
 
 
+@dataclass
+class TfmModelOutput(BaseModelOutputWithPoolingAndCrossAttentions):
+    """A stack's output, plus each MoE layer's router logits when `output_router_logits` asks for them."""
+
+    router_logits: tuple[torch.FloatTensor, ...] | None = None
+
+
 class TfmBlock(GradientCheckpointingLayer):
-    """Self-attention, optional cross-attention over an encoder's output, then feed-forward; each sublayer in a
-    residual branch with a pre- or post-norm."""
+    """Self-attention, optional cross-attention over an encoder's output, then feed-forward (dense or MoE); each
+    sublayer in a residual branch with a pre- or post-norm."""
 
     def __init__(self, config: TfmConfig, layer_idx: int, is_causal: bool = True, cross_attention: bool = False):
         super().__init__()
@@ -41,7 +54,7 @@ class TfmBlock(GradientCheckpointingLayer):
         if cross_attention:
             self.cross_attn = TfmAttention(config, layer_idx, is_cross_attention=True)
             self.cross_attn_norm = make_norm(config)
-        self.mlp = TfmFeedForward(config)
+        self.mlp = TfmMoE(config) if config.is_moe_layer(layer_idx) else TfmFeedForward(config)
         self.ffn_norm = make_norm(config)
         self.dropout = nn.Dropout(config.hidden_dropout)
 
@@ -101,7 +114,14 @@ class TfmPreTrainedModel(PreTrainedModel):
         "hidden_states": TfmBlock,
         "attentions": OutputRecorder(TfmAttention, index=1, layer_name="self_attn"),
         "cross_attentions": OutputRecorder(TfmAttention, index=1, layer_name="cross_attn"),
+        "router_logits": OutputRecorder(TfmRouter, index=0),
     }
+
+    @classmethod
+    def _can_set_experts_implementation(cls) -> bool:
+        # transformers greps the model class's own file for `@use_experts_implementation`; our experts live in
+        # modeling_tfm_layers.py, so without this the fused backends would silently fall back to eager (trap 4).
+        return True
 
     def _init_weights(self, module):
         super()._init_weights(module)
@@ -110,6 +130,48 @@ class TfmPreTrainedModel(PreTrainedModel):
             init.copy_(module.table, sinusoidal_table(module.num_positions, module.dim))
         elif isinstance(module, TfmAlibiBias):
             init.copy_(module.slopes, alibi_slopes(module.num_heads))
+        elif isinstance(module, TfmRouter):
+            init.normal_(module.weight, mean=0.0, std=self.config.initializer_range)
+            if module.balancing:
+                init.zeros_(module.expert_bias)
+                init.zeros_(module.tokens_per_expert)
+        elif isinstance(module, TfmExperts):
+            init.normal_(module.gate_up_proj, mean=0.0, std=self.config.initializer_range)
+            init.normal_(module.down_proj, mean=0.0, std=self.config.initializer_range)
+
+    @torch.no_grad()
+    def update_router_biases(self) -> None:
+        """Auxiliary-loss-free balancing: after an optimizer step, move every router's expert bias against the load
+        it saw since the last call (`RouterBiasCallback` does this under Trainer)."""
+        for module in self.modules():
+            if isinstance(module, TfmRouter) and module.balancing:
+                module.update_bias(self.config.router_bias_update_rate)
+
+    def add_router_losses(self, loss, router_logits, attention_mask, labels, **kwargs):
+        """The task loss plus the weighted aux and z losses, and the aux loss to report. Under Trainer's
+        `num_items_in_batch` each micro-batch adds its share of tokens, so accumulated micro-batches sum to one
+        token-weighted average (trap 5) instead of counting the router losses once per micro-batch."""
+        aux, z_loss = self.router_losses(router_logits, attention_mask)
+        if loss is not None:
+            extra = self.config.router_aux_loss_coef * aux + self.config.router_z_loss_coef * z_loss
+            num_items = kwargs.get("num_items_in_batch")
+            if num_items is not None:
+                targets = labels[..., 1:] if self.loss_type == "ForCausalLM" else labels
+                extra = extra * (targets != -100).sum() / num_items
+            loss = loss + extra
+        return loss, aux
+
+    def router_losses(self, router_logits, attention_mask) -> tuple[torch.Tensor, torch.Tensor]:
+        """The load-balancing loss (Switch/Mixtral, over all MoE layers, padding excluded) and the ST-MoE z-loss
+        (mean squared log-sum-exp of the router logits over real tokens, summed over layers)."""
+        mask = attention_mask if attention_mask is not None and attention_mask.dim() == 2 else None
+        aux = load_balancing_loss_func(router_logits, self.config.num_experts, self.config.num_experts_per_tok, mask)
+        weights = mask.reshape(-1).float() if mask is not None else None
+        z_loss = 0.0
+        for logits in router_logits:
+            squared = torch.logsumexp(logits.float(), dim=-1) ** 2
+            z_loss = z_loss + (squared.mean() if weights is None else (squared * weights).sum() / weights.sum())
+        return aux, z_loss
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         # transformers writes `auto_map` only for the saved class; list every Auto class of this paradigm so that
@@ -276,7 +338,7 @@ class TfmStack(TfmPreTrainedModel):
         encoder_attention_mask: torch.Tensor | None = None,
         use_cache: bool | None = None,
         **kwargs,
-    ) -> BaseModelOutputWithPoolingAndCrossAttentions:
+    ) -> TfmModelOutput:
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
         batch, length = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
@@ -316,7 +378,7 @@ class TfmStack(TfmPreTrainedModel):
             )
         if self.norm is not None:
             hidden_states = self.norm(hidden_states)
-        return BaseModelOutputWithPoolingAndCrossAttentions(
+        return TfmModelOutput(
             last_hidden_state=hidden_states,
             pooler_output=self.pooler(hidden_states) if self.pooler is not None else None,
             past_key_values=past_key_values,

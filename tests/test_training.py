@@ -6,6 +6,7 @@ from torch.utils.data import Dataset
 from transformers import Trainer, TrainingArguments
 
 from hf_tfm import TfmEncoderConfig, TfmEncoderForSequenceClassification, TfmEncoderForTokenClassification
+from hf_tfm.callbacks import RouterBiasCallback
 from conftest import tiny_config, tiny_model
 
 
@@ -130,3 +131,19 @@ def test_gradient_accumulation_encoder_heads(tmp_path, head_class, label_counts)
         torch.testing.assert_close(p_acc, p_full, rtol=0, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
     assert not torch.allclose(full.classifier.weight, make().classifier.weight, atol=1e-4)
     assert accumulated_loss[0] == pytest.approx(full_loss[0], rel=1e-5)
+
+
+def test_router_bias_callback_balances_under_trainer(tmp_path):
+    """With auxiliary-loss-free balancing, RouterBiasCallback moves every router's expert bias after optimizer
+    steps; without the callback the biases stay at zero."""
+    pattern = torch.tensor([3, 4, 5, 6, 7, 8, 9, 10])
+    data = ListDataset([{"input_ids": pattern, "labels": pattern.clone()} for _ in range(8)])
+    args = training_args(tmp_path, per_device_train_batch_size=4, max_steps=3, learning_rate=1e-3)
+    biases = {}
+    for name, callbacks in (("with", [RouterBiasCallback()]), ("without", [])):
+        model = tiny_model(num_experts=4, router_bias_update_rate=0.01, router_aux_loss_coef=0.0).train()
+        Trainer(model=model, args=args, train_dataset=data, callbacks=callbacks).train()
+        biases[name] = torch.stack([layer.mlp.router.expert_bias for layer in model.model.layers])
+    assert biases["with"].abs().sum() > 0
+    assert (biases["with"].abs() <= 3 * 0.01 + 1e-6).all()  # at most one step of `rate` per optimizer step
+    assert torch.equal(biases["without"], torch.zeros_like(biases["without"]))

@@ -1,0 +1,104 @@
+"""Exact conversion between transformers' `MixtralForCausalLM` and an MoE `TfmDecoderForCausalLM`, both directions.
+
+Mixtral is Llama with every feed-forward replaced by a softmax top-k router over fused GLU experts, stored in the
+layout hf_tfm uses too; conversion is a rename plus a config mapping.
+"""
+
+from transformers import MixtralConfig, MixtralForCausalLM
+
+from .configuration_tfm import TfmDecoderConfig
+from .convert_common import load_exact, renamed_fields, renamed_keys, require_compatible
+from .modeling_tfm import TfmDecoderForCausalLM
+
+_RENAMES = {
+    ".input_layernorm.": ".attn_norm.",
+    ".post_attention_layernorm.": ".ffn_norm.",
+    ".mlp.gate.weight": ".mlp.router.weight",
+}
+# MixtralConfig field -> TfmDecoderConfig field, for every field with a direct counterpart
+_CONFIG_NAMES = {
+    name: name
+    for name in (
+        "vocab_size",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "hidden_act",
+        "max_position_embeddings",
+        "tie_word_embeddings",
+        "initializer_range",
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+        "num_experts_per_tok",
+        "router_aux_loss_coef",
+        "router_jitter_noise",
+        "output_router_logits",
+    )
+} | {"rms_norm_eps": "layer_norm_eps", "num_local_experts": "num_experts", "intermediate_size": "moe_intermediate_size"}
+# what Mixtral always is, in TfmConfig terms
+_MIXTRAL_ARCHITECTURE = dict(
+    position_embedding_type="rope",
+    norm_type="rmsnorm",
+    norm_position="pre",
+    ffn_type="glu",
+    attention_bias=False,
+    scoring_func="softmax",
+    norm_topk_prob=True,
+    decoder_sparse_step=1,
+    mlp_only_layers=[],
+    moe_layers=None,
+    shared_expert_intermediate_size=0,
+    router_z_loss_coef=0.0,
+    router_bias_update_rate=0.0,
+    capacity_factor=None,
+)
+
+
+def mixtral_config_to_tfm(config: MixtralConfig) -> TfmDecoderConfig:
+    require_compatible(config, "TfmDecoderConfig", {"sliding_window": None})
+    return TfmDecoderConfig(
+        **renamed_fields(config, _CONFIG_NAMES),
+        **_MIXTRAL_ARCHITECTURE,
+        mlp_bias=False,
+        intermediate_size=config.intermediate_size,
+        rope_parameters=dict(config.rope_parameters),
+        attention_dropout=float(config.attention_dropout),
+    )
+
+
+def tfm_config_to_mixtral(config: TfmDecoderConfig) -> MixtralConfig:
+    require_compatible(
+        config,
+        "MixtralConfig",
+        {
+            **_MIXTRAL_ARCHITECTURE,
+            "final_norm": True,
+            "embedding_norm": False,
+            "scale_embeddings": False,
+            "type_vocab_size": 0,
+            "embedding_dropout": 0.0,
+            "hidden_dropout": 0.0,
+        },
+        unsupported={"num_experts": config.num_experts == 0},
+    )
+    names = {ours: theirs for theirs, ours in _CONFIG_NAMES.items()}
+    return MixtralConfig(
+        **renamed_fields(config, names),
+        rope_parameters=dict(config.rope_parameters),
+        attention_dropout=config.attention_dropout,
+    )
+
+
+def mixtral_to_tfm(model: MixtralForCausalLM) -> TfmDecoderForCausalLM:
+    """Convert a `MixtralForCausalLM` into an MoE `TfmDecoderForCausalLM` with identical outputs and aux loss."""
+    target = TfmDecoderForCausalLM(mixtral_config_to_tfm(model.config))
+    return load_exact(target, renamed_keys(model.state_dict(), _RENAMES))
+
+
+def tfm_to_mixtral(model: TfmDecoderForCausalLM) -> MixtralForCausalLM:
+    """Convert a Mixtral-shaped MoE `TfmDecoderForCausalLM` back into a `MixtralForCausalLM`."""
+    target = MixtralForCausalLM(tfm_config_to_mixtral(model.config))
+    return load_exact(target, renamed_keys(model.state_dict(), {new: old for old, new in _RENAMES.items()}))
