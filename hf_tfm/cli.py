@@ -8,6 +8,7 @@ EXAMPLES = """examples:
   hf-tfm demo --output-dir runs/demo                 # train, evaluate, generate, save (embedded data)
   hf-tfm convert path/to/gpt2 runs/tfm-from-gpt2      # GPT-2, Llama, Mixtral, BERT, T5 or BART folder -> hf_tfm
   hf-tfm convert runs/tfm-from-gpt2 runs/back --to gpt2
+  hf-tfm upcycle runs/demo/model runs/demo-moe --num-experts 8 --top-k 2
 """
 
 
@@ -35,30 +36,54 @@ AUTO_CLASS_BY_SUFFIX = {
 }
 
 
-def _convert(source: str, destination: str, to: str | None) -> None:
-    import importlib
-
-    import transformers
-
+def _saved_config(source: str) -> dict:
     config_file = Path(source) / "config.json"
     if not config_file.is_file():
         raise SystemExit(f"error: {config_file} not found: SOURCE must be a saved model folder")
-    saved = json.loads(config_file.read_text())
-    model_type = saved.get("model_type")
+    return json.loads(config_file.read_text())
+
+
+def _load_saved(source: str):
+    """The model in a saved folder, loaded as the head its `architectures` entry names."""
+    import transformers
+
+    architecture = (_saved_config(source).get("architectures") or [""])[0]
+    auto_name = next((auto for suffix, auto in AUTO_CLASS_BY_SUFFIX.items() if architecture.endswith(suffix)), "AutoModel")
+    return getattr(transformers, auto_name).from_pretrained(source)
+
+
+def _copy_tokenizer(source: str, destination: str) -> None:
+    from transformers import AutoTokenizer
+
+    try:
+        AutoTokenizer.from_pretrained(source).save_pretrained(destination)
+    except (OSError, ValueError):
+        pass  # a folder without tokenizer files carries weights only
+
+
+def _convert(source: str, destination: str, to: str | None) -> None:
+    import importlib
+
+    model_type = _saved_config(source).get("model_type")
     if (model_type, to) not in CONVERTERS:
         known = ", ".join(m + (f" --to {t}" if t else "") for m, t in CONVERTERS)
         raise SystemExit(f"error: no converter for model_type={model_type!r} with --to {to}; known: {known}")
-    architecture = (saved.get("architectures") or [""])[0]
-    auto_name = next((auto for suffix, auto in AUTO_CLASS_BY_SUFFIX.items() if architecture.endswith(suffix)), "AutoModel")
     module, function = CONVERTERS[model_type, to].split(".")
     converter = getattr(importlib.import_module(f"hf_tfm.{module}"), function)
-    converted = converter(getattr(transformers, auto_name).from_pretrained(source))
+    model = _load_saved(source)
+    converted = converter(model)
     converted.save_pretrained(destination)
-    try:
-        transformers.AutoTokenizer.from_pretrained(source).save_pretrained(destination)
-    except (OSError, ValueError):
-        pass  # a folder without tokenizer files converts weights only
-    print(f"converted {model_type} ({architecture or auto_name}) -> {type(converted).__name__}: {destination}")
+    _copy_tokenizer(source, destination)
+    print(f"converted {model_type} ({type(model).__name__}) -> {type(converted).__name__}: {destination}")
+
+
+def _upcycle(source: str, destination: str, num_experts: int, top_k: int) -> None:
+    from .upcycle import upcycle
+
+    model = _load_saved(source)
+    upcycle(model, num_experts=num_experts, num_experts_per_tok=top_k).save_pretrained(destination)
+    _copy_tokenizer(source, destination)
+    print(f"upcycled {source} to {num_experts} experts (top-{top_k}): {destination}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -72,6 +97,11 @@ def main(argv: list[str] | None = None) -> None:
     convert.add_argument("source", help="a saved model folder: gpt2, llama, mixtral, bert, t5, bart, or an hf_tfm model")
     convert.add_argument("destination", help="folder to write the converted model to")
     convert.add_argument("--to", choices=sorted({t for _, t in CONVERTERS if t}), help="target when converting an hf_tfm model back")
+    upcycle = commands.add_parser("upcycle", help="turn a dense GLU checkpoint into an MoE one (experts = copies of the FFN)")
+    upcycle.add_argument("source", help="a saved dense hf_tfm model folder (ffn_type=glu, no mlp bias)")
+    upcycle.add_argument("destination")
+    upcycle.add_argument("--num-experts", type=int, default=8)
+    upcycle.add_argument("--top-k", type=int, default=2)
     args = parser.parse_args(argv)
 
     import hf_tfm  # noqa: F401  (registers the Auto classes)
@@ -80,6 +110,8 @@ def main(argv: list[str] | None = None) -> None:
         from .demo import run_demo
 
         run_demo(args.output_dir, max_steps=args.max_steps, seed=args.seed)
+    elif args.command == "upcycle":
+        _upcycle(args.source, args.destination, args.num_experts, args.top_k)
     else:
         _convert(args.source, args.destination, args.to)
 
