@@ -4,6 +4,10 @@ import torch
 from torch import nn
 
 
+# score scaling and LM-head options that GPT-2, Llama and Mixtral do not have
+PLAIN_LM_HEAD = {"attention_multiplier": None, "scale_lm_head_input": False, "lm_head_bias": False}
+
+
 def require_compatible(config, target: str, expected: dict[str, object], unsupported: dict[str, bool] | None = None):
     """Raise one ValueError naming every field of `config` the target cannot express exactly: each field in
     `expected` whose value differs, and each field flagged True in `unsupported`."""

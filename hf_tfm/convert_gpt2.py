@@ -8,7 +8,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from .configuration_tfm import TfmDecoderConfig
-from .convert_common import load_exact, renamed_fields, require_compatible
+from .convert_common import PLAIN_LM_HEAD, load_exact, renamed_fields, require_compatible
 from .modeling_tfm import TfmDecoderForCausalLM
 
 # per-layer renames whose tensors need only a transpose (Conv1D -> Linear) or nothing (norms)
@@ -75,6 +75,7 @@ def tfm_config_to_gpt2(config: TfmDecoderConfig) -> GPT2Config:
             "embedding_norm": False,
             "scale_embeddings": False,
             "type_vocab_size": 0,
+            **PLAIN_LM_HEAD,
         },
         unsupported={"head_dim": config.head_dim * config.num_attention_heads != config.hidden_size},
     )

@@ -6,7 +6,7 @@ The layouts agree except for the two per-layer norm names, so conversion is a re
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from .configuration_tfm import TfmDecoderConfig
-from .convert_common import load_exact, renamed_fields, renamed_keys, require_compatible
+from .convert_common import PLAIN_LM_HEAD, load_exact, renamed_fields, renamed_keys, require_compatible
 from .modeling_tfm import TfmDecoderForCausalLM
 
 _RENAMES = {".input_layernorm.": ".attn_norm.", ".post_attention_layernorm.": ".ffn_norm."}
@@ -60,6 +60,7 @@ def tfm_config_to_llama(config: TfmDecoderConfig) -> LlamaConfig:
             "type_vocab_size": 0,
             "embedding_dropout": 0.0,
             "hidden_dropout": 0.0,
+            **PLAIN_LM_HEAD,
         },
         unsupported={"mlp_bias": config.mlp_bias != config.attention_bias},  # Llama may set them apart; one flag each
     )

@@ -7,7 +7,7 @@ layout hf_tfm uses too; conversion is a rename plus a config mapping.
 from transformers import MixtralConfig, MixtralForCausalLM
 
 from .configuration_tfm import TfmDecoderConfig
-from .convert_common import load_exact, renamed_fields, renamed_keys, require_compatible
+from .convert_common import PLAIN_LM_HEAD, load_exact, renamed_fields, renamed_keys, require_compatible
 from .modeling_tfm import TfmDecoderForCausalLM
 
 _RENAMES = {
@@ -81,6 +81,7 @@ def tfm_config_to_mixtral(config: TfmDecoderConfig) -> MixtralConfig:
             "type_vocab_size": 0,
             "embedding_dropout": 0.0,
             "hidden_dropout": 0.0,
+            **PLAIN_LM_HEAD,
         },
         unsupported={"num_experts": config.num_experts == 0},
     )

@@ -10,7 +10,6 @@ from torch import nn
 from transformers.cache_utils import Cache
 from transformers.generation import GenerationMixin
 from transformers.loss.loss_utils import ForMaskedLMLoss
-from transformers.modeling_layers import GenericForSequenceClassification
 from transformers.modeling_outputs import (
     BaseModelOutput,
     MaskedLMOutput,
@@ -19,6 +18,7 @@ from transformers.modeling_outputs import (
     Seq2SeqMoEModelOutput,
     Seq2SeqMoEOutput,
     SequenceClassifierOutput,
+    SequenceClassifierOutputWithPast,
     TokenClassifierOutput,
 )
 from transformers.models.bart.modeling_bart import shift_tokens_right
@@ -92,19 +92,64 @@ class TfmDecoderForCausalLM(TfmPreTrainedModel, GenerationMixin):
         )
 
 
-class TfmDecoderForSequenceClassification(GenericForSequenceClassification, TfmPreTrainedModel):
+class TfmDecoderForSequenceClassification(TfmPreTrainedModel):
     """Classifies from the last non-padding token, like `LlamaForSequenceClassification`."""
 
     config: TfmDecoderConfig
     accepts_loss_kwargs = False  # as TfmEncoderForSequenceClassification: Trainer scales for accumulation
 
     def __init__(self, config: TfmDecoderConfig):
-        # Build the body directly rather than through AutoModel, so remote-code loading needs no registry.
-        TfmPreTrainedModel.__init__(self, config)
+        super().__init__(config)
         self.num_labels = config.num_labels
         self.model = TfmDecoderModel(config)
         self.score = nn.Linear(config.hidden_size, self.num_labels, bias=False)
         self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs,
+    ) -> SequenceClassifierOutputWithPast:
+        routed = self.config.num_experts > 0 and labels is not None
+        outputs = self.model(
+            input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            output_router_logits=routed,
+            **kwargs,
+        )
+        logits = self.score(outputs.last_hidden_state)
+        pad = self.config.pad_token_id
+        if input_ids is None or pad is None:
+            if logits.shape[0] > 1 and pad is None:
+                raise ValueError("Classifying a batch needs config.pad_token_id to find each row's last token")
+            last = torch.full((logits.shape[0],), logits.shape[1] - 1, device=logits.device)
+        else:  # the rightmost non-padding token, for left- and right-padded rows alike
+            positions = torch.arange(input_ids.shape[-1], device=logits.device)
+            last = (positions * (input_ids != pad).to(logits.device)).argmax(-1)
+        pooled_logits = logits[torch.arange(logits.shape[0], device=logits.device), last]
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits=logits, labels=labels, pooled_logits=pooled_logits, config=self.config)
+        if routed:
+            loss, _ = self.add_router_losses(loss, outputs.router_logits, attention_mask, labels, **kwargs)
+        return SequenceClassifierOutputWithPast(
+            loss=loss,
+            logits=pooled_logits,
+            past_key_values=outputs.past_key_values,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
 
 
 # ------------------------------------------------------------------------------------------------ encoder-only
@@ -237,11 +282,16 @@ class TfmEncoderForQuestionAnswering(TfmEncoderHead):
         end_positions: torch.LongTensor | None = None,
         **kwargs,
     ) -> QuestionAnsweringModelOutput:
-        outputs = self.encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, **kwargs)
+        routed = self.config.num_experts > 0 and start_positions is not None
+        outputs = self.encode(
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_router_logits=routed, **kwargs
+        )
         start_logits, end_logits = self.qa_outputs(outputs.last_hidden_state).unbind(dim=-1)
         loss = None
         if start_positions is not None and end_positions is not None:
             loss = self.loss_function(start_logits, end_logits, start_positions, end_positions, **kwargs)
+        if routed:
+            loss, _ = self.add_router_losses(loss, outputs.router_logits, attention_mask, start_positions, **kwargs)
         return QuestionAnsweringModelOutput(
             loss=loss,
             start_logits=start_logits.contiguous(),
