@@ -44,7 +44,7 @@ def final_max_load(aux_coef: float, steps: int = 300, max_files: int = 120, outp
 
 def main() -> None:
     results = {}
-    for coef in (0.02, 0.0):
+    for coef in (0.05, 0.0):
         loads, stats = final_max_load(coef, output_dir=f"runs/moe-balance-{coef}")
         results[f"router_aux_loss_coef={coef}"] = loads
         stats.save_heatmap(f"runs/moe-balance-{coef}/expert_load.png")
