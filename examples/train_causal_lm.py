@@ -1,6 +1,7 @@
 """Causal-LM pre-training of an hf_tfm decoder with a plain `Trainer`; runs unchanged under `accelerate launch`.
 
     python examples/train_causal_lm.py --config configs/llama-tiny --max-steps 200
+    python examples/train_causal_lm.py --config configs/llama-tiny --num-experts 8   # MoE: also writes expert_load.png
     accelerate launch examples/train_causal_lm.py --config configs/gpt2-124m
 """
 
@@ -9,6 +10,7 @@ import argparse
 from transformers import AutoConfig, AutoModelForCausalLM, DataCollatorForLanguageModeling, Trainer, TrainingArguments
 
 import hf_tfm  # noqa: F401  (registers the tfm model types)
+from hf_tfm.callbacks import RouterBiasCallback, RouterStatsCallback
 from hf_tfm.corpus import stdlib_docstrings
 from hf_tfm.demo import lm_blocks
 from hf_tfm.tokenizer import train_byte_level_bpe
@@ -21,6 +23,7 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=200)
     parser.add_argument("--block-size", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--num-experts", type=int, default=None, help="override the preset: MoE feed-forward layers")
     args = parser.parse_args()
 
     corpus = stdlib_docstrings()
@@ -31,8 +34,10 @@ def main() -> None:
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
+        **({"num_experts": args.num_experts, "ffn_type": "glu"} if args.num_experts else {}),
     )
     model = AutoModelForCausalLM.from_config(config)
+    router_stats = RouterStatsCallback()
     trainer = Trainer(
         model=model,
         args=TrainingArguments(
@@ -48,11 +53,14 @@ def main() -> None:
         train_dataset=lm_blocks(tokenizer, corpus["train"], args.block_size),
         eval_dataset=lm_blocks(tokenizer, corpus["validation"], args.block_size),
         data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=False),
+        callbacks=[router_stats, RouterBiasCallback()],  # both are no-ops for dense models
     )
     trainer.train()
     print(trainer.evaluate())
     trainer.save_model(args.output_dir)
     tokenizer.save_pretrained(args.output_dir)
+    if router_stats.history:
+        router_stats.save_heatmap(f"{args.output_dir}/expert_load.png")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@ stack feeding a causal stack with cross-attention. The stack and blocks live in 
 `modeling_tfm_layers.py`; caches, masks, generation, losses and output capture come from transformers.
 """
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 from transformers.cache_utils import Cache
@@ -27,6 +29,40 @@ from transformers.utils import ModelOutput, can_return_tuple
 from .configuration_tfm import TfmDecoderConfig, TfmEncoderConfig, TfmEncoderDecoderConfig
 from .modeling_tfm_layers import TfmMaskedLMHead
 from .modeling_tfm_stack import TfmPreTrainedModel, TfmStack, check_labels, lm_logits, make_lm_head, share_embeddings
+
+
+# transformers' output classes plus the MoE fields every hf_tfm head reports (None for dense models): the
+# load-balancing loss (already included in `loss`, reported separately) and each MoE layer's router logits.
+
+
+@dataclass
+class TfmMaskedLMOutput(MaskedLMOutput):
+    aux_loss: torch.FloatTensor | None = None
+    router_logits: tuple[torch.FloatTensor, ...] | None = None
+
+
+@dataclass
+class TfmSequenceClassifierOutput(SequenceClassifierOutput):
+    aux_loss: torch.FloatTensor | None = None
+    router_logits: tuple[torch.FloatTensor, ...] | None = None
+
+
+@dataclass
+class TfmTokenClassifierOutput(TokenClassifierOutput):
+    aux_loss: torch.FloatTensor | None = None
+    router_logits: tuple[torch.FloatTensor, ...] | None = None
+
+
+@dataclass
+class TfmQuestionAnsweringOutput(QuestionAnsweringModelOutput):
+    aux_loss: torch.FloatTensor | None = None
+    router_logits: tuple[torch.FloatTensor, ...] | None = None
+
+
+@dataclass
+class TfmSequenceClassifierOutputWithPast(SequenceClassifierOutputWithPast):
+    aux_loss: torch.FloatTensor | None = None
+    router_logits: tuple[torch.FloatTensor, ...] | None = None
 
 
 # ------------------------------------------------------------------------------------------------ decoder-only
@@ -116,7 +152,7 @@ class TfmDecoderForSequenceClassification(TfmPreTrainedModel):
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         **kwargs,
-    ) -> SequenceClassifierOutputWithPast:
+    ) -> TfmSequenceClassifierOutputWithPast:
         routed = self.config.num_experts > 0 and labels is not None
         outputs = self.model(
             input_ids,
@@ -141,10 +177,13 @@ class TfmDecoderForSequenceClassification(TfmPreTrainedModel):
         loss = None
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, pooled_logits=pooled_logits, config=self.config)
+        aux_loss = None
         if routed:
-            loss, _ = self.add_router_losses(loss, outputs.router_logits, attention_mask, labels, **kwargs)
-        return SequenceClassifierOutputWithPast(
+            loss, aux_loss = self.add_router_losses(loss, outputs.router_logits, attention_mask, labels, **kwargs)
+        return TfmSequenceClassifierOutputWithPast(
             loss=loss,
+            aux_loss=aux_loss,
+            router_logits=outputs.router_logits,
             logits=pooled_logits,
             past_key_values=outputs.past_key_values,
             hidden_states=outputs.hidden_states,
@@ -165,11 +204,12 @@ class TfmEncoderModel(TfmStack):
 
 
 class TfmEncoderHead(TfmPreTrainedModel):
-    """An encoder body plus a task layer. Subclasses build the layer (`build_head`) and turn the encoder's output
-    into logits, loss and their output class (`predict`); the forward pass around them is this one."""
+    """An encoder body plus a task layer. Subclasses build the layer (`build_head`), turn the encoder's output into
+    logits and loss (`predict`), and name their `output_class`; the forward pass around them is this one."""
 
     config: TfmEncoderConfig
     add_pooling_layer = False
+    output_class: type[ModelOutput]
 
     def __init__(self, config: TfmEncoderConfig):
         super().__init__(config)
@@ -203,13 +243,22 @@ class TfmEncoderHead(TfmPreTrainedModel):
         outputs = self.encode(
             input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_router_logits=routed, **kwargs
         )
-        result = self.predict(outputs, labels, input_ids, inputs_embeds, **kwargs)
+        logits, loss = self.predict(outputs, labels, input_ids, inputs_embeds, **kwargs)
+        aux_loss = None
         if routed:  # MoE: the router losses join the task loss
-            result.loss, _ = self.add_router_losses(result.loss, outputs.router_logits, attention_mask, labels, **kwargs)
-        return result
+            loss, aux_loss = self.add_router_losses(loss, outputs.router_logits, attention_mask, labels, **kwargs)
+        return self.output_class(
+            loss=loss,
+            logits=logits,
+            aux_loss=aux_loss,
+            router_logits=outputs.router_logits,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
 
 
 class TfmEncoderForMaskedLM(TfmEncoderHead):
+    output_class = TfmMaskedLMOutput
     _tied_weights_keys = {"lm_head.decoder.weight": "model.embed_tokens.weight"}
 
     def build_head(self, config):
@@ -221,19 +270,20 @@ class TfmEncoderForMaskedLM(TfmEncoderHead):
     def set_output_embeddings(self, new_embeddings):
         self.lm_head.decoder = new_embeddings
 
-    def predict(self, outputs, labels, input_ids, inputs_embeds, **kwargs) -> MaskedLMOutput:
+    def predict(self, outputs, labels, input_ids, inputs_embeds, **kwargs):
         check_labels(labels, input_ids, inputs_embeds)
         logits = self.lm_head(outputs.last_hidden_state)
         loss = None
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
-        return MaskedLMOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+        return logits, loss
 
 
 class TfmEncoderForSequenceClassification(TfmEncoderHead):
     """Classifies from the pooled first token; `problem_type` picks single-label, multi-label or regression loss."""
 
     add_pooling_layer = True
+    output_class = TfmSequenceClassifierOutput
     # the regression and multi-label losses cannot use Trainer's num_items_in_batch: let Trainer scale for
     # gradient accumulation instead (HF_V5_NOTES trap 5)
     accepts_loss_kwargs = False
@@ -241,26 +291,28 @@ class TfmEncoderForSequenceClassification(TfmEncoderHead):
     def build_head(self, config):
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
 
-    def predict(self, outputs, labels, input_ids, inputs_embeds, **kwargs) -> SequenceClassifierOutput:
+    def predict(self, outputs, labels, input_ids, inputs_embeds, **kwargs):
         pooled = outputs.pooler_output if outputs.pooler_output is not None else outputs.last_hidden_state[:, 0]
         logits = self.classifier(self.dropout(pooled))
         loss = None
         if labels is not None:
             loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config)
-        return SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+        return logits, loss
 
 
 class TfmEncoderForTokenClassification(TfmEncoderHead):
+    output_class = TfmTokenClassifierOutput
+
     def build_head(self, config):
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
 
-    def predict(self, outputs, labels, input_ids, inputs_embeds, **kwargs) -> TokenClassifierOutput:
+    def predict(self, outputs, labels, input_ids, inputs_embeds, **kwargs):
         check_labels(labels, input_ids, inputs_embeds)
         logits = self.classifier(self.dropout(outputs.last_hidden_state))
         loss = None
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, config=self.config, **kwargs)
-        return TokenClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+        return logits, loss
 
 
 class TfmEncoderForQuestionAnswering(TfmEncoderHead):
@@ -281,7 +333,7 @@ class TfmEncoderForQuestionAnswering(TfmEncoderHead):
         start_positions: torch.LongTensor | None = None,
         end_positions: torch.LongTensor | None = None,
         **kwargs,
-    ) -> QuestionAnsweringModelOutput:
+    ) -> TfmQuestionAnsweringOutput:
         routed = self.config.num_experts > 0 and start_positions is not None
         outputs = self.encode(
             input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_router_logits=routed, **kwargs
@@ -290,10 +342,13 @@ class TfmEncoderForQuestionAnswering(TfmEncoderHead):
         loss = None
         if start_positions is not None and end_positions is not None:
             loss = self.loss_function(start_logits, end_logits, start_positions, end_positions, **kwargs)
+        aux_loss = None
         if routed:
-            loss, _ = self.add_router_losses(loss, outputs.router_logits, attention_mask, start_positions, **kwargs)
-        return QuestionAnsweringModelOutput(
+            loss, aux_loss = self.add_router_losses(loss, outputs.router_logits, attention_mask, start_positions, **kwargs)
+        return TfmQuestionAnsweringOutput(
             loss=loss,
+            aux_loss=aux_loss,
+            router_logits=outputs.router_logits,
             start_logits=start_logits.contiguous(),
             end_logits=end_logits.contiguous(),
             hidden_states=outputs.hidden_states,

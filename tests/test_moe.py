@@ -719,14 +719,21 @@ def head_targets(name: str, input_ids: torch.Tensor) -> dict:
 
 @pytest.mark.parametrize("name", sorted(HEADS))
 def test_every_head_adds_router_losses(name):
-    """Every head's loss includes the weighted router losses (larger with router coefs > 0 than with both 0)."""
+    """Every head's loss includes the weighted router losses (larger with router coefs > 0 than with both 0), and
+    the head reports the aux loss and the router logits separately."""
     model_class, config_class, overrides = HEADS[name]
     torch.manual_seed(0)
     model = perturb(model_class(tiny_config(config_class, **MOE, **ROUTER_COEFS, num_labels=3, **overrides)))
     input_ids, attention_mask, _, _ = padded_batch()
     targets = head_targets(name, input_ids)
     with torch.no_grad():
-        with_router = model(input_ids, attention_mask=attention_mask, **targets).loss
+        output = model(input_ids, attention_mask=attention_mask, **targets)
+        with_router = output.loss
+        if name == "encoder-decoder":
+            reported = [output.encoder_aux_loss, output.decoder_aux_loss, output.encoder_router_logits, output.decoder_router_logits]
+        else:
+            reported = [output.aux_loss, output.router_logits]
+        assert all(value is not None for value in reported)
         model.config.router_aux_loss_coef = model.config.router_z_loss_coef = 0.0
         task_only = model(input_ids, attention_mask=attention_mask, **targets).loss
     assert with_router - task_only > 1e-2, (float(with_router), float(task_only))
