@@ -6,6 +6,16 @@ from torch import nn
 
 # score scaling and LM-head options that GPT-2, Llama and Mixtral do not have
 PLAIN_LM_HEAD = {"attention_multiplier": None, "scale_lm_head_input": False, "lm_head_bias": False}
+# what every Llama-family decoder is beyond its blocks: a final norm, bare token embeddings, attention dropout only
+LLAMA_FAMILY_STACK = {
+    "final_norm": True,
+    "embedding_norm": False,
+    "scale_embeddings": False,
+    "type_vocab_size": 0,
+    "embedding_dropout": 0.0,
+    "hidden_dropout": 0.0,
+    **PLAIN_LM_HEAD,
+}
 
 
 def require_compatible(config, target: str, expected: dict[str, object], unsupported: dict[str, bool] | None = None):

@@ -6,10 +6,10 @@ The layouts agree except for the two per-layer norm names, so conversion is a re
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from .configuration_tfm import TfmDecoderConfig
-from .convert_common import PLAIN_LM_HEAD, load_exact, renamed_fields, renamed_keys, require_compatible
+from .convert_common import LLAMA_FAMILY_STACK, load_exact, renamed_fields, renamed_keys, require_compatible
 from .modeling_tfm import TfmDecoderForCausalLM
 
-_RENAMES = {".input_layernorm.": ".attn_norm.", ".post_attention_layernorm.": ".ffn_norm."}
+LLAMA_RENAMES = {".input_layernorm.": ".attn_norm.", ".post_attention_layernorm.": ".ffn_norm."}
 
 
 # LlamaConfig field -> TfmDecoderConfig field, for every field with a direct counterpart
@@ -35,14 +35,14 @@ _CONFIG_NAMES = {
     )
 } | {"rms_norm_eps": "layer_norm_eps"}
 # what Llama always is, in TfmConfig terms
-_LLAMA_ARCHITECTURE = dict(position_embedding_type="rope", norm_type="rmsnorm", norm_position="pre", ffn_type="glu")
+LLAMA_ARCHITECTURE = dict(position_embedding_type="rope", norm_type="rmsnorm", norm_position="pre", ffn_type="glu")
 
 
 def llama_config_to_tfm(config: LlamaConfig) -> TfmDecoderConfig:
     require_compatible(config, "TfmDecoderConfig", {}, unsupported={"pretraining_tp": config.pretraining_tp not in (None, 1)})
     return TfmDecoderConfig(
         **renamed_fields(config, _CONFIG_NAMES),
-        **_LLAMA_ARCHITECTURE,
+        **LLAMA_ARCHITECTURE,
         rope_parameters=dict(config.rope_parameters),
         attention_dropout=float(config.attention_dropout),  # Llama allows an int 0
     )
@@ -53,14 +53,8 @@ def tfm_config_to_llama(config: TfmDecoderConfig) -> LlamaConfig:
         config,
         "LlamaConfig",
         {
-            **_LLAMA_ARCHITECTURE,
-            "final_norm": True,
-            "embedding_norm": False,
-            "scale_embeddings": False,
-            "type_vocab_size": 0,
-            "embedding_dropout": 0.0,
-            "hidden_dropout": 0.0,
-            **PLAIN_LM_HEAD,
+            **LLAMA_ARCHITECTURE,
+            **LLAMA_FAMILY_STACK,
         },
         unsupported={"mlp_bias": config.mlp_bias != config.attention_bias},  # Llama may set them apart; one flag each
     )
@@ -75,10 +69,10 @@ def tfm_config_to_llama(config: TfmDecoderConfig) -> LlamaConfig:
 def llama_to_tfm(model: LlamaForCausalLM) -> TfmDecoderForCausalLM:
     """Convert a `LlamaForCausalLM` into a `TfmDecoderForCausalLM` with identical outputs."""
     target = TfmDecoderForCausalLM(llama_config_to_tfm(model.config))
-    return load_exact(target, renamed_keys(model.state_dict(), _RENAMES))
+    return load_exact(target, renamed_keys(model.state_dict(), LLAMA_RENAMES))
 
 
 def tfm_to_llama(model: TfmDecoderForCausalLM) -> LlamaForCausalLM:
     """Convert a Llama-shaped `TfmDecoderForCausalLM` back into a `LlamaForCausalLM` with identical outputs."""
     target = LlamaForCausalLM(tfm_config_to_llama(model.config))
-    return load_exact(target, renamed_keys(model.state_dict(), {new: old for old, new in _RENAMES.items()}))
+    return load_exact(target, renamed_keys(model.state_dict(), {new: old for old, new in LLAMA_RENAMES.items()}))

@@ -7,14 +7,11 @@ layout hf_tfm uses too; conversion is a rename plus a config mapping.
 from transformers import MixtralConfig, MixtralForCausalLM
 
 from .configuration_tfm import TfmDecoderConfig
-from .convert_common import PLAIN_LM_HEAD, load_exact, renamed_fields, renamed_keys, require_compatible
+from .convert_llama import LLAMA_ARCHITECTURE, LLAMA_RENAMES
+from .convert_common import LLAMA_FAMILY_STACK, load_exact, renamed_fields, renamed_keys, require_compatible
 from .modeling_tfm import TfmDecoderForCausalLM
 
-_RENAMES = {
-    ".input_layernorm.": ".attn_norm.",
-    ".post_attention_layernorm.": ".ffn_norm.",
-    ".mlp.gate.weight": ".mlp.router.weight",
-}
+_RENAMES = {**LLAMA_RENAMES, ".mlp.gate.weight": ".mlp.router.weight"}
 # MixtralConfig field -> TfmDecoderConfig field, for every field with a direct counterpart
 _CONFIG_NAMES = {
     name: name
@@ -40,10 +37,7 @@ _CONFIG_NAMES = {
 } | {"rms_norm_eps": "layer_norm_eps", "num_local_experts": "num_experts", "intermediate_size": "moe_intermediate_size"}
 # what Mixtral always is, in TfmConfig terms
 _MIXTRAL_ARCHITECTURE = dict(
-    position_embedding_type="rope",
-    norm_type="rmsnorm",
-    norm_position="pre",
-    ffn_type="glu",
+    **LLAMA_ARCHITECTURE,
     attention_bias=False,
     scoring_func="softmax",
     norm_topk_prob=True,
@@ -75,13 +69,7 @@ def tfm_config_to_mixtral(config: TfmDecoderConfig) -> MixtralConfig:
         "MixtralConfig",
         {
             **_MIXTRAL_ARCHITECTURE,
-            "final_norm": True,
-            "embedding_norm": False,
-            "scale_embeddings": False,
-            "type_vocab_size": 0,
-            "embedding_dropout": 0.0,
-            "hidden_dropout": 0.0,
-            **PLAIN_LM_HEAD,
+            **LLAMA_FAMILY_STACK,
         },
         unsupported={"num_experts": config.num_experts == 0},
     )
