@@ -8,6 +8,7 @@ from pathlib import Path
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from .modeling_tfm import TfmPreTrainedModel
+from .modeling_tfm_layers import TfmExperts
 
 # per model type: Hub pipeline tag, paradigm name, and the Auto class a card tells users to load with
 PIPELINE_TAGS = {"tfm_decoder": "text-generation", "tfm_encoder": "fill-mask", "tfm_encoder_decoder": "text2text-generation"}
@@ -43,11 +44,21 @@ def architecture_rows(model: TfmPreTrainedModel) -> list[tuple[str, str]]:
         ("position scheme", position),
         ("norm", f"{config.norm_type}, {config.norm_position}-norm"),
         ("feed-forward", f"{config.ffn_type} ({config.hidden_act}), intermediate {config.intermediate_size}"),
-        ("experts / top-k", "dense"),
+        ("experts / top-k", f"{config.num_experts} / top-{config.num_experts_per_tok}" if config.num_experts else "dense"),
         ("vocabulary", str(config.vocab_size)),
         ("tied embeddings", str(config.tie_word_embeddings)),
-        ("parameters (total = active)", f"{model.num_parameters():,}"),
+        ("parameters (total / active per token)", f"{model.num_parameters():,} / {active_parameters(model):,}"),
     ]
+
+
+def active_parameters(model: TfmPreTrainedModel) -> int:
+    """Parameters a token passes through: all of them, less the routed experts it is not sent to."""
+    idle = 0
+    for module in model.modules():
+        if isinstance(module, TfmExperts):
+            per_expert = (module.gate_up_proj.numel() + module.down_proj.numel()) // module.num_experts
+            idle += (module.num_experts - model.config.num_experts_per_tok) * per_expert
+    return model.num_parameters() - idle
 
 
 def write_model_card(
