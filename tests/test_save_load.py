@@ -111,3 +111,24 @@ def test_without_trust_remote_code_refuses(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "refused:" in result.stdout and "trust_remote_code" in result.stdout
+
+
+def test_text_generation_pipeline(tmp_path):
+    """`pipeline("text-generation")` runs a saved decoder + tokenizer folder and continues the prompt greedily."""
+    from transformers import pipeline
+
+    from hf_tfm.tokenizer import train_byte_level_bpe
+
+    tokenizer = train_byte_level_bpe(["return the number of items in the list"] * 20, vocab_size=300)
+    model = tiny_model(
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    generator = pipeline("text-generation", model=str(tmp_path))
+    [result] = generator("return the", max_new_tokens=5, min_new_tokens=5, do_sample=False)
+    expected = model.generate(**tokenizer("return the", return_tensors="pt"), max_new_tokens=5, min_new_tokens=5, do_sample=False)
+    assert result["generated_text"] == tokenizer.decode(expected[0], skip_special_tokens=True)
