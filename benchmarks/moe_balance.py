@@ -12,10 +12,10 @@ import torch
 from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArguments
 
 from hf_tfm import TfmDecoderConfig, TfmDecoderForCausalLM
-from hf_tfm.callbacks import RouterStatsCallback
-from hf_tfm.corpus import stdlib_docstrings
-from hf_tfm.demo import lm_blocks
-from hf_tfm.tokenizer import train_byte_level_bpe
+from hf_tfm.training.callbacks import RouterStatsCallback
+from hf_tfm.training.corpus import stdlib_docstrings
+from hf_tfm.training.main_job import lm_blocks
+from hf_tfm.training.tokenizers import train_byte_level_bpe
 
 
 def final_max_load(aux_coef: float, steps: int = 300, max_files: int = 120, output_dir: str = "runs/moe-balance", seed: int = 0):

@@ -10,10 +10,10 @@ import argparse
 from transformers import AutoConfig, AutoModelForCausalLM, DataCollatorForLanguageModeling, Trainer, TrainingArguments
 
 import hf_tfm  # noqa: F401  (registers the tfm model types)
-from hf_tfm.callbacks import RouterBiasCallback, RouterStatsCallback
-from hf_tfm.corpus import stdlib_docstrings
-from hf_tfm.demo import lm_blocks
-from hf_tfm.tokenizer import train_byte_level_bpe
+from hf_tfm.training.callbacks import RouterBiasCallback, RouterStatsCallback
+from hf_tfm.training.corpus import stdlib_docstrings
+from hf_tfm.training.main_job import lm_blocks
+from hf_tfm.training.tokenizers import train_byte_level_bpe
 
 
 def main() -> None:

@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
     import hf_tfm  # noqa: F401  (registers the Auto classes)
 
     if args.command == "demo":
-        from .demo import run_demo
+        from .training.main_job import run_demo
 
         run_demo(args.output_dir, max_steps=args.max_steps, seed=args.seed)
     elif args.command == "upcycle":

@@ -8,7 +8,7 @@ from conftest import tiny_model
 from test_training import ListDataset, training_args
 from transformers import Trainer
 
-from hf_tfm.callbacks import RouterStatsCallback
+from hf_tfm.training.callbacks import RouterStatsCallback
 
 EXPERTS = 4
 LAYERS = ["layers.0", "layers.1"]  # tiny_model: 2 layers, every one MoE when num_experts > 0

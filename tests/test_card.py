@@ -10,7 +10,7 @@ from hf_tfm import (
     TfmEncoderForMaskedLM,
 )
 
-from hf_tfm.card import Measurement, write_model_card
+from hf_tfm.hub.card import Measurement, write_model_card
 from conftest import tiny_model
 
 

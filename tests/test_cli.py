@@ -17,8 +17,8 @@ from transformers import (
 
 from hf_tfm import TfmDecoderForCausalLM
 from hf_tfm.cli import main
-from hf_tfm.corpus import stdlib_docstrings
-from hf_tfm.demo import run_demo
+from hf_tfm.training.corpus import stdlib_docstrings
+from hf_tfm.training.main_job import run_demo
 from conftest import VOCAB, assert_same_state_dict
 from test_minilm import minilm_dir
 from test_t5_bart_parity import bart, t5

@@ -117,7 +117,7 @@ def test_text_generation_pipeline(tmp_path):
     """`pipeline("text-generation")` runs a saved decoder + tokenizer folder and continues the prompt greedily."""
     from transformers import pipeline
 
-    from hf_tfm.tokenizer import train_byte_level_bpe
+    from hf_tfm.training.tokenizers import train_byte_level_bpe
 
     tokenizer = train_byte_level_bpe(["return the number of items in the list"] * 20, vocab_size=300)
     model = tiny_model(

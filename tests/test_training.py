@@ -6,7 +6,7 @@ from torch.utils.data import Dataset
 from transformers import Trainer, TrainingArguments
 
 from hf_tfm import TfmEncoderConfig, TfmEncoderForSequenceClassification, TfmEncoderForTokenClassification
-from hf_tfm.callbacks import RouterBiasCallback
+from hf_tfm.training.callbacks import RouterBiasCallback
 from conftest import tiny_config, tiny_model
 
 

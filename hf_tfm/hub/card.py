@@ -7,8 +7,8 @@ from pathlib import Path
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from .modeling_tfm import TfmPreTrainedModel
-from .modeling_tfm_layers import TfmExperts
+from ..modeling_tfm import TfmPreTrainedModel
+from ..modeling_tfm_layers import TfmExperts
 
 # per model type: Hub pipeline tag, paradigm name, and the Auto class a card tells users to load with
 PIPELINE_TAGS = {"tfm_decoder": "text-generation", "tfm_encoder": "fill-mask", "tfm_encoder_decoder": "text2text-generation"}

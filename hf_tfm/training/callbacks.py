@@ -3,7 +3,7 @@
 import torch
 from transformers import TrainerCallback
 
-from .modeling_tfm_layers import TfmRouter
+from ..modeling_tfm_layers import TfmRouter
 
 
 class RouterBiasCallback(TrainerCallback):

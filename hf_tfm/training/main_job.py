@@ -12,11 +12,11 @@ import torch
 from datasets import Dataset
 from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArguments
 
-from .card import Measurement, write_model_card
-from .configuration_tfm import TfmDecoderConfig
+from ..hub.card import Measurement, write_model_card
+from ..configuration_tfm import TfmDecoderConfig
 from .corpus import stdlib_docstrings
-from .modeling_tfm import TfmDecoderForCausalLM
-from .tokenizer import train_byte_level_bpe
+from ..modeling_tfm import TfmDecoderForCausalLM
+from .tokenizers import train_byte_level_bpe
 
 PROMPT = "Return the"
 CORPUS_NAME = "python-stdlib-docstrings"
