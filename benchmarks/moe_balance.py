@@ -14,7 +14,7 @@ from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArgum
 from hf_tfm import TfmDecoderConfig, TfmDecoderForCausalLM
 from hf_tfm.training.callbacks import RouterStatsCallback
 from hf_tfm.training.corpus import stdlib_docstrings
-from hf_tfm.training.main_job import lm_blocks
+from hf_tfm.training.tasks import lm_blocks
 from hf_tfm.training.tokenizers import train_byte_level_bpe
 
 

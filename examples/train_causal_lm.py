@@ -1,65 +1,64 @@
-"""Causal-LM pre-training of an hf_tfm decoder with a plain `Trainer`; runs unchanged under `accelerate launch`.
+"""Causal-LM pre-training of an hf_tfm decoder with a plain `Trainer`; `accelerate launch` runs it unchanged.
 
-    python examples/train_causal_lm.py --config configs/llama-tiny --max-steps 200
-    python examples/train_causal_lm.py --config configs/llama-tiny --num-experts 8   # MoE: also writes expert_load.png
-    accelerate launch examples/train_causal_lm.py --config configs/gpt2-124m
+The documents are tokenized with a byte-level BPE (trained on the train split unless --tokenizer is given), joined
+with EOS and cut into blocks of --max-length tokens. Prints and saves the evaluation loss and perplexity; saves
+the model and tokenizer to --output-dir for `AutoModelForCausalLM.from_pretrained`.
+
+    python examples/train_causal_lm.py --config llama-tiny --max-steps 200
+    python examples/train_causal_lm.py --config llama-tiny --num-experts 8    # MoE: also writes expert_load.png
+    python examples/train_causal_lm.py --train-file corpus.txt --config configs/gpt2-124m
+    accelerate launch --config_file configs/accelerate/multi_gpu_ddp.yaml examples/train_causal_lm.py
+    accelerate launch --config_file configs/accelerate/fsdp.yaml examples/train_causal_lm.py --config gpt2-124m
 """
 
-import argparse
+import math
+from itertools import chain
 
-from transformers import AutoConfig, AutoModelForCausalLM, DataCollatorForLanguageModeling, Trainer, TrainingArguments
+import common
+from transformers import AutoModelForCausalLM, DataCollatorForLanguageModeling, Trainer
 
-import hf_tfm  # noqa: F401  (registers the tfm model types)
 from hf_tfm.training.callbacks import RouterBiasCallback, RouterStatsCallback
-from hf_tfm.training.corpus import stdlib_docstrings
-from hf_tfm.training.main_job import lm_blocks
-from hf_tfm.training.tokenizers import train_byte_level_bpe
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default="configs/llama-tiny", help="a preset folder or any tfm config.json folder")
-    parser.add_argument("--output-dir", default="runs/causal-lm")
-    parser.add_argument("--max-steps", type=int, default=200)
-    parser.add_argument("--block-size", type=int, default=128)
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--num-experts", type=int, default=None, help="override the preset: MoE feed-forward layers")
+    parser = common.parser(__doc__, output_dir="runs/causal-lm", config="llama-tiny")
+    parser.add_argument("--num-experts", type=int, help="Mixture of Experts: routed experts per feed-forward layer")
     args = parser.parse_args()
+    training_args = common.training_arguments(args)
 
-    corpus = stdlib_docstrings()
-    tokenizer = train_byte_level_bpe(corpus["train"], vocab_size=4096)
-    config = AutoConfig.from_pretrained(
-        args.config,
-        vocab_size=len(tokenizer),
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        **({"num_experts": args.num_experts, "ffn_type": "glu"} if args.num_experts else {}),
-    )
+    data = common.load_data("causal-lm", args)
+    tokenizer = common.tokenizer(args, training_args, data["train"]["text"], kind="bpe")
+    moe = {"num_experts": args.num_experts, "ffn_type": "glu"} if args.num_experts else {}
+    config = common.model_config(args, tokenizer, "tfm_decoder", **moe)
     model = AutoModelForCausalLM.from_config(config)
+
+    def tokenize(batch):  # every document ends with EOS, so that blocks spanning two documents show the boundary
+        return {"input_ids": [ids + [tokenizer.eos_token_id] for ids in tokenizer(batch["text"])["input_ids"]]}
+
+    def blocks(batch):  # concatenate, then cut into full blocks (the remainder of each map batch is dropped)
+        ids = list(chain.from_iterable(batch["input_ids"]))
+        usable = len(ids) // args.max_length * args.max_length
+        return {"input_ids": [ids[i : i + args.max_length] for i in range(0, usable, args.max_length)]}
+
+    with training_args.main_process_first(desc="tokenizing"):
+        data = data.map(tokenize, batched=True, remove_columns=["text"]).map(blocks, batched=True)
+    print(f"{len(data['train'])} train / {len(data['validation'])} validation blocks of {args.max_length} tokens")
+
     router_stats = RouterStatsCallback()
     trainer = Trainer(
         model=model,
-        args=TrainingArguments(
-            output_dir=args.output_dir,
-            max_steps=args.max_steps,
-            per_device_train_batch_size=args.batch_size,
-            learning_rate=1e-3,
-            lr_scheduler_type="cosine",
-            warmup_steps=args.max_steps // 20,
-            logging_steps=max(1, args.max_steps // 20),
-            report_to=[],
-        ),
-        train_dataset=lm_blocks(tokenizer, corpus["train"], args.block_size),
-        eval_dataset=lm_blocks(tokenizer, corpus["validation"], args.block_size),
-        data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=False),
-        callbacks=[router_stats, RouterBiasCallback()],  # both are no-ops for dense models
+        args=training_args,
+        train_dataset=data["train"],
+        eval_dataset=data["validation"],
+        data_collator=DataCollatorForLanguageModeling(tokenizer, mlm=False),  # labels = input_ids; the model shifts
+        processing_class=tokenizer,
+        callbacks=[router_stats, RouterBiasCallback()] if config.num_experts else None,
     )
-    trainer.train()
-    print(trainer.evaluate())
-    trainer.save_model(args.output_dir)
-    tokenizer.save_pretrained(args.output_dir)
-    if router_stats.history:
+    common.train(trainer)
+    metrics = trainer.evaluate()
+    metrics["eval_perplexity"] = math.exp(min(metrics["eval_loss"], 50))
+    common.save(trainer, metrics)
+    if router_stats.history and trainer.is_world_process_zero():
         router_stats.save_heatmap(f"{args.output_dir}/expert_load.png")
 
 

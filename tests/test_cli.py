@@ -3,14 +3,16 @@
 from pathlib import Path
 
 import pytest
-from huggingface_hub import ModelCard
 import torch
+from conftest import VOCAB, assert_same_state_dict
+from test_minilm import minilm_dir
+from test_t5_bart_parity import bart, t5
 from transformers import (
     AutoConfig,
     AutoModel,
     AutoModelForCausalLM,
+    AutoModelForMaskedLM,
     AutoModelForSeq2SeqLM,
-    AutoTokenizer,
     GPT2Config,
     GPT2LMHeadModel,
 )
@@ -18,10 +20,7 @@ from transformers import (
 from hf_tfm import TfmDecoderForCausalLM
 from hf_tfm.cli import main
 from hf_tfm.training.corpus import stdlib_docstrings
-from hf_tfm.training.main_job import run_demo
-from conftest import VOCAB, assert_same_state_dict
-from test_minilm import minilm_dir
-from test_t5_bart_parity import bart, t5
+from hf_tfm.training.run import presets
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -71,27 +70,15 @@ def test_convert_command_names_the_problem(tmp_path):
         main(["convert", str(tmp_path / "tfm"), str(tmp_path / "out")])
 
 
-def test_main_job_trains_generates_and_saves(tmp_path):
-    """The demo lowers validation loss, and its folder reloads as model + tokenizer that generate."""
-    summary = run_demo(str(tmp_path), max_steps=12, block_size=32, batch_size=4, eval_blocks=8, max_files=60)
-    assert summary["validation_loss_after"] < summary["validation_loss_before"]
-    model = AutoModelForCausalLM.from_pretrained(summary["model_dir"]).eval()
-    tokenizer = AutoTokenizer.from_pretrained(summary["model_dir"])
-    prompt = tokenizer("Return the", return_tensors="pt")
-    output = model.generate(**prompt, max_new_tokens=4, do_sample=False)
-    assert output.shape == (1, prompt["input_ids"].shape[1] + 4)
-    card = ModelCard.load(Path(summary["model_dir"]) / "README.md")
-    [loss, perplexity] = card.data.eval_results
-    assert loss.metric_value == summary["validation_loss_after"]
-    assert perplexity.metric_value == summary["validation_perplexity_after"]
-
-
 @pytest.mark.parametrize("preset", sorted(p.name for p in (REPO / "configs").iterdir() if (p / "config.json").is_file()))
 def test_presets_load_and_build(preset):
+    """Every preset builds its paradigm's generative or masked-LM head, and is shipped inside the package."""
     config = AutoConfig.from_pretrained(REPO / "configs" / preset)
+    head = {"tfm_decoder": AutoModelForCausalLM, "tfm_encoder": AutoModelForMaskedLM, "tfm_encoder_decoder": AutoModelForSeq2SeqLM}
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    assert isinstance(model, TfmDecoderForCausalLM)
+        model = head[config.model_type].from_config(config)
+    assert type(model).__name__ == config.auto_classes[head[config.model_type].__name__]
+    assert preset in presets()
     if preset == "gpt2-124m":  # GPT-2 small's shape, tied head: 124,439,808 parameters
         assert model.num_parameters() == 124_439_808
 

@@ -1,16 +1,35 @@
-"""Model cards filled from the real model and run: metadata that `huggingface_hub.ModelCard` validates, an
-architecture table read off the config, and only the evaluation numbers the caller actually measured."""
+"""Model cards filled from the real model and run: metadata that `huggingface_hub.ModelCard` parses and validates,
+an architecture table read off the config, the training run's data and arguments, and only the evaluation numbers
+that were actually measured (from the caller, or from the run record `hf_tfm_run.json` the training code writes).
 
-from dataclasses import dataclass
+    write_model_card(folder, model, results, dataset, training, ...)   # from a model in memory
+    write_card_from_run(folder, model, run=None, ...)                   # from a run record (dict or the folder's file)
+    refresh_card(folder)                                                # `hf-tfm card FOLDER`: load, read, (re)write
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
+from typing import Any
 
+import yaml
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from ..modeling_tfm import TfmPreTrainedModel
-from ..modeling_tfm_layers import TfmExperts
+from ..modeling_tfm_layers import TfmExperts, TfmFeedForward, TfmMoE
 
-# per model type: Hub pipeline tag, paradigm name, and the Auto class a card tells users to load with
+RUN_RECORD = "hf_tfm_run.json"
+CARD_NAME = "README.md"
+DEFAULT_LICENSE = "apache-2.0"
+
+# per model type: Hub pipeline tag (the fallback when neither the task nor the head says more), paradigm name, and
+# the Auto class of the paradigm's main head
 PIPELINE_TAGS = {"tfm_decoder": "text-generation", "tfm_encoder": "fill-mask", "tfm_encoder_decoder": "text2text-generation"}
 PARADIGMS = {"tfm_decoder": "decoder-only", "tfm_encoder": "encoder-only", "tfm_encoder_decoder": "encoder-decoder"}
 AUTO_CLASSES = {
@@ -18,37 +37,101 @@ AUTO_CLASSES = {
     "tfm_encoder": "AutoModelForMaskedLM",
     "tfm_encoder_decoder": "AutoModelForSeq2SeqLM",
 }
+# the training task of a run record -> Hub pipeline tag
+TASK_PIPELINE_TAGS = {
+    "causal-lm": "text-generation",
+    "masked-lm": "fill-mask",
+    "seq2seq": "text2text-generation",
+    "sequence-classification": "text-classification",
+    "token-classification": "token-classification",
+    "question-answering": "question-answering",
+}
+# the head (Auto class) -> Hub pipeline tag, when no task was recorded
+AUTO_CLASS_PIPELINE_TAGS = {
+    "AutoModelForCausalLM": "text-generation",
+    "AutoModelForMaskedLM": "fill-mask",
+    "AutoModelForSeq2SeqLM": "text2text-generation",
+    "AutoModelForSequenceClassification": "text-classification",
+    "AutoModelForTokenClassification": "token-classification",
+    "AutoModelForQuestionAnswering": "question-answering",
+    "AutoModel": "feature-extraction",
+}
+GENERATIVE_AUTO_CLASSES = ("AutoModelForCausalLM", "AutoModelForSeq2SeqLM")
+DEFAULT_LIMITATIONS = (
+    "A small research model: it demonstrates an architecture and a training pipeline, and is not a general-purpose "
+    "language model. Its outputs reflect its training data only; it has not been evaluated for factuality, bias or "
+    "safety, and must not be used for decisions that affect people."
+)
+
+
+class RunRecordError(ValueError):
+    """A run record (`hf_tfm_run.json`) that does not have the expected shape."""
 
 
 @dataclass
 class Measurement:
     split: str
-    metric: str  # an `evaluate` metric id, e.g. "perplexity", "loss"
+    metric: str  # an `evaluate` metric id, e.g. "perplexity", "loss", "accuracy"
     value: float
 
 
-def architecture_rows(model: TfmPreTrainedModel) -> list[tuple[str, str]]:
-    config = model.config
-    heads = f"{config.num_attention_heads} / {config.num_key_value_heads} (head_dim {config.head_dim})"
-    position = config.position_embedding_type
-    if position == "rope":
-        position += f" ({config.rope_parameters['rope_type']}, theta {config.rope_parameters['rope_theta']:g})"
-    layers = str(config.num_hidden_layers)
-    if config.model_type == "tfm_encoder_decoder":
-        layers = f"{config.num_hidden_layers} encoder + {config.decoder_layers} decoder"
-    return [
-        ("paradigm", PARADIGMS[config.model_type]),
-        ("layers", layers),
-        ("hidden size", str(config.hidden_size)),
-        ("attention heads / kv heads", heads),
-        ("position scheme", position),
-        ("norm", f"{config.norm_type}, {config.norm_position}-norm"),
-        ("feed-forward", f"{config.ffn_type} ({config.hidden_act}), intermediate {config.intermediate_size}"),
-        ("experts / top-k", f"{config.num_experts} / top-{config.num_experts_per_tok}" if config.num_experts else "dense"),
-        ("vocabulary", str(config.vocab_size)),
-        ("tied embeddings", str(config.tie_word_embeddings)),
-        ("parameters (total / active per token)", f"{model.num_parameters():,} / {active_parameters(model):,}"),
-    ]
+@dataclass
+class Baseline:
+    name: str  # e.g. "majority class", "uniform over the vocabulary"
+    metric: str
+    value: float
+
+
+@dataclass
+class RunRecord:
+    """What the training code records next to the model (`hf_tfm_run.json`); every field is optional."""
+
+    task: str | None = None
+    dataset: str | None = None
+    training: dict[str, Any] = field(default_factory=dict)
+    results: list[Measurement] = field(default_factory=list)
+    baselines: list[Baseline] = field(default_factory=list)
+    description: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], source: str = "run record") -> RunRecord:
+        if not isinstance(data, Mapping):
+            raise RunRecordError(f"{source}: expected a JSON object, got {type(data).__name__}")
+        task = data.get("task")
+        if task is not None and task not in TASK_PIPELINE_TAGS:
+            raise RunRecordError(f"{source}: unknown task {task!r}; expected one of {', '.join(TASK_PIPELINE_TAGS)}")
+        training = data.get("training") or {}
+        if not isinstance(training, Mapping):
+            raise RunRecordError(f"{source}: `training` must be an object of training arguments")
+        return cls(
+            task=task,
+            dataset=data.get("dataset"),
+            training=dict(training),
+            results=[Measurement(*_entry(r, ("split", "metric"), source, "results")) for r in data.get("results") or []],
+            baselines=[Baseline(*_entry(b, ("name", "metric"), source, "baselines")) for b in data.get("baselines") or []],
+            description=data.get("description"),
+        )
+
+
+def _entry(item: Any, keys: tuple[str, str], source: str, where: str) -> tuple[str, str, float]:
+    if not isinstance(item, Mapping) or any(not isinstance(item.get(k), str) for k in keys):
+        raise RunRecordError(f"{source}: every entry of `{where}` needs string {keys[0]!r} and {keys[1]!r}, got {item!r}")
+    value = item.get("value")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise RunRecordError(f"{source}: `{where}` entry {item!r} needs a finite number as 'value'")
+    return item[keys[0]], item[keys[1]], float(value)
+
+
+def read_run_record(folder: str | Path) -> RunRecord | None:
+    """The run record saved in `folder`, or None when there is none. A malformed one raises `RunRecordError` (a `ValueError`)."""
+    path = Path(folder) / RUN_RECORD
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise RunRecordError(f"{path} is not valid JSON: {error}") from error
+    return RunRecord.from_dict(data, source=str(path))
 
 
 def active_parameters(model: TfmPreTrainedModel) -> int:
@@ -61,52 +144,273 @@ def active_parameters(model: TfmPreTrainedModel) -> int:
     return model.num_parameters() - idle
 
 
+def auto_class_of(model_or_architecture: TfmPreTrainedModel | str, config=None) -> str:
+    """The transformers Auto class that loads this head, read off the config's `auto_classes` table."""
+    if isinstance(model_or_architecture, str):
+        architecture = model_or_architecture
+    else:
+        architecture, config = type(model_or_architecture).__name__, model_or_architecture.config
+    for auto_name, class_name in getattr(config, "auto_classes", {}).items():
+        if class_name == architecture:
+            return auto_name
+    return AUTO_CLASSES.get(getattr(config, "model_type", None), "AutoModel")
+
+
+def pipeline_tag_of(model: TfmPreTrainedModel, task: str | None = None) -> str:
+    """The Hub pipeline tag: from the training task, else from the head, else from the model type."""
+    if task is not None:
+        if task not in TASK_PIPELINE_TAGS:
+            raise ValueError(f"unknown task {task!r}; expected one of {', '.join(TASK_PIPELINE_TAGS)}")
+        return TASK_PIPELINE_TAGS[task]
+    if type(model).__name__ in getattr(model.config, "auto_classes", {}).values():
+        return AUTO_CLASS_PIPELINE_TAGS.get(auto_class_of(model), PIPELINE_TAGS[model.config.model_type])
+    return PIPELINE_TAGS[model.config.model_type]
+
+
+def is_moe(model: TfmPreTrainedModel) -> bool:
+    return any(isinstance(module, TfmMoE) for module in model.modules())
+
+
+def architecture_rows(model: TfmPreTrainedModel) -> list[tuple[str, str]]:
+    config = model.config
+    heads = f"{config.num_attention_heads} / {config.num_key_value_heads} (head_dim {config.head_dim})"
+    position = config.position_embedding_type
+    if position == "rope":
+        position += f" ({config.rope_parameters['rope_type']}, theta {config.rope_parameters['rope_theta']:g})"
+    layers = str(config.num_hidden_layers)
+    if config.model_type == "tfm_encoder_decoder":
+        layers = f"{config.num_hidden_layers} encoder + {config.decoder_layers} decoder"
+    rows = [
+        ("paradigm", PARADIGMS[config.model_type]),
+        ("head", type(model).__name__),
+        ("layers", layers),
+        ("hidden size", str(config.hidden_size)),
+        ("attention heads / kv heads", heads),
+        ("position scheme", position),
+        ("norm", f"{config.norm_type}, {config.norm_position}-norm"),
+    ]
+    dense = f"{config.ffn_type} ({config.hidden_act}), intermediate {config.intermediate_size}"
+    moe_layers = sum(isinstance(module, TfmMoE) for module in model.modules())
+    total_layers = sum(1 for _ in _blocks(model))
+    if not moe_layers:
+        feed_forward = dense
+    elif moe_layers < total_layers:
+        feed_forward = f"{dense} in the dense layers"
+    else:
+        feed_forward = "experts in every layer"
+    rows += [
+        ("feed-forward", feed_forward),
+        ("experts / top-k", f"{config.num_experts} / top-{config.num_experts_per_tok}" if config.num_experts else "dense"),
+    ]
+    if config.num_experts:
+        rows += [
+            ("MoE layers", f"{moe_layers} of {total_layers}"),
+            ("expert width", f"{config.moe_intermediate_size} (gated, {config.hidden_act})"),
+            (
+                "router",
+                f"{config.scoring_func}, top-{config.num_experts_per_tok}"
+                + (" renormalised" if config.norm_topk_prob else "")
+                + f", aux loss coef {config.router_aux_loss_coef:g}",
+            ),
+        ]
+        if config.shared_expert_intermediate_size:
+            rows.append(("shared expert", f"width {config.shared_expert_intermediate_size}"))
+    rows += [
+        ("vocabulary", str(config.vocab_size)),
+        ("tied embeddings", str(config.tie_word_embeddings)),
+        ("parameters (total / active per token)", f"{model.num_parameters():,} / {active_parameters(model):,}"),
+    ]
+    return rows
+
+
+def _blocks(model: TfmPreTrainedModel):
+    """The Transformer blocks of every stack: the modules whose `mlp` is a dense feed-forward or an MoE layer."""
+    for module in model.modules():
+        if isinstance(getattr(module, "mlp", None), (TfmFeedForward, TfmMoE)):
+            yield module
+
+
+def _human(count: int) -> str:
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if count >= scale:
+            return f"{count / scale:.2f}{unit}"
+    return str(count)
+
+
+def _measurements(results: Iterable[Measurement | Mapping]) -> list[Measurement]:
+    return [r if isinstance(r, Measurement) else Measurement(r["split"], r["metric"], float(r["value"])) for r in results]
+
+
+def _format_value(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _has_tokenizer(folder: Path) -> bool:
+    return any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json"))
+
+
 def write_model_card(
     folder: str | Path,
     model: TfmPreTrainedModel,
-    results: list[Measurement],
-    dataset: str,
-    training: str,
+    results: Iterable[Measurement | Mapping],
+    dataset: str | None,
+    training: str | Mapping[str, Any] | None,
     repo_id: str | None = None,
-    license: str = "apache-2.0",
+    license: str = DEFAULT_LICENSE,
+    *,
+    task: str | None = None,
+    baselines: Iterable[Baseline | Mapping] = (),
+    description: str | None = None,
+    limitations: str | None = None,
 ) -> ModelCard:
-    """Render `model_cards/tfm_model.md` for `model` and save it as `folder/README.md`."""
-    model_type = model.config.model_type
-    name = repo_id or Path(folder).name
+    """Render `model_cards/tfm_model.md` for `model` and save it as `folder/README.md`.
+
+    `results` are the measured evaluation numbers (they become the card's `model-index`; none means the card says
+    that no evaluation was recorded). `training` is either prose or a mapping of training arguments (rendered as a
+    table). `task` is the training task of a run record (`causal-lm`, `masked-lm`, `seq2seq`,
+    `sequence-classification`, `token-classification`): it picks the pipeline tag, else the head does.
+    """
+    folder = Path(folder)
+    config = model.config
+    model_type = config.model_type
+    name = repo_id or folder.name
+    results = _measurements(results)
+    baselines = [b if isinstance(b, Baseline) else Baseline(b["name"], b["metric"], float(b["value"])) for b in baselines]
+    pipeline_tag = pipeline_tag_of(model, task)
+    auto_class = auto_class_of(model)
+    total, active = model.num_parameters(), active_parameters(model)
+    moe = is_moe(model)
+
+    tags = ["hf_tfm", model_type, PARADIGMS[model_type], config.position_embedding_type]
+    if moe:
+        tags += ["moe", "mixture-of-experts"]
+    tags.append("custom_code")  # the repo carries its modeling code (auto_map) for trust_remote_code loading
     data = ModelCardData(
         library_name="transformers",
-        pipeline_tag=PIPELINE_TAGS[model_type],
+        pipeline_tag=pipeline_tag,
         license=license,
-        tags=["hf_tfm", model_type, PARADIGMS[model_type], model.config.position_embedding_type],
-        datasets=[dataset],
+        tags=tags,
+        datasets=[dataset] if dataset else None,
         model_name=name,
         eval_results=[
             EvalResult(
-                task_type=PIPELINE_TAGS[model_type],
-                dataset_type=dataset,
-                dataset_name=dataset,
+                task_type=pipeline_tag,
+                dataset_type=dataset or "unknown",
+                dataset_name=dataset or "unknown",
                 dataset_split=result.split,
                 metric_type=result.metric,
-                metric_value=result.value,
+                metric_value=float(result.value),
             )
             for result in results
-        ],
+        ]
+        or None,
     )
+    summary = f"{_human(total)} parameters"
+    if moe:
+        summary = (
+            f"Mixture of Experts, {config.num_experts} experts, top-{config.num_experts_per_tok}: {_human(total)} "
+            f"parameters, {_human(active)} active per token"
+        )
+    if isinstance(training, Mapping):
+        training_rows, training_text = [(k, _format_value(v)) for k, v in sorted(training.items())], None
+    else:
+        training_rows, training_text = [], training
+    if limitations is None:
+        limitations = DEFAULT_LIMITATIONS
+        if not results:
+            limitations += " No evaluation was recorded for it, so its quality is unknown."
+        if moe:
+            limitations += (
+                f" As a Mixture of Experts, it needs all {config.num_experts} experts in memory ({total:,} parameters)"
+                f" while each token is computed with {active:,} of them."
+            )
     card = ModelCard.from_template(
         data,
         template_path=str(files("hf_tfm.model_cards").joinpath("tfm_model.md")),
         model_name=name,
         paradigm=PARADIGMS[model_type],
-        summary=f"{model.num_parameters() / 1e6:.2f}M parameters",
+        summary=summary,
+        task=task,
+        pipeline_tag=pipeline_tag,
         architecture=architecture_rows(model),
-        training=training,
-        results=[{"split": r.split, "metric": r.metric, "value": f"{r.value:.4g}"} for r in results],
-        auto_class=AUTO_CLASSES[model_type],
+        dataset=dataset,
+        description=description,
+        training_text=training_text,
+        training_rows=training_rows,
+        results=[{"split": r.split, "metric": r.metric, "value": _format_value(r.value)} for r in results],
+        baselines=[{"name": b.name, "metric": b.metric, "value": _format_value(b.value)} for b in baselines],
+        auto_class=auto_class,
+        generative=auto_class in GENERATIVE_AUTO_CLASSES,
+        has_tokenizer=_has_tokenizer(folder),
         repo_id=name,
-        limitations=(
-            "A small research model trained for minutes on a CPU; it demonstrates the pipeline, not a useful "
-            "language model. Its text reflects the training data only and is not safe for any downstream use."
-        ),
+        limitations=limitations,
     )
-    card.save(Path(folder) / "README.md")
+    card = ModelCard(re.sub(r"\n{3,}", "\n\n", card.content))  # the template's blank lines around optional parts
+    folder.mkdir(parents=True, exist_ok=True)
+    card.save(folder / CARD_NAME)
     return card
+
+
+def write_card_from_run(
+    folder: str | Path,
+    model: TfmPreTrainedModel,
+    run: Mapping[str, Any] | RunRecord | None = None,
+    *,
+    repo_id: str | None = None,
+    license: str = DEFAULT_LICENSE,
+) -> ModelCard:
+    """Write `folder/README.md` for `model` from a run record (a dict of the `hf_tfm_run.json` shape, or by default
+    the folder's own `hf_tfm_run.json`). Without any record the card says that no evaluation was recorded."""
+    if run is None:
+        record = read_run_record(folder) or RunRecord()
+    elif isinstance(run, RunRecord):
+        record = run
+    else:
+        record = RunRecord.from_dict(run)
+    return write_model_card(
+        folder,
+        model,
+        results=record.results,
+        dataset=record.dataset,
+        training=record.training or None,
+        repo_id=repo_id,
+        license=license,
+        task=record.task,
+        baselines=record.baselines,
+        description=record.description,
+    )
+
+
+def load_saved_model(folder: str | Path) -> TfmPreTrainedModel:
+    """The model in a saved folder, loaded with the Auto class of the head its config's `architectures` names."""
+    import transformers
+
+    import hf_tfm  # noqa: F401  (registers the model types with the Auto classes)
+
+    folder = Path(folder)
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"{folder} is not a saved model folder: {config_file.name} not found in it")
+    config = transformers.AutoConfig.from_pretrained(folder)
+    architecture = (getattr(config, "architectures", None) or [""])[0]
+    auto_name = auto_class_of(architecture, config) if architecture else "AutoModel"
+    return getattr(transformers, auto_name).from_pretrained(folder).eval()
+
+
+def refresh_card(folder: str | Path, *, repo_id: str | None = None, license: str | None = None) -> ModelCard:
+    """`hf-tfm card FOLDER`: load the model saved in `folder`, read its run record (`hf_tfm_run.json`) if any, and
+    (re)write `folder/README.md`. The repo id and license of an existing card are kept unless given."""
+    folder = Path(folder)
+    model = load_saved_model(folder)
+    existing = folder / CARD_NAME
+    if existing.is_file() and (repo_id is None or license is None):
+        try:
+            old = ModelCard.load(existing, ignore_metadata_errors=True).data
+        except (ValueError, OSError, yaml.YAMLError):  # an unreadable old card is replaced, not an error
+            old = None
+        if old is not None:
+            repo_id = repo_id or old.get("model_name")  # the model-index name, or the top-level key without results
+            license = license or old.get("license")
+    return write_card_from_run(folder, model, repo_id=repo_id, license=license or DEFAULT_LICENSE)

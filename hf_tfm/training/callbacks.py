@@ -1,9 +1,56 @@
 """Trainer callbacks for hf_tfm models (not shipped as remote code: they are training-side tools)."""
 
+import csv
+import math
+from pathlib import Path
+
 import torch
 from transformers import TrainerCallback
 
 from ..modeling_tfm_layers import TfmRouter
+
+LOG_FIELDS = ("step", "epoch", "name", "value")
+
+
+class CSVLogCallback(TrainerCallback):
+    """Append every logged number to a CSV file (`step, epoch, name, value`), flushed per row, so the record of a
+    run survives the process being killed. `truncate_after(step)` drops rows a resumed run will log again."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def truncate_after(self, step: int) -> None:
+        if self.path.is_file():
+            rows = [row for row in read_log(self.path) if row["step"] <= step]
+            with self.path.open("w", newline="") as handle:
+                writer = csv.DictWriter(handle, LOG_FIELDS)
+                writer.writeheader()
+                writer.writerows(rows)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs:
+            return
+        fresh = not self.path.is_file()
+        with self.path.open("a", newline="") as handle:
+            writer = csv.DictWriter(handle, LOG_FIELDS)
+            if fresh:
+                writer.writeheader()
+            for name, value in logs.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    writer.writerow({"step": state.global_step, "epoch": state.epoch, "name": name, "value": repr(float(value))})
+
+
+def read_log(path: str | Path) -> list[dict]:
+    with Path(path).open(newline="") as handle:
+        return [
+            {"step": int(row["step"]), "epoch": float(row["epoch"] or "nan"), "name": row["name"], "value": float(row["value"])}
+            for row in csv.DictReader(handle)
+        ]
+
+
+def logged(path: str | Path, name: str) -> list[tuple[int, float]]:
+    """(step, value) pairs of one logged quantity, e.g. "loss" or "eval_loss"."""
+    return [(row["step"], row["value"]) for row in read_log(path) if row["name"] == name and not math.isnan(row["value"])]
 
 
 class RouterBiasCallback(TrainerCallback):

@@ -1,0 +1,1 @@
+"""Model presets: `configs/<name>/config.json`, shipped inside the package as `hf_tfm.presets`."""

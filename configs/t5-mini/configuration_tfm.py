@@ -1,0 +1,338 @@
+"""Configuration for the hf_tfm family: one config of shared building blocks, one subclass per paradigm.
+
+A config is data that picks the blocks (position scheme, norm, feed-forward, attention shape). Every invalid
+value or combination raises `ValueError` naming the field at construction time, before any model is built.
+"""
+
+from typing import ClassVar
+
+from huggingface_hub.dataclasses import strict
+from transformers.activations import ACT2FN
+from transformers.configuration_utils import PreTrainedConfig
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+POSITION_EMBEDDING_TYPES = ("learned", "sinusoidal", "rope", "alibi", "relative_bias", "none")
+# schemes that add a per-head bias to the attention scores instead of changing the embeddings
+ATTENTION_BIAS_POSITIONS = ("alibi", "relative_bias")
+NORM_TYPES = ("layernorm", "rmsnorm")
+NORM_POSITIONS = ("pre", "post")
+FFN_TYPES = ("mlp", "glu")
+
+
+def _require(condition: bool, field: str, message: str) -> None:
+    if not condition:
+        raise ValueError(f"Invalid `{field}`: {message}")
+
+
+@strict
+class TfmConfig(PreTrainedConfig):
+    r"""
+    Shared options of every hf_tfm Transformer. Field names follow the transformers models users know.
+
+    Args:
+        vocab_size (`int`): number of token ids the embedding table holds.
+        hidden_size (`int`): width of the residual stream.
+        num_hidden_layers (`int`): number of Transformer blocks.
+        num_attention_heads (`int`): query heads per attention layer.
+        num_key_value_heads (`int`, *optional*): key/value heads; equal to `num_attention_heads` (MHA) by default,
+            fewer for GQA, 1 for MQA. Must divide `num_attention_heads`.
+        head_dim (`int`, *optional*): width of one head; `hidden_size // num_attention_heads` by default.
+        intermediate_size (`int`, *optional*): feed-forward width; `4 * hidden_size` by default.
+        hidden_act (`str`): activation name from `transformers.activations.ACT2FN` (`gelu`, `gelu_new`, `relu`, `silu`...).
+        ffn_type (`str`): `"mlp"` (up, act, down) or `"glu"` (act(gate) * up, down: SwiGLU with `silu`, GeGLU with `gelu`).
+        mlp_bias (`bool`): biases on the feed-forward projections.
+        attention_bias (`bool`): biases on the query, key, value and output projections.
+        position_embedding_type (`str`): `"learned"`, `"sinusoidal"`, `"rope"`, `"alibi"`, `"relative_bias"` (T5's
+            bucketed relative position bias, learned per head) or `"none"`.
+        max_position_embeddings (`int`): rows of the learned position table; pretraining length for RoPE scaling.
+        position_offset (`int`): learned positions are looked up at `position + offset` (BART uses 2).
+        relative_attention_num_buckets (`int`), relative_attention_max_distance (`int`): T5's relative-bias buckets.
+        rope_parameters (`dict`, *optional*): transformers' RoPE dict (`rope_type` in default, linear, dynamic, yarn,
+            longrope, llama3, and `rope_theta`); only meaningful with `position_embedding_type="rope"`.
+        norm_type (`str`): `"layernorm"` or `"rmsnorm"`.
+        norm_position (`str`): `"pre"` (GPT-2, Llama) or `"post"` (original Transformer, BERT).
+        layer_norm_eps (`float`): epsilon of every norm.
+        norm_bias (`bool`): bias in LayerNorm (ignored by RMSNorm).
+        final_norm (`bool`): a norm after the last block (standard for pre-norm stacks).
+        embedding_norm (`bool`): a norm right after the embeddings (BERT).
+        embedding_dropout (`float`), hidden_dropout (`float`), attention_dropout (`float`): dropout probabilities.
+        scale_embeddings (`bool`): multiply token embeddings by `sqrt(hidden_size)` (original Transformer, Gemma).
+        type_vocab_size (`int`): number of token types (segment embeddings); 0 means none.
+        tie_word_embeddings (`bool`): the LM head shares the token embedding matrix.
+        initializer_range (`float`): std of the normal init of linear and embedding weights.
+        attention_multiplier (`float`, *optional*): scale of the attention scores; `head_dim**-0.5` by default
+            (T5 uses 1.0).
+        lm_head_bias (`bool`): a bias on the LM head (BART's `final_logits_bias`).
+        scale_lm_head_input (`bool`): multiply the last hidden state by `hidden_size**-0.5` before the LM head
+            (T5 with tied embeddings).
+        use_pooler (`bool`): encoders get a pooler (dense + tanh on the first token, BERT's) for sentence-level heads.
+
+        > Mixture of Experts (every paradigm; `num_experts=0` keeps every layer dense)
+
+        num_experts (`int`): routed experts per MoE layer; 0 means dense.
+        num_experts_per_tok (`int`): top-k experts each token is routed to.
+        moe_intermediate_size (`int`, *optional*): width of one expert; `intermediate_size` by default. Experts are
+            gated (GLU with `hidden_act`, as Mixtral's) whatever `ffn_type` the dense layers use.
+        decoder_sparse_step (`int`): every N-th layer is MoE (layer i when `(i + 1) % N == 0`); 1 means all.
+        mlp_only_layers (`list[int]`): layers kept dense regardless of the step.
+        moe_layers (`list[int]`, *optional*): the exact MoE layers, overriding the step and `mlp_only_layers`.
+        shared_expert_intermediate_size (`int`): an always-on expert of this width (DeepSeekMoE, Qwen-MoE); 0 = none.
+        shared_expert_gate (`bool`): scale the shared expert by a learned sigmoid gate (Qwen2-MoE).
+        scoring_func (`str`): router scores, `"softmax"` (Mixtral) or `"sigmoid"` (DeepSeek-V3).
+        norm_topk_prob (`bool`): renormalise the top-k scores to sum to 1.
+        router_jitter_noise (`float`): multiplicative noise on the router input while training.
+        router_aux_loss_coef (`float`): weight of the load-balancing loss (Switch/Mixtral) added to the task loss.
+        router_z_loss_coef (`float`): weight of the router z-loss (ST-MoE) added to the task loss.
+        router_bias_update_rate (`float`): auxiliary-loss-free balancing (DeepSeek-V3): a per-expert bias, used only
+            to choose experts, moved by this rate against each expert's observed load after every optimizer step.
+        capacity_factor (`float`, *optional*): None is dropless; otherwise each expert takes at most
+            `ceil(capacity_factor * tokens * top_k / num_experts)` tokens per forward and drops the rest.
+        output_router_logits (`bool`): return per-layer router logits (and the aux loss) even without labels.
+    """
+
+    model_type = "tfm"
+    keys_to_ignore_at_inference: ClassVar[list[str]] = ["past_key_values"]
+
+    vocab_size: int = 32000
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    intermediate_size: int | None = None
+    hidden_act: str = "gelu"
+    ffn_type: str = "mlp"
+    mlp_bias: bool = True
+    attention_bias: bool = True
+    position_embedding_type: str = "learned"
+    max_position_embeddings: int = 1024
+    position_offset: int = 0
+    relative_attention_num_buckets: int = 32
+    relative_attention_max_distance: int = 128
+    rope_parameters: dict | None = None
+    norm_type: str = "layernorm"
+    norm_position: str = "pre"
+    layer_norm_eps: float = 1e-5
+    norm_bias: bool = True
+    final_norm: bool = True
+    embedding_norm: bool = False
+    embedding_dropout: float = 0.0
+    hidden_dropout: float = 0.0
+    attention_dropout: float = 0.0
+    scale_embeddings: bool = False
+    type_vocab_size: int = 0
+    tie_word_embeddings: bool = True
+    initializer_range: float = 0.02
+    attention_multiplier: float | None = None
+    lm_head_bias: bool = False
+    scale_lm_head_input: bool = False
+    use_pooler: bool = True
+    num_experts: int = 0
+    num_experts_per_tok: int = 2
+    moe_intermediate_size: int | None = None
+    decoder_sparse_step: int = 1
+    mlp_only_layers: list[int] | None = None
+    moe_layers: list[int] | None = None
+    shared_expert_intermediate_size: int = 0
+    shared_expert_gate: bool = False
+    scoring_func: str = "softmax"
+    norm_topk_prob: bool = True
+    router_jitter_noise: float = 0.0
+    router_aux_loss_coef: float = 0.001
+    router_z_loss_coef: float = 0.0
+    router_bias_update_rate: float = 0.0
+    capacity_factor: float | None = None
+    output_router_logits: bool = False
+    use_cache: bool = True
+    is_decoder: bool = False
+    pad_token_id: int | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+
+    def __post_init__(self, **kwargs):
+        self._check_fields(kwargs)
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
+        if self.head_dim is None:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        if self.intermediate_size is None:
+            self.intermediate_size = 4 * self.hidden_size
+        if self.moe_intermediate_size is None:
+            self.moe_intermediate_size = self.intermediate_size
+        if self.mlp_only_layers is None:
+            self.mlp_only_layers = []
+        self._check_moe()
+        super().__post_init__(**kwargs)
+        if self.position_embedding_type == "rope":
+            self._check_rope()
+        else:
+            # transformers fills a default RoPE dict into every config; a non-RoPE model must not carry one.
+            self.rope_parameters = None
+
+    def _check_fields(self, kwargs: dict) -> None:
+        for field in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "max_position_embeddings"):
+            _require(getattr(self, field) > 0, field, f"must be a positive integer, got {getattr(self, field)}")
+        for field in ("num_key_value_heads", "head_dim", "intermediate_size"):
+            value = getattr(self, field)
+            _require(value is None or value > 0, field, f"must be a positive integer or None, got {value}")
+        for field in ("type_vocab_size", "position_offset"):
+            _require(getattr(self, field) >= 0, field, f"must be >= 0, got {getattr(self, field)}")
+        for field in ("relative_attention_num_buckets", "relative_attention_max_distance"):
+            _require(getattr(self, field) > 0, field, f"must be a positive integer, got {getattr(self, field)}")
+        if self.head_dim is None:
+            _require(
+                self.hidden_size % self.num_attention_heads == 0,
+                "hidden_size",
+                f"{self.hidden_size} is not divisible by num_attention_heads={self.num_attention_heads} "
+                "(set head_dim explicitly to decouple them)",
+            )
+        kv_heads = self.num_key_value_heads or self.num_attention_heads
+        _require(
+            self.num_attention_heads % kv_heads == 0,
+            "num_key_value_heads",
+            f"num_attention_heads={self.num_attention_heads} is not divisible by num_key_value_heads={kv_heads}",
+        )
+        for field, allowed in (
+            ("position_embedding_type", POSITION_EMBEDDING_TYPES),
+            ("norm_type", NORM_TYPES),
+            ("norm_position", NORM_POSITIONS),
+            ("ffn_type", FFN_TYPES),
+        ):
+            value = getattr(self, field)
+            _require(value in allowed, field, f"{value!r} is not one of {allowed}")
+        _require(self.hidden_act in ACT2FN, "hidden_act", f"{self.hidden_act!r} is not a transformers activation")
+        for field in ("embedding_dropout", "hidden_dropout", "attention_dropout"):
+            value = getattr(self, field)
+            _require(0.0 <= value < 1.0, field, f"a dropout probability must be in [0, 1), got {value}")
+        _require(self.layer_norm_eps > 0, "layer_norm_eps", f"must be > 0, got {self.layer_norm_eps}")
+        _require(
+            self.attention_multiplier is None or self.attention_multiplier > 0,
+            "attention_multiplier",
+            f"must be > 0 or None, got {self.attention_multiplier}",
+        )
+        _require(self.initializer_range >= 0, "initializer_range", f"must be >= 0, got {self.initializer_range}")
+        rope = self.rope_parameters or kwargs.get("rope_scaling")
+        if self.position_embedding_type != "rope":
+            scaled = rope and rope.get("rope_type", rope.get("type", "default")) != "default"
+            _require(
+                not scaled,
+                "rope_parameters",
+                f"RoPE scaling {rope} is set but position_embedding_type={self.position_embedding_type!r}; "
+                "use position_embedding_type='rope'",
+            )
+
+    def _check_moe(self) -> None:
+        _require(self.num_experts >= 0, "num_experts", f"must be >= 0 (0 = dense), got {self.num_experts}")
+        if self.num_experts == 0:
+            return
+        _require(
+            1 <= self.num_experts_per_tok <= self.num_experts,
+            "num_experts_per_tok",
+            f"top-k must be in [1, num_experts={self.num_experts}], got {self.num_experts_per_tok}",
+        )
+        _require(self.moe_intermediate_size > 0, "moe_intermediate_size", f"must be > 0, got {self.moe_intermediate_size}")
+        _require(self.decoder_sparse_step >= 1, "decoder_sparse_step", f"must be >= 1, got {self.decoder_sparse_step}")
+        depth = max(self.num_hidden_layers, getattr(self, "decoder_layers", None) or 0)
+        for field in ("mlp_only_layers", "moe_layers"):
+            bad = [i for i in getattr(self, field) or [] if not 0 <= i < depth]
+            _require(not bad, field, f"layer indices {bad} are outside [0, {depth})")
+        _require(self.scoring_func in ("softmax", "sigmoid"), "scoring_func", f"{self.scoring_func!r} is not softmax or sigmoid")
+        _require(
+            self.capacity_factor is None or self.capacity_factor > 0,
+            "capacity_factor",
+            f"must be > 0 or None (dropless), got {self.capacity_factor}",
+        )
+        for field in ("router_aux_loss_coef", "router_z_loss_coef", "router_bias_update_rate", "router_jitter_noise"):
+            _require(getattr(self, field) >= 0, field, f"must be >= 0, got {getattr(self, field)}")
+        _require(
+            self.shared_expert_intermediate_size >= 0,
+            "shared_expert_intermediate_size",
+            f"must be >= 0 (0 = no shared expert), got {self.shared_expert_intermediate_size}",
+        )
+
+    def is_moe_layer(self, layer_idx: int) -> bool:
+        if self.num_experts == 0:
+            return False
+        if self.moe_layers is not None:
+            return layer_idx in self.moe_layers
+        return layer_idx not in self.mlp_only_layers and (layer_idx + 1) % self.decoder_sparse_step == 0
+
+    def _check_rope(self) -> None:
+        rope = self.rope_parameters
+        rope_type = rope.get("rope_type", "default")
+        _require(
+            rope_type == "default" or rope_type in ROPE_INIT_FUNCTIONS,
+            "rope_parameters",
+            f"unknown rope_type {rope_type!r}; known: {['default', *ROPE_INIT_FUNCTIONS]}",
+        )
+        _require(self.head_dim % 2 == 0, "head_dim", f"RoPE needs an even head_dim, got {self.head_dim}")
+        _require(
+            rope.get("partial_rotary_factor", 1.0) == 1.0,
+            "rope_parameters",
+            "partial_rotary_factor is not supported: every head dimension is rotated",
+        )
+        if rope_type in ("linear", "dynamic", "yarn", "llama3", "longrope"):
+            required = {"linear": "factor", "dynamic": "factor", "yarn": "factor", "llama3": "factor"}.get(rope_type)
+            _require(
+                required is None or isinstance(rope.get(required), (int, float)),
+                "rope_parameters",
+                f"rope_type={rope_type!r} needs a numeric {required!r}",
+            )
+
+
+@strict
+class TfmDecoderConfig(TfmConfig):
+    r"""Decoder-only (GPT-2 / Llama-style) configuration: causal self-attention blocks and an LM head."""
+
+    model_type = "tfm_decoder"
+    # Every Auto class this paradigm answers to, with the model class (in modeling_tfm.py) it builds: the one
+    # place that registration (hf_tfm/__init__.py) and `auto_map` (save_pretrained) read from.
+    auto_classes: ClassVar[dict[str, str]] = {
+        "AutoModel": "TfmDecoderModel",
+        "AutoModelForCausalLM": "TfmDecoderForCausalLM",
+        "AutoModelForSequenceClassification": "TfmDecoderForSequenceClassification",
+    }
+    is_decoder: bool = True
+
+
+@strict
+class TfmEncoderConfig(TfmConfig):
+    r"""Encoder-only (BERT-style) configuration: bidirectional self-attention blocks, token types, pooler."""
+
+    model_type = "tfm_encoder"
+    auto_classes: ClassVar[dict[str, str]] = {
+        "AutoModel": "TfmEncoderModel",
+        "AutoModelForMaskedLM": "TfmEncoderForMaskedLM",
+        "AutoModelForSequenceClassification": "TfmEncoderForSequenceClassification",
+        "AutoModelForTokenClassification": "TfmEncoderForTokenClassification",
+        "AutoModelForQuestionAnswering": "TfmEncoderForQuestionAnswering",
+    }
+    type_vocab_size: int = 2
+
+
+@strict
+class TfmEncoderDecoderConfig(TfmConfig):
+    r"""
+    Encoder-decoder (T5 / BART / original Transformer) configuration. The shared fields describe both stacks;
+    `num_hidden_layers` is the encoder depth and `decoder_layers` the decoder depth (transformers' flat
+    encoder-decoder convention: `get_text_config(decoder=True)` maps it to `num_hidden_layers`).
+
+    Args:
+        decoder_layers (`int`, *optional*): decoder depth; the encoder's by default.
+        decoder_start_token_id (`int`, *optional*): first decoder input; labels are shifted right behind it.
+    """
+
+    model_type = "tfm_encoder_decoder"
+    auto_classes: ClassVar[dict[str, str]] = {
+        "AutoModel": "TfmEncoderDecoderModel",
+        "AutoModelForSeq2SeqLM": "TfmEncoderDecoderForConditionalGeneration",
+    }
+    is_encoder_decoder: bool = True
+    decoder_layers: int | None = None
+    decoder_start_token_id: int | None = None
+
+    def __post_init__(self, **kwargs):
+        if self.decoder_layers is None:
+            self.decoder_layers = self.num_hidden_layers
+        _require(self.decoder_layers > 0, "decoder_layers", f"must be a positive integer, got {self.decoder_layers}")
+        super().__post_init__(**kwargs)

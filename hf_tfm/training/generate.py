@@ -1,0 +1,37 @@
+"""`hf-tfm generate`: continue prompts with a saved decoder or encoder-decoder, or fill masks with a masked LM."""
+
+import torch
+
+from .run import load_model, load_tokenizer
+
+
+def generate_text(folder: str, prompts: list[str], max_new_tokens: int = 32, num_beams: int = 1, do_sample: bool = False,
+                  temperature: float = 1.0, top_p: float = 1.0, seed: int = 0) -> list[str]:
+    model = load_model(folder).eval()
+    tokenizer = load_tokenizer(folder)
+    if not model.can_generate():
+        if tokenizer.mask_token is None or not hasattr(model, "get_output_embeddings"):
+            raise ValueError(f"{folder} holds a {type(model).__name__}, which neither generates nor fills masks")
+        return [_fill_masks(model, tokenizer, prompt) for prompt in prompts]
+    torch.manual_seed(seed)
+    tokenizer.padding_side = "left"  # decoder prompts end where generation starts
+    inputs = tokenizer(prompts, return_tensors="pt", padding=True)
+    inputs.pop("token_type_ids", None)
+    sampling = {"temperature": temperature, "top_p": top_p} if do_sample else {}
+    with torch.no_grad():
+        output = model.generate(**inputs, max_new_tokens=max_new_tokens, num_beams=num_beams, do_sample=do_sample, **sampling)
+    if not model.config.is_encoder_decoder:
+        output = output[:, inputs["input_ids"].shape[1] :]
+    return [f"{prompt} -> {text}" for prompt, text in zip(prompts, tokenizer.batch_decode(output, skip_special_tokens=True))]
+
+
+def _fill_masks(model, tokenizer, prompt: str) -> str:
+    if tokenizer.mask_token not in prompt:
+        raise ValueError(f"masked LMs fill {tokenizer.mask_token} tokens; the prompt {prompt!r} has none")
+    inputs = tokenizer(prompt, return_tensors="pt")
+    with torch.no_grad():
+        logits = model(**inputs).logits[0]
+    ids = inputs["input_ids"][0].clone()
+    masked = ids == tokenizer.mask_token_id
+    ids[masked] = logits[masked].argmax(-1)
+    return f"{prompt} -> {tokenizer.decode(ids, skip_special_tokens=True)}"

@@ -1,0 +1,82 @@
+"""What a run prints and draws: the summary table (trained model against its untrained self and trivial
+baselines) and loss curves read back from each run's CSV log."""
+
+from pathlib import Path
+
+from .callbacks import logged
+from .tasks import HEADLINE
+
+
+def _score(entries: list[dict], metric: str) -> float | None:
+    return next((e["value"] for e in entries if e["metric"] == metric), None)
+
+
+def summary_rows(results: list[dict]) -> list[dict]:
+    rows = []
+    for result in results:
+        metric, higher_is_better = HEADLINE[result["task"]]
+        candidates = [(b["name"], b["value"]) for b in result["baselines"] if b["metric"] == metric]
+        best = (max if higher_is_better else min)(candidates, key=lambda c: c[1]) if candidates else (None, None)
+        rows.append({
+            "task": result["task"],
+            "model": result["model"],
+            "metric": metric,
+            "before": _score(result.get("before_training", []), metric),
+            "after": _score(result["results"], metric),
+            "best_baseline": best[0],
+            "baseline": best[1],
+            "loss": _score(result["results"], "loss"),
+            "seconds": result["seconds"],
+            "model_dir": result["model_dir"],
+        })
+    return rows
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def summary_markdown(results: list[dict]) -> str:
+    lines = [
+        "| task | model | metric | untrained | trained | best trivial baseline | val loss | seconds |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in summary_rows(results):
+        baseline = f"{_fmt(row['baseline'])} ({row['best_baseline']})" if row["best_baseline"] else "-"
+        lines.append(
+            f"| {row['task']} | {row['model']} | {row['metric']} | {_fmt(row['before'])} | {_fmt(row['after'])} | "
+            f"{baseline} | {_fmt(row['loss'])} | {row['seconds']:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def print_summary(results: list[dict]) -> None:
+    print("\n" + summary_markdown(results))
+    for result in results:
+        print(f"{result['task']}: model, tokenizer, card -> {result['model_dir']}; log -> {result['log']}")
+
+
+def plot_loss_curves(logs: dict[str, str | Path], path: str | Path) -> Path:
+    """One panel per run: training loss per logged step and validation loss per evaluation."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, len(logs), figsize=(4.2 * len(logs), 3.4), squeeze=False)
+    for axis, (name, log) in zip(axes[0], logs.items()):
+        for quantity, style in (("loss", "-"), ("eval_loss", "o--")):
+            points = logged(log, quantity)
+            if points:
+                axis.plot(*zip(*points), style, label="train" if quantity == "loss" else "validation")
+        axis.set_title(name)
+        axis.set_xlabel("step")
+        axis.set_ylabel("loss")
+        axis.grid(alpha=0.3)
+        axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return Path(path)
