@@ -68,10 +68,11 @@ class TfmBlock(GradientCheckpointingLayer):
     def forward(
         self,
         hidden_states: torch.Tensor,
-        encoder_hidden_states: torch.Tensor | None = None,  # positional, so gradient checkpointing sees it
+        # positional, so that reentrant gradient checkpointing treats them as inputs (the bias is learned)
+        encoder_hidden_states: torch.Tensor | None = None,
+        position_bias: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
-        position_bias: torch.Tensor | None = None,
         past_key_values: Cache | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
         **kwargs,
@@ -153,6 +154,14 @@ class TfmPreTrainedModel(PreTrainedModel):
         token-weighted average (trap 5) instead of counting the router losses once per micro-batch."""
         aux, z_loss = self.router_losses(router_logits, attention_mask)
         if loss is not None:
+            detached = torch.is_grad_enabled() and loss.requires_grad and not any(r.requires_grad for r in router_logits)
+            if detached and (self.config.router_aux_loss_coef or self.config.router_z_loss_coef):
+                # reentrant checkpointing runs the first forward under no_grad: the recorded router logits carry
+                # no graph, and the router losses would add to the loss value but silently not to the gradient
+                raise ValueError(
+                    "the router losses cannot reach the gradient: router logits were recorded without autograd "
+                    "(reentrant gradient checkpointing). Use gradient_checkpointing_kwargs={'use_reentrant': False}."
+                )
             extra = self.config.router_aux_loss_coef * aux + self.config.router_z_loss_coef * z_loss
             num_items = kwargs.get("num_items_in_batch")
             if num_items is not None:
@@ -369,9 +378,9 @@ class TfmStack(TfmPreTrainedModel):
             hidden_states = layer(
                 hidden_states,
                 encoder_hidden_states,
+                position_bias,
                 attention_mask=mask,
                 position_embeddings=position_embeddings,
-                position_bias=position_bias,
                 past_key_values=past_key_values,
                 encoder_attention_mask=encoder_attention_mask,
                 **kwargs,

@@ -18,7 +18,7 @@ code rather than from luck:
 So the runs differ only by float32 summation order (two half-batch sums plus a gloo all-reduce against one sum).
 Tolerance: relative 1e-5 on every logged loss, absolute 1e-5 on every final parameter and on the logits of the
 saved checkpoints. Measured here: losses within 8e-8 relative (5e-7 absolute), parameters within 4e-7, logits
-within 1e-7. A run that is not really distributed (each process training alone on batch B, as a CPU launch without
+within 2e-7. A run that is not really distributed (each process training alone on batch B, as a CPU launch without
 `use_cpu` silently does) is off by 8e-4 relative at the first step and 1e-2 by the third.
 
 FSDP on CPU: torch 2.13's FSDP2 (`fully_shard`) does run on CPU with gloo, but accelerate 1.15 turns FSDP on only

@@ -329,7 +329,7 @@ def test_sacrebleu_against_sacrebleu(metrics):
     assert result["chrf"] == pytest.approx(sacrebleu.corpus_chrf(HYPOTHESES, streams).score)
     assert result["signature"].startswith("nrefs:2|case:mixed|eff:no|tok:13a|smooth:exp")
 
-    options = dict(lowercase=True, tokenize="char", smooth_method="floor", smooth_value=0.2)
+    options = {"lowercase": True, "tokenize": "char", "smooth_method": "floor", "smooth_value": 0.2}
     lowered = metrics["sacrebleu"].compute(predictions=HYPOTHESES, references=REFERENCES, **options)
     assert lowered["score"] == pytest.approx(sacrebleu.corpus_bleu(HYPOTHESES, streams, **options).score)
 

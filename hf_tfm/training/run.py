@@ -257,7 +257,8 @@ def training_arguments(spec: RunSpec, output: Path) -> TrainingArguments:
         activation_checkpointing=spec.gradient_checkpointing,
         torch_compile=spec.torch_compile,
         report_to=spec.report_to,
-        use_cpu=spec.use_cpu,
+        # without an accelerator, say so: else `accelerate launch` on CPU starts N processes that each train alone
+        use_cpu=spec.use_cpu or not torch.accelerator.is_available(),
         dataloader_num_workers=0,
         remove_unused_columns=True,
         save_only_model=False,

@@ -136,6 +136,8 @@ def _unigram_normalizer() -> normalizers.Normalizer:
 def _canonical_pieces(trained: list) -> list[tuple[str, float]]:
     """The trained (piece, log-probability) pairs, less the special tokens, made reproducible (see `train_unigram`)."""
     pieces = {piece: score for piece, score in trained if piece not in UNIGRAM_SPECIAL_TOKENS}
+    if not pieces:  # no text to learn from
+        return []
     # The trainer gives each character that EM dropped the score min_score + k * 1e-4, k = 0, 1, ... in HashSet order:
     # give them all the lowest score. The band holds at most one step per character, whatever the order.
     lowest = min(pieces.values())

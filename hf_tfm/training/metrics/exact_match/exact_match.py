@@ -114,8 +114,13 @@ class ExactMatch(evaluate.Metric):
             raise ValueError("exact_match compares strings, got None")
         if isinstance(regexes_to_ignore, str):
             regexes_to_ignore = [regexes_to_ignore]
-        options = dict(regexes_to_ignore=regexes_to_ignore, ignore_case=ignore_case,
-                       ignore_punctuation=ignore_punctuation, ignore_numbers=ignore_numbers, strip=strip)
+        options = {
+            "regexes_to_ignore": regexes_to_ignore,
+            "ignore_case": ignore_case,
+            "ignore_punctuation": ignore_punctuation,
+            "ignore_numbers": ignore_numbers,
+            "strip": strip,
+        }
         matches = [
             normalize(prediction, **options) == normalize(reference, **options)
             for prediction, reference in zip(predictions, references)
