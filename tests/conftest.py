@@ -4,9 +4,14 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Tiny tensors: intra-op threads only add synchronisation, and under `pytest -n 2` they oversubscribe the two cores
+# (a tiny training step measured up to 4x slower with two threads). Subprocesses inherit this too.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest
 import torch
+
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 from hf_tfm import TfmDecoderConfig, TfmDecoderForCausalLM
 

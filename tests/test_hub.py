@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import perturb, tiny_config
+from test_card import RECORD as RUN_RECORD
 from hub_server import fast_client_retries, hub_server  # noqa: F401  (hub_server: the fixture)
 from huggingface_hub import HfApi, ModelCard, hf_hub_download
 from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
@@ -36,17 +37,6 @@ PROMPTS = ["return the number", "def add(a, b):"]
 CODE_FILES = {"configuration_tfm.py", "modeling_tfm.py", "modeling_tfm_stack.py", "modeling_tfm_layers.py"}
 TOKENIZER_FILES = {"tokenizer.json", "tokenizer_config.json"}
 GREEDY = {"max_new_tokens": 5, "min_new_tokens": 5, "do_sample": False}
-RUN_RECORD = {
-    "task": "causal-lm",
-    "dataset": "python-stdlib-docstrings",
-    "training": {"max_steps": 600, "learning_rate": 0.003, "per_device_train_batch_size": 16, "seed": 0},
-    "results": [
-        {"split": "validation", "metric": "loss", "value": 4.88},
-        {"split": "validation", "metric": "perplexity", "value": 131.63},
-    ],
-    "baselines": [{"name": "uniform over the vocabulary", "metric": "perplexity", "value": 292.0}],
-    "description": "600 optimizer steps of `Trainer` on the docstrings of the Python standard library.",
-}
 
 
 @pytest.fixture(scope="module")

@@ -45,16 +45,6 @@ MASK_ID = 3
 BASE = {"initializer_range": 0.2}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: intra-op threads only add synchronisation, and under `pytest -n 2` or on a busy machine they
-    oversubscribe the two cores (this module measured 4x slower with two threads than with one)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def causal_rows():
     pattern = torch.tensor([4, 5, 6, 7, 8, 9, 10, 11] * 2)
     return [{"input_ids": pattern, "labels": pattern.clone()} for _ in range(8)]

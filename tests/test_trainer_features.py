@@ -28,16 +28,6 @@ from hf_tfm.modeling_tfm_stack import TfmBlock
 PATTERN = torch.tensor([3, 4, 5, 6, 7, 8, 9, 10] * 2)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: intra-op threads only add synchronisation, and under `pytest -n 2` or on a busy machine they
-    oversubscribe the two cores (this module measured 4x slower with two threads than with one)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def lm_rows():
     return [{"input_ids": PATTERN, "labels": PATTERN.clone()} for _ in range(8)]
 
