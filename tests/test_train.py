@@ -90,7 +90,7 @@ def test_every_task_trains_evaluates_and_saves(tmp_path, task):
     assert {
         "causal-lm": {"perplexity"},
         "masked-lm": {"perplexity"},
-        "seq2seq": {"exact_match", "rougeL", "chrf"},
+        "seq2seq": {"exact_match", "rougeL", "chrf", "perplexity"},
         "sequence-classification": {"accuracy", "f1"},
         "token-classification": {"accuracy", "f1"},
     }[task] <= metrics

@@ -61,9 +61,19 @@ def _embedded_text(records) -> DatasetDict:
     return _dataset_dict(train, validation, Features(text=Value("string")))
 
 
+def identifier_words(name: str) -> str:
+    """`getOptionalRelease` / `_wake_up_first` -> "get optional release" / "wake up first"."""
+    return " ".join(part.lower() for part in re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", name).replace("_", " ").split())
+
+
 def _embedded_seq2seq(records) -> DatasetDict:
-    """Summary line of a function's docstring -> the function's name ("Return the number of ..." -> "count")."""
-    pairs = {(_first_paragraph(r["docstring"])[:300], r["name"]): r["path"] for r in records if r["kind"] == "function"}
+    """A function's docstring summary -> its name as words ("acquire a lock." -> "acquire", "return the number of
+    ..." -> "count"), both lowercased so that names built from the summary's words can be copied token for token."""
+    pairs = {}
+    for r in records:
+        name = identifier_words(r["name"])
+        if r["kind"] == "function" and name:
+            pairs[(_first_paragraph(r["docstring"])[:300].lower(), name)] = r["path"]
     rows = [{"source": source, "target": name, "path": path} for (source, name), path in pairs.items()]
     train, validation = _split(rows, key=lambda r: r["path"])
     return _dataset_dict(train, validation, Features(source=Value("string"), target=Value("string")))

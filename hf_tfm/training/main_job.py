@@ -4,7 +4,7 @@ generation config and model card, and summarised in a table and a loss-curve PNG
 
     causal-lm                decoder (Llama-style)         docstrings, next token
     masked-lm                encoder (BERT-style)          docstrings, masked tokens
-    seq2seq                  encoder-decoder (T5-style)    docstring summary -> function name
+    seq2seq                  encoder-decoder (T5-style)    docstring summary -> function name, as words
     sequence-classification  the masked-LM encoder, tuned  docstring -> which stdlib package
     token-classification     the masked-LM encoder, tuned  docstring words -> is it a parameter name
 """
@@ -25,7 +25,7 @@ RUNS = [
     ("sequence-classification", "{masked-lm}", 250, {"learning_rate": 5e-4}),
     ("token-classification", "{masked-lm}", 250, {"learning_rate": 5e-4, "max_length": 96}),
 ]
-PROMPTS = {"causal-lm": ["Return the"], "seq2seq": ["Return the number of items in the list."]}
+PROMPTS = {"causal-lm": ["Return the"], "seq2seq": ["acquire a lock.", "return the number of items in the list."]}
 
 
 def run_main_job(output_dir: str = "runs/demo", scale: float = 1.0, max_files: int | None = None, seed: int = 0,

@@ -291,7 +291,7 @@ def final_metrics(trainer, task: str) -> dict[str, float]:
         trainer.args.predict_with_generate, trainer.compute_metrics = False, None
     scores = {key.removeprefix("eval_"): value for key, value in metrics.items() if key.startswith("eval_")}
     scores = {k: v for k, v in scores.items() if k not in ("runtime", "samples_per_second", "steps_per_second", "epoch", "model_preparation_time")}
-    if task in ("causal-lm", "masked-lm"):
+    if task in ("causal-lm", "masked-lm", "seq2seq"):
         scores["perplexity"] = math.exp(scores["loss"])
     return scores
 

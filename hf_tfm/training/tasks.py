@@ -169,11 +169,12 @@ def compute_metrics_for(task: str, tokenizer, labels: list[str] | None = None):
 def baselines(task: str, data: DatasetDict, vocab_size: int, labels: list[str] | None) -> list[dict]:
     """Scores of trivial predictors on the validation split: what training has to beat."""
     validation, train = data["validation"].to_dict(), data["train"].to_dict()  # columns as plain lists
+    uniform = [{"name": "uniform over the vocabulary", "metric": "perplexity", "value": float(vocab_size)}]
     if task in ("causal-lm", "masked-lm"):
-        return [{"name": "uniform over the vocabulary", "metric": "perplexity", "value": float(vocab_size)}]
+        return uniform
     if task == "seq2seq":
         most_common = Counter(train["target"]).most_common(1)[0][0]
-        return [
+        return uniform + [
             {"name": "copy the source", "metric": metric, "value": value}
             for metric, value in generation_scores(validation["source"], validation["target"]).items()
         ] + [
