@@ -359,3 +359,23 @@ def test_validate_yaml_rejects_a_broken_card(hub_server):
     card = ModelCard(ignore_metadata_errors=True, content="---\npipeline_tag: text-generator\nmodel-index:\n- name: x\n  results:\n  - task: {type: text-generation}\n    dataset: {type: d, name: d}\n---\n# x\n")
     with pytest.raises(ValueError, match="pipeline_tag"):
         card.validate()
+
+
+def test_cli_card_and_push(hub_server, moe_folder, monkeypatch, capsys):
+    """`hf-tfm card` rewrites the folder's card; `hf-tfm push` publishes it with --private, --revision and
+    --commit-message; a failing push exits with the client's error and the folder named, not a traceback."""
+    from hf_tfm.cli import main
+
+    folder, _ = moe_folder
+    (folder / "README.md").unlink(missing_ok=True)
+    main(["card", str(folder)])
+    assert ModelCard.load(folder / "README.md").data.library_name == "transformers"
+    main(["push", str(folder), "test-user/cli-moe", "--private", "--revision", "v1", "--commit-message", "from the CLI"])
+    repo = hub_server.repo("test-user/cli-moe")
+    assert repo.private and repo.history("v1")[0].title == "from the CLI"
+    assert "README.md" in hub_server.files("test-user/cli-moe", "v1")
+    assert "pushed" in capsys.readouterr().out
+    fast_client_retries(monkeypatch)
+    hub_server.fail_next("commit", times=6)
+    with pytest.raises(SystemExit, match=f"error: .*{folder.name}"):
+        main(["push", str(folder), "test-user/cli-flaky"])
