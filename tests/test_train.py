@@ -101,6 +101,8 @@ def test_every_task_trains_evaluates_and_saves(tmp_path, task):
     card = ModelCard.load(folder / "README.md")
     assert {r.metric_type for r in card.data.eval_results} == metrics
     assert card.data.pipeline_tag == PIPELINE_TAGS[task]
+    assert card.data.model_name == f"hf-tfm-{task}" and "partial" not in card.text
+    assert "SchedulerType" not in card.text and "| lr_scheduler_type | cosine |" in card.text
 
 
 def test_training_lowers_the_loss(tmp_path):

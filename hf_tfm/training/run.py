@@ -302,7 +302,7 @@ def record(spec: RunSpec, trainer, before: dict | None, after: dict, baseline: l
         for k in ("max_steps", "per_device_train_batch_size", "gradient_accumulation_steps", "learning_rate",
                   "lr_scheduler_type", "warmup_steps", "weight_decay", "seed", "bf16", "optim")
     }
-    training["optim"] = str(training["optim"])
+    training = {k: getattr(v, "value", v) for k, v in training.items()}  # enums (optimizer, schedule) as their names
     training["world_size"] = trainer.args.world_size
     return {
         "task": spec.task,
@@ -322,7 +322,8 @@ def save_final(output: Path, model, tokenizer, run: dict) -> Path:
         model.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
         (folder / RUN_RECORD).write_text(json.dumps(run, indent=2))
-        write_card_from_run(folder, model, run)
+        # named after the run, not the staging folder the card is written in
+        write_card_from_run(folder, model, run, repo_id=f"hf-tfm-{output.name}")
 
     return replace_folder(write, output / "model")
 
