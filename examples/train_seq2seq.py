@@ -12,14 +12,17 @@ evaluation generates (greedy) and scores exact match against the target. Saves t
     accelerate launch --config_file configs/accelerate/multi_gpu_ddp.yaml examples/train_seq2seq.py
 """
 
+from functools import partial
+
 import common
-import numpy as np
 from transformers import (
     AutoModelForSeq2SeqLM,
     DataCollatorForSeq2Seq,
     Seq2SeqTrainer,
     Seq2SeqTrainingArguments,
 )
+
+from hf_tfm.training.metrics import generation_metrics
 
 
 def main() -> None:
@@ -45,11 +48,6 @@ def main() -> None:
     with training_args.main_process_first(desc="tokenizing"):
         data = data.map(tokenize, batched=True, remove_columns=["source", "target"])
 
-    def exact_match(prediction):  # -100 marks padding (of the labels, and between processes): decode it as <pad>
-        ids = [np.where(a != -100, a, tokenizer.pad_token_id) for a in (prediction.predictions, prediction.label_ids)]
-        predicted, expected = (tokenizer.batch_decode(a, skip_special_tokens=True) for a in ids)
-        return {"exact_match": float(np.mean([p.strip() == e.strip() for p, e in zip(predicted, expected)]))}
-
     trainer = Seq2SeqTrainer(
         model=model,
         args=training_args,
@@ -58,7 +56,8 @@ def main() -> None:
         # pads inputs with <pad> and labels with -100; the model shifts labels right into decoder_input_ids
         data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
         processing_class=tokenizer,
-        compute_metrics=exact_match,
+        # exact match, BLEU, chrF and ROUGE through the evaluate modules hf_tfm ships (-100 decodes as <pad>)
+        compute_metrics=partial(generation_metrics, tokenizer=tokenizer),
     )
     common.train(trainer)
     common.save(trainer, trainer.evaluate(num_beams=1))

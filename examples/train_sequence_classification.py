@@ -20,6 +20,8 @@ from transformers import (
     Trainer,
 )
 
+from hf_tfm.training.metrics import classification_metrics
+
 
 def main() -> None:
     args = common.parser(__doc__, output_dir="runs/sequence-classification").parse_args()
@@ -40,9 +42,6 @@ def main() -> None:
     with training_args.main_process_first(desc="tokenizing"):
         data = data.map(tokenize, batched=True, remove_columns=["text"]).rename_column("label", "labels")
 
-    def accuracy(prediction):
-        return {"accuracy": float((common.logits(prediction).argmax(-1) == prediction.label_ids).mean())}
-
     trainer = Trainer(
         model=model,
         args=training_args,
@@ -50,7 +49,7 @@ def main() -> None:
         eval_dataset=data["validation"],
         data_collator=DataCollatorWithPadding(tokenizer),  # pads each batch to its longest text
         processing_class=tokenizer,
-        compute_metrics=accuracy,
+        compute_metrics=classification_metrics,  # accuracy and macro F1 through the shipped evaluate modules
     )
     common.train(trainer)
     metrics = trainer.evaluate()

@@ -2,6 +2,7 @@
 model cards and pushes to the Hub. Every subcommand's `--help` ends with examples."""
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -53,29 +54,11 @@ CONVERTERS = {
     ("tfm_encoder_decoder", "t5"): "convert_t5.tfm_to_t5",
     ("tfm_encoder_decoder", "bart"): "convert_bart.tfm_to_bart",
 }
-# the head a saved folder holds, read off its `architectures` entry
-AUTO_CLASS_BY_SUFFIX = {
-    "ForCausalLM": "AutoModelForCausalLM",
-    "LMHeadModel": "AutoModelForCausalLM",
-    "ForMaskedLM": "AutoModelForMaskedLM",
-    "ForConditionalGeneration": "AutoModelForSeq2SeqLM",
-}
-
-
 def _saved_config(source: str) -> dict:
     config_file = Path(source) / "config.json"
     if not config_file.is_file():
         raise SystemExit(f"error: {config_file} not found: SOURCE must be a saved model folder")
     return json.loads(config_file.read_text())
-
-
-def _load_saved(source: str):
-    """The model in a saved folder, loaded as the head its `architectures` entry names."""
-    import transformers
-
-    architecture = (_saved_config(source).get("architectures") or [""])[0]
-    auto_name = next((auto for suffix, auto in AUTO_CLASS_BY_SUFFIX.items() if architecture.endswith(suffix)), "AutoModel")
-    return getattr(transformers, auto_name).from_pretrained(source)
 
 
 def _copy_tokenizer(source: str, destination: str) -> None:
@@ -90,13 +73,15 @@ def _copy_tokenizer(source: str, destination: str) -> None:
 def _convert(source: str, destination: str, to: str | None) -> None:
     import importlib
 
+    from .training.checkpoints import load_saved
+
     model_type = _saved_config(source).get("model_type")
     if (model_type, to) not in CONVERTERS:
         known = ", ".join(m + (f" --to {t}" if t else "") for m, t in CONVERTERS)
         raise SystemExit(f"error: no converter for model_type={model_type!r} with --to {to}; known: {known}")
     module, function = CONVERTERS[model_type, to].split(".")
     converter = getattr(importlib.import_module(f"hf_tfm.{module}"), function)
-    model = _load_saved(source)
+    model = load_saved(source)
     converted = converter(model)
     converted.save_pretrained(destination)
     _copy_tokenizer(source, destination)
@@ -104,9 +89,10 @@ def _convert(source: str, destination: str, to: str | None) -> None:
 
 
 def _upcycle(source: str, destination: str, num_experts: int, top_k: int) -> None:
+    from .training.checkpoints import load_saved
     from .upcycle import upcycle
 
-    model = _load_saved(source)
+    model = load_saved(source)
     upcycle(model, num_experts=num_experts, num_experts_per_tok=top_k).save_pretrained(destination)
     _copy_tokenizer(source, destination)
     print(f"upcycled {source} to {num_experts} experts (top-{top_k}): {destination}")
@@ -170,19 +156,9 @@ def _train(args) -> None:
     from .training.report import print_summary
     from .training.run import RunSpec, train
 
-    spec = RunSpec(
-        task=args.task, model=args.model, output_dir=args.output_dir, data=args.data, validation_file=args.validation_file,
-        dataset_config=args.dataset_config, columns=dict(args.column), tokenizer=args.tokenizer, vocab_size=args.vocab_size,
-        max_length=args.max_length, max_steps=args.max_steps, batch_size=args.batch_size,
-        gradient_accumulation_steps=args.gradient_accumulation_steps, learning_rate=args.learning_rate,
-        lr_scheduler_type=args.lr_scheduler_type, warmup_ratio=args.warmup_ratio, weight_decay=args.weight_decay,
-        eval_steps=args.eval_steps, save_steps=args.save_steps, keep_checkpoints=args.keep_checkpoints,
-        logging_steps=args.logging_steps, seed=args.seed, dropout=args.dropout,
-        config_overrides={key: _config_value(value) for key, value in args.set}, bf16=args.bf16,
-        gradient_checkpointing=args.gradient_checkpointing, torch_compile=args.torch_compile, report_to=args.report_to,
-        resume=args.resume, overwrite=args.overwrite, max_files=args.max_files, max_eval_samples=args.max_eval_samples,
-        use_cpu=args.use_cpu,
-    )
+    # every option whose dest is a RunSpec field passes through as is; the repeated NAME=VALUE options become dicts
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(RunSpec) if hasattr(args, f.name)}
+    spec = RunSpec(**given, columns=dict(args.column), config_overrides={key: _config_value(value) for key, value in args.set})
     result = train(spec)
     print_summary([result])
 

@@ -23,6 +23,7 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from ..modeling_tfm import TfmPreTrainedModel
 from ..modeling_tfm_layers import TfmExperts, TfmFeedForward, TfmMoE
+from ..training.checkpoints import load_saved
 
 RUN_RECORD = "hf_tfm_run.json"
 CARD_NAME = "README.md"
@@ -383,27 +384,11 @@ def write_card_from_run(
     )
 
 
-def load_saved_model(folder: str | Path) -> TfmPreTrainedModel:
-    """The model in a saved folder, loaded with the Auto class of the head its config's `architectures` names."""
-    import transformers
-
-    import hf_tfm  # noqa: F401  (registers the model types with the Auto classes)
-
-    folder = Path(folder)
-    config_file = folder / "config.json"
-    if not config_file.is_file():
-        raise FileNotFoundError(f"{folder} is not a saved model folder: {config_file.name} not found in it")
-    config = transformers.AutoConfig.from_pretrained(folder)
-    architecture = (getattr(config, "architectures", None) or [""])[0]
-    auto_name = auto_class_of(architecture, config) if architecture else "AutoModel"
-    return getattr(transformers, auto_name).from_pretrained(folder).eval()
-
-
 def refresh_card(folder: str | Path, *, repo_id: str | None = None, license: str | None = None) -> ModelCard:
     """`hf-tfm card FOLDER`: load the model saved in `folder`, read its run record (`hf_tfm_run.json`) if any, and
     (re)write `folder/README.md`. The repo id and license of an existing card are kept unless given."""
     folder = Path(folder)
-    model = load_saved_model(folder)
+    model = load_saved(folder).eval()
     existing = folder / CARD_NAME
     if existing.is_file() and (repo_id is None or license is None):
         try:

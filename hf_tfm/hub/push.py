@@ -13,7 +13,8 @@ from pathlib import Path
 from huggingface_hub import CommitInfo, HfApi
 from huggingface_hub.errors import HfHubHTTPError
 
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+from ..training.checkpoints import WEIGHT_FILES
+
 
 
 class NotAModelFolderError(FileNotFoundError):

@@ -16,6 +16,18 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 MANIFEST = "hf_tfm_manifest.json"
+# what makes a folder a saved model, besides config.json
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+# the Auto class that loads a saved head, read off its `architectures` entry: hf_tfm's heads and the converters' sources
+AUTO_CLASS_BY_SUFFIX = {
+    "ForCausalLM": "AutoModelForCausalLM",
+    "LMHeadModel": "AutoModelForCausalLM",
+    "ForMaskedLM": "AutoModelForMaskedLM",
+    "ForConditionalGeneration": "AutoModelForSeq2SeqLM",
+    "ForSequenceClassification": "AutoModelForSequenceClassification",
+    "ForTokenClassification": "AutoModelForTokenClassification",
+    "ForQuestionAnswering": "AutoModelForQuestionAnswering",
+}
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
 
@@ -58,6 +70,29 @@ def verify(folder: str | Path) -> None:
             raise CorruptCheckpoint(f"{path} is missing")
         if path.stat().st_size != expected["size"] or _sha256(path) != expected["sha256"]:
             raise CorruptCheckpoint(f"{path} does not match its manifest (truncated or altered after the save)")
+
+
+def load_saved(folder: str | Path, auto_class=None, **kwargs):
+    """The model in a saved folder, verified against its manifest when it has one, loaded with `auto_class` or else
+    the Auto class of the head its `architectures` entry names (`AutoModel` for a base model)."""
+    import transformers
+
+    import hf_tfm  # noqa: F401  (registers the tfm model types with the Auto classes)
+
+    folder = Path(folder)
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"{folder} is not a saved model folder: config.json not found in it")
+    if (folder / MANIFEST).is_file():
+        verify(folder)
+    if auto_class is None:
+        architecture = (json.loads(config_file.read_text()).get("architectures") or [""])[0]
+        name = next((auto for suffix, auto in AUTO_CLASS_BY_SUFFIX.items() if architecture.endswith(suffix)), "AutoModel")
+        auto_class = getattr(transformers, name)
+    try:
+        return auto_class.from_pretrained(folder, **kwargs)
+    except Exception as error:  # a damaged or foreign file: say which folder, keep the cause
+        raise ValueError(f"could not load the model in {folder}: {type(error).__name__}: {error}") from error
 
 
 def checkpoints(folder: Path) -> list[Path]:

@@ -2,15 +2,16 @@
 
 import torch
 
-from .run import load_model, load_tokenizer
+from .checkpoints import load_saved
+from .run import load_tokenizer
 
 
 def generate_text(folder: str, prompts: list[str], max_new_tokens: int = 32, num_beams: int = 1, do_sample: bool = False,
                   temperature: float = 1.0, top_p: float = 1.0, seed: int = 0) -> list[str]:
-    model = load_model(folder).eval()
+    model = load_saved(folder).eval()
     tokenizer = load_tokenizer(folder)
     if not model.can_generate():
-        if tokenizer.mask_token is None or not hasattr(model, "get_output_embeddings"):
+        if tokenizer.mask_token is None or model.get_output_embeddings() is None:
             raise ValueError(f"{folder} holds a {type(model).__name__}, which neither generates nor fills masks")
         return [_fill_masks(model, tokenizer, prompt) for prompt in prompts]
     torch.manual_seed(seed)

@@ -32,13 +32,13 @@ from ..hub.card import RUN_RECORD, write_card_from_run
 from . import tokenizers
 from .callbacks import CSVLogCallback, RouterBiasCallback, RouterStatsCallback
 from .checkpoints import (
-    MANIFEST,
+    WEIGHT_FILES,
     ManifestCallback,
     checkpoints,
     last_good_checkpoint,
+    load_saved,
     replace_folder,
     step_of,
-    verify,
 )
 from .data import EMBEDDED_NAME, check_task, load_task_data
 from .tasks import (
@@ -53,7 +53,6 @@ from .tasks import (
     tokenize,
 )
 
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 
 
 @dataclass
@@ -208,29 +207,9 @@ def label_fields(labels: list[str] | None) -> dict:
 def build_model(spec: RunSpec, config_path: Path, pretrained: bool, tokenizer, labels):
     auto_class = getattr(transformers, HEADS[spec.task])
     if pretrained:
-        return load_model(config_path, auto_class, **label_fields(labels))
+        return load_saved(config_path, auto_class, **label_fields(labels))
     torch.manual_seed(spec.seed)
     return auto_class.from_config(fresh_config(spec, load_config(config_path), tokenizer, labels))
-
-
-def load_model(folder: str | Path, auto_class=None, **kwargs):
-    """A saved model, verified against its manifest when it has one, loaded with the head its folder names."""
-    import hf_tfm  # noqa: F401
-
-    folder = Path(folder)
-    verify_if_manifested(folder)
-    if auto_class is None:
-        architecture = (json.loads((folder / "config.json").read_text()).get("architectures") or [""])[0]
-        auto_class = getattr(transformers, HEADS[task_for_architecture(architecture)])
-    try:
-        return auto_class.from_pretrained(folder, **kwargs)
-    except Exception as error:
-        raise ValueError(f"could not load the model in {folder}: {type(error).__name__}: {error}") from error
-
-
-def verify_if_manifested(folder: Path) -> None:
-    if (folder / MANIFEST).is_file():
-        verify(folder)
 
 
 def training_arguments(spec: RunSpec, output: Path) -> TrainingArguments:
@@ -400,7 +379,7 @@ def training_texts(task: str, train) -> list[str]:
 def evaluate_saved(folder: str, data: str | None = None, validation_file: str | None = None, columns=None,
                    max_files: int | None = None, batch_size: int = 16, max_length: int = 128) -> dict:
     """Scores of a saved model on the validation split of its task's data (the embedded default unless given)."""
-    model = load_model(folder)
+    model = load_saved(folder)
     task = task_for_architecture(model.config.architectures[0])
     tokenizer = load_tokenizer(folder)
     check_vocabulary(tokenizer, model.config, folder)

@@ -2,6 +2,7 @@
 scored, and the trivial baselines its scores must beat."""
 
 from collections import Counter
+from functools import partial
 
 import numpy as np
 from datasets import Dataset, DatasetDict
@@ -13,7 +14,7 @@ from transformers import (
 )
 
 from .data import TASK_COLUMNS
-from .metrics import load_metric
+from .metrics import classification_metrics, classification_scores, generation_metrics, generation_scores
 
 HEADS = {
     "causal-lm": "AutoModelForCausalLM",
@@ -125,19 +126,6 @@ def argmax_logits(logits, labels):
     return (logits[0] if isinstance(logits, tuple) else logits).argmax(dim=-1)
 
 
-def classification_scores(predictions, references, average: str) -> dict[str, float]:
-    accuracy = load_metric("accuracy").compute(predictions=predictions, references=references)["accuracy"]
-    f1 = load_metric("f1").compute(predictions=predictions, references=references, average=average)["f1"]
-    return {"accuracy": float(accuracy), "f1": float(f1)}
-
-
-def generation_scores(predictions: list[str], references: list[str]) -> dict[str, float]:
-    scores = {"exact_match": load_metric("exact_match").compute(predictions=predictions, references=references)["exact_match"]}
-    scores["rougeL"] = load_metric("rouge").compute(predictions=predictions, references=references)["rougeL"]
-    scores["chrf"] = load_metric("sacrebleu").compute(predictions=predictions, references=references)["chrf"]
-    return {k: float(v) for k, v in scores.items()}
-
-
 def f1_average(task: str, labels: list[str]) -> str:
     """Macro F1 over classes; for two token tags (O + one entity tag), F1 of the entity tag."""
     return "binary" if task == "token-classification" and len(labels) == 2 else "macro"
@@ -146,23 +134,9 @@ def f1_average(task: str, labels: list[str]) -> str:
 def compute_metrics_for(task: str, tokenizer, labels: list[str] | None = None):
     """The `compute_metrics` a Trainer gets for `task` (None for the LM tasks: their metric is exp(eval_loss))."""
     if task in ("sequence-classification", "token-classification"):
-        average = f1_average(task, labels)
-
-        def compute(prediction):
-            predictions, references = np.asarray(prediction.predictions), np.asarray(prediction.label_ids)
-            keep = references != -100
-            return classification_scores(predictions[keep].tolist(), references[keep].tolist(), average)
-
-        return compute
+        return partial(classification_metrics, average=f1_average(task, labels))
     if task == "seq2seq":
-
-        def compute(prediction):
-            predictions = np.where(prediction.predictions < 0, tokenizer.pad_token_id, prediction.predictions)
-            references = np.where(prediction.label_ids < 0, tokenizer.pad_token_id, prediction.label_ids)
-            decode = lambda ids: [t.strip() for t in tokenizer.batch_decode(ids, skip_special_tokens=True)]
-            return generation_scores(decode(predictions), decode(references))
-
-        return compute
+        return partial(generation_metrics, tokenizer=tokenizer)
     return None
 
 

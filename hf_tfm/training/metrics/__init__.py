@@ -64,10 +64,17 @@ def _predictions(eval_pred: EvalPrediction):
     return np.asarray(predictions)
 
 
-def classification_metrics(eval_pred: EvalPrediction) -> dict[str, float]:
-    """Accuracy and macro F1 for a `Trainer`'s `compute_metrics`, for sequence classification (logits (N, C), labels
-    (N,)) and token classification (logits (N, T, C), labels (N, T), flattened; positions labelled -100 are left out).
-    Predictions already reduced to class ids (by `preprocess_logits_for_metrics`) are used as they are."""
+def classification_scores(predictions: list[int], references: list[int], average: str = "macro") -> dict[str, float]:
+    """Accuracy and F1 (`average` as in the f1 metric) of class ids against references."""
+    accuracy = _cached_metric("accuracy").compute(predictions=predictions, references=references)["accuracy"]
+    f1 = _cached_metric("f1").compute(predictions=predictions, references=references, average=average)["f1"]
+    return {"accuracy": float(accuracy), "f1": float(f1)}
+
+
+def classification_metrics(eval_pred: EvalPrediction, average: str = "macro") -> dict[str, float]:
+    """Accuracy and F1 (macro by default) for a `Trainer`'s `compute_metrics`, for sequence classification (logits
+    (N, C), labels (N,)) and token classification (logits (N, T, C), labels (N, T), flattened; positions labelled -100
+    are left out). Predictions already reduced to class ids (by `preprocess_logits_for_metrics`) are used as they are."""
     predictions = _predictions(eval_pred)
     labels = np.asarray(eval_pred.label_ids)
     if not (predictions.ndim == labels.ndim and np.issubdtype(predictions.dtype, np.integer)):
@@ -78,15 +85,20 @@ def classification_metrics(eval_pred: EvalPrediction) -> dict[str, float]:
     predictions, labels = predictions[keep].tolist(), labels[keep].tolist()
     if not labels:
         raise ValueError("every label is -100: nothing to score")
-    return {
-        "accuracy": _cached_metric("accuracy").compute(predictions=predictions, references=labels)["accuracy"],
-        "f1": _cached_metric("f1").compute(predictions=predictions, references=labels, average="macro")["f1"],
-    }
+    return classification_scores(predictions, labels, average)
+
+
+def generation_scores(predictions: list[str], references: list[str]) -> dict[str, float]:
+    """SacreBLEU, chrF, ROUGE and exact match (stripped) of generated texts against reference texts."""
+    bleu = _cached_metric("sacrebleu").compute(predictions=predictions, references=references)
+    rouge = _cached_metric("rouge").compute(predictions=predictions, references=references)
+    exact = _cached_metric("exact_match").compute(predictions=predictions, references=references, strip=True)
+    return {"bleu": bleu["score"], "chrf": bleu["chrf"], **rouge, "exact_match": exact["exact_match"]}
 
 
 def generation_metrics(eval_pred: EvalPrediction, tokenizer: PreTrainedTokenizerBase) -> dict[str, float]:
-    """SacreBLEU, chrF, ROUGE and exact match (stripped) of generated token ids against the labels, for a
-    `Seq2SeqTrainer` with `predict_with_generate=True`; -100 (in labels and in padded predictions) decodes as padding."""
+    """`generation_scores` of generated token ids against the labels, for a `Seq2SeqTrainer` with
+    `predict_with_generate=True`; -100 (in labels and in padded predictions) decodes as padding."""
     predictions = _predictions(eval_pred)
     labels = np.asarray(eval_pred.label_ids)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -94,10 +106,7 @@ def generation_metrics(eval_pred: EvalPrediction, tokenizer: PreTrainedTokenizer
     labels = np.where(labels == IGNORE_INDEX, pad, labels)
     texts = [text.strip() for text in tokenizer.batch_decode(predictions, skip_special_tokens=True)]
     references = [text.strip() for text in tokenizer.batch_decode(labels, skip_special_tokens=True)]
-    bleu = _cached_metric("sacrebleu").compute(predictions=texts, references=references)
-    rouge = _cached_metric("rouge").compute(predictions=texts, references=references)
-    exact = _cached_metric("exact_match").compute(predictions=texts, references=references, strip=True)
-    return {"bleu": bleu["score"], "chrf": bleu["chrf"], **rouge, "exact_match": exact["exact_match"]}
+    return generation_scores(texts, references)
 
 
 __all__ = [
@@ -105,7 +114,9 @@ __all__ = [
     "METRICS_DIR",
     "METRIC_NAMES",
     "classification_metrics",
+    "classification_scores",
     "generation_metrics",
+    "generation_scores",
     "load_metric",
     "metric_path",
 ]
