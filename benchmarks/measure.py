@@ -1,0 +1,113 @@
+"""How the speed benchmark times and weighs a pair of models: the same work for both, in the same process, in
+alternating order (reference first on even repeats, ours first on odd ones), after warm-up; medians reported.
+
+Each `*_work` function returns a zero-argument callable doing one unit of work, so timing, memory and warm-up share it.
+"""
+
+import statistics
+import time
+from typing import Callable
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def alternating_medians(work: dict[str, Callable[[], object]], warmup: int, repeats: int,
+                        device: torch.device) -> dict[str, dict[str, float]]:
+    """Seconds per call of each callable: median, and the lowest and highest of the repeats (the spread)."""
+    names = list(work)
+    for name in names:
+        for _ in range(warmup):
+            work[name]()
+    seconds = {name: [] for name in names}
+    for repeat in range(repeats):
+        for name in names if repeat % 2 == 0 else names[::-1]:
+            synchronize(device)
+            start = time.perf_counter()
+            work[name]()
+            synchronize(device)
+            seconds[name].append(time.perf_counter() - start)
+    return {name: {"median_s": statistics.median(values), "min_s": min(values), "max_s": max(values)}
+            for name, values in seconds.items()}
+
+
+def peak_bytes(work: Callable[[], object], device: torch.device) -> int:
+    """The most memory `work` holds at once beyond what was allocated when it started. On CUDA the allocator's
+    high-water mark; on the CPU, the running sum of the allocations and frees the profiler records."""
+    if device.type == "cuda":
+        synchronize(device)
+        baseline = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        work()
+        synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - baseline
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as recorded:
+        work()
+    events = sorted((e for e in recorded.profiler.kineto_results.events() if e.name() == "[memory]"),
+                    key=lambda e: e.start_ns())
+    live = peak = 0
+    for event in events:
+        live += event.nbytes()  # frees are negative
+        peak = max(peak, live)
+    return peak
+
+
+def training_batch(task: str, vocab_size: int, batch: int, length: int, target_length: int | None,
+                   device: torch.device, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random token ids (never special ids 0-2) and labels; masked LM scores 15% of positions."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, vocab_size, (batch, length), generator=generator)
+    if task == "causal":
+        inputs = {"input_ids": ids, "labels": ids}
+    elif task == "masked":
+        labels = torch.where(torch.rand(ids.shape, generator=generator) < 0.15, ids, -100)
+        inputs = {"input_ids": ids, "labels": labels}
+    else:
+        labels = torch.randint(3, vocab_size, (batch, target_length), generator=generator)
+        inputs = {"input_ids": ids, "labels": labels}
+    return {key: value.to(device) for key, value in inputs.items()}
+
+
+def train_step_work(model, inputs, optimizer, autocast_dtype: torch.dtype | None) -> Callable[[], None]:
+    """One optimizer step: forward with labels, backward, AdamW step, gradients freed."""
+
+    def step():
+        with torch.autocast(inputs["input_ids"].device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+            loss = model(**inputs).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def forward_work(model, inputs) -> Callable[[], None]:
+    """One inference forward pass over the training batch (no labels, no gradients)."""
+    features = {key: value for key, value in inputs.items() if key != "labels"}
+    if "decoder_input_ids" not in features and model.config.is_encoder_decoder:
+        features["decoder_input_ids"] = inputs["labels"]
+
+    def forward():
+        with torch.inference_mode():
+            model(**features)
+
+    return forward
+
+
+def generate_work(model, prompt: torch.Tensor, new_tokens: int, cache: str, outputs: list) -> Callable[[], None]:
+    """Greedy generation of exactly `new_tokens` (end-of-sequence suppressed), with the dynamic or static cache.
+    Each call appends its output to `outputs`, so a caller can check that both models produced the same tokens."""
+    options = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, num_beams=1)
+    if cache == "static":
+        options["cache_implementation"] = "static"
+
+    def generate():
+        with torch.inference_mode():
+            outputs.append(model.generate(prompt, attention_mask=torch.ones_like(prompt), **options))
+
+    return generate

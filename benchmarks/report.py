@@ -1,0 +1,236 @@
+"""Turn the latest results files into benchmarks/REPORT.md and its PNG charts (benchmarks/charts/).
+
+    python -m benchmarks.report          # reads benchmarks/results/{cpu,gpu,quality-cpu,quality-gpu}-<latest date>.json
+
+Every number in the report is read from a results file; the report names the file and the command that wrote it.
+"""
+
+import argparse
+import json
+import os
+import statistics
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+RESULTS = Path(__file__).parent / "results"
+REPORT = Path(__file__).parent / "REPORT.md"
+SPEED_PROFILES = ("cpu", "gpu")
+QUALITY_PROFILES = ("quality-cpu", "quality-gpu")
+
+
+def latest(prefix: str, folder: Path = RESULTS) -> Path | None:
+    """The newest `<prefix>-<YYYY-MM-DD>.json` (ISO dates sort as strings)."""
+    found = sorted(p for p in folder.glob(f"{prefix}-*.json") if p.stem[len(prefix) + 1 :][:4].isdigit())
+    return found[-1] if found else None
+
+
+def shown(path: Path) -> str:
+    """A path as the report prints it: relative to the repository when inside it."""
+    try:
+        return str(path.resolve().relative_to(REPORT.parent.parent.resolve()))
+    except ValueError:
+        return str(path)
+
+
+def ratio_of(row: dict) -> float:
+    return row["time_ratio"] if "time_ratio" in row else row["memory_ratio"]
+
+
+def label_of(row: dict) -> str:
+    return f"{row['measure']} ({row['variant']})" if row.get("variant") else row["measure"]
+
+
+def speed_section(record: dict, source: Path, charts: Path, report: Path) -> list[str]:
+    lines = [
+        f"## Speed and memory: {record['profile']} profile",
+        "",
+        f"- Results: `{shown(source)}`, written by `{record['command']}` on {record['date']}.",
+        f"- Device: {record['device']}; " + ", ".join(f"{k} {v}" for k, v in record["versions"].items()) + ".",
+        f"- Settings: {record['settings']['dtype']}, warm-up {record['settings']['warmup']}, median of "
+        f"{record['settings']['repeats']} alternating repeats ({record['settings']['generate_repeats']} for generation); "
+        f"generation: prompt {record['settings']['prompt_length']}, {record['settings']['new_tokens']} new tokens, greedy.",
+        "- **ratio** = ours / reference in seconds (speed rows) or bytes (memory rows): below 1.0, hf_tfm is faster "
+        "or smaller. Throughputs are tokens/s, latency ms, memory MiB above what was allocated before the step.",
+        "",
+        "| pair | reference | measure | reference | hf_tfm | unit | ratio |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    worst = []
+    for name, pair in record["pairs"].items():
+        for row in pair["rows"]:
+            ratio = ratio_of(row)
+            worst.append((ratio, name, label_of(row)))
+            above = round(ratio, 3) > 1.0  # as printed: 1.0004 is parity, not a gap
+            flag = (" **(slower)**" if "time_ratio" in row else " **(larger)**") if above else ""
+            same = "" if row.get("same_tokens", True) else " (tokens differ)"
+            lines.append(f"| {name} | {pair['reference']} | {label_of(row)}{same} | {row['reference']:,.1f} | "
+                         f"{row['ours']:,.1f} | {row['unit']} | {ratio:.3f}{flag} |")
+        for error in pair["errors"]:
+            lines.append(f"| {name} | {pair['reference']} | error: {error} | | | | |")
+    ratios = [r for r, _, _ in worst]
+    slower = [w for w in worst if round(w[0], 3) > 1.0]
+    lines += [
+        "",
+        f"Rows: {len(ratios)}; median ratio {statistics.median(ratios):.3f}; at or below 1.0: "
+        f"{len(ratios) - len(slower)}; above 1.0: {len(slower)}.",
+        "",
+        "Largest gaps (hf_tfm slower or larger):",
+        "",
+    ]
+    lines += [f"- {name}, {label}: {ratio:.3f}" for ratio, name, label in sorted(slower, reverse=True)[:8]] or ["- none"]
+    chart = charts / f"{source.stem}-ratios.png"
+    ratio_chart(record, chart)
+    lines += ["", f"![ours / reference ratios]({os.path.relpath(chart, report.parent)})", ""]
+    return lines
+
+
+def ratio_chart(record: dict, path: Path) -> None:
+    """One horizontal bar per (pair, measure): the ratio, with the parity line at 1.0."""
+    labels, values = [], []
+    for name, pair in record["pairs"].items():
+        for row in pair["rows"]:
+            labels.append(f"{name}: {label_of(row)}")
+            values.append(ratio_of(row))
+    figure, axis = plt.subplots(figsize=(9, 0.26 * len(labels) + 1.2))
+    colours = ["#c0392b" if round(v, 3) > 1.0 else "#2e86c1" for v in values]
+    axis.barh(range(len(values)), values, color=colours)
+    axis.axvline(1.0, color="black", linewidth=1)
+    axis.set_yticks(range(len(labels)), labels, fontsize=7)
+    axis.invert_yaxis()
+    axis.set_xlim(min(0.6, min(values) - 0.05), max(1.2, max(values) + 0.05))
+    axis.set_xlabel("hf_tfm / reference (time or bytes; < 1 is better)")
+    axis.set_title(f"{record['profile']} profile, {record['date']}: {record['device']}", fontsize=9)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def quality_section(record: dict, source: Path, charts: Path, report: Path) -> list[str]:
+    settings = record["settings"]
+    lines = [
+        f"## Quality at equal compute: {record['profile']} profile",
+        "",
+        f"- Results: `{shown(source)}`, written by `{record['command']}` on {record['date']}.",
+        f"- Device: {record['device']}. Each run: {settings['steps']} steps of {settings['batch_size']} x "
+        f"{settings['max_length']} tokens ({record['tokens_per_run']:,} tokens), cosine schedule, seeds "
+        f"{settings['seeds']}; one tokenizer per study; the embedded stdlib-docstring corpus.",
+        "- Validation loss: token-weighted cross-entropy over the validation split (fixed masks for the encoders), "
+        "mean +- standard deviation over seeds, (min-max) in brackets.",
+        "",
+        "| study | model | parameters (active) | validation loss | perplexity |",
+        "|---|---|---|---|---|",
+    ]
+    for row in record["summary"]:
+        lines.append(f"| {row['study']} | {row['model']} | {row['parameters']:,} ({row['active_parameters']:,}) | "
+                     f"{row['mean_loss']:.3f} +- {row['std_loss']:.3f} ({row['min_loss']:.3f}-{row['max_loss']:.3f}) | "
+                     f"{row['perplexity']:.1f} |")
+    chart = charts / f"{source.stem}-curves.png"
+    curves_chart(record, chart)
+    lines += ["", f"![validation loss during training]({os.path.relpath(chart, report.parent)})", ""]
+    return lines
+
+
+def curves_chart(record: dict, path: Path) -> None:
+    """Per study, each model's eval loss against step: the mean over seeds, and the band between min and max."""
+    studies = list(record["studies"])
+    figure, axes = plt.subplots(1, len(studies), figsize=(5.5 * len(studies), 3.8), squeeze=False)
+    for axis, study in zip(axes[0], studies):
+        for model in dict.fromkeys(r["model"] for r in record["runs"] if r["study"] == study):
+            curves = [dict(r["curve"]) for r in record["runs"] if r["study"] == study and r["model"] == model]
+            steps = sorted(set.intersection(*(set(c) for c in curves)))
+            values = [[c[s] for c in curves] for s in steps]
+            axis.plot(steps, [statistics.fmean(v) for v in values], label=model)
+            axis.fill_between(steps, [min(v) for v in values], [max(v) for v in values], alpha=0.2)
+        axis.set_title(f"{study} ({record['studies'][study]['task']})")
+        axis.set_xlabel("step")
+        axis.set_ylabel("Trainer eval_loss")
+        axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def find_row(record: dict | None, pair: str, measure: str, variant: str | None = None) -> dict | None:
+    if record is None or pair not in record["pairs"]:
+        return None
+    return next((r for r in record["pairs"][pair]["rows"] if r["measure"] == measure and r.get("variant") == variant), None)
+
+
+def speedup(row: dict | None) -> str:
+    return "not measured" if row is None else f"{1 / row['time_ratio']:.2f}x"
+
+
+def targets_section(cpu: dict | None, gpu: dict | None) -> list[str]:
+    """Issue 7's goals next to what the newest results say (goals, not tests)."""
+    lines = ["## Targets", "", "| target | measured |", "|---|---|"]
+    if cpu is not None:
+        rows = [row for pair in cpu["pairs"].values() for row in pair["rows"]]
+        slower = [r for r in rows if "time_ratio" in r and round(r["time_ratio"], 3) > 1.0]
+        larger = [r for r in rows if "memory_ratio" in r and round(r["memory_ratio"], 3) > 1.0]
+        timed = sum("time_ratio" in r for r in rows)
+        worst = max(r["time_ratio"] for r in rows if "time_ratio" in r)
+        lines.append(f"| CPU: no pair slower than its reference (ratio <= 1.0) | {timed - len(slower)} of {timed} timed rows "
+                     f"at or below 1.0; worst {worst:.3f} |")
+        lines.append(f"| CPU: peak memory no higher | {len(larger)} of {len(rows) - timed} memory rows higher |")
+    gpt2 = find_row(gpu, "gpt2", "train", "compiled")
+    mfu = "not measured" if gpt2 is None or "mfu" not in gpt2 else f"{gpt2['mfu']['ours']:.1%} (reference {gpt2['mfu']['reference']:.1%})"
+    lines += [
+        f"| GPU: GPT-2 124M training, compiled, >= 1.5x the compiled reference | {speedup(gpt2)} |",
+        f"| GPU: GPT-2 124M training MFU >= 40% | {mfu} |",
+        f"| GPU: BERT-base MLM, compiled, >= 1.5x the compiled reference | {speedup(find_row(gpu, 'bert', 'train', 'compiled'))} |",
+        f"| GPU: MoE training >= 1.5x MixtralForCausalLM (grouped_mm) | {speedup(find_row(gpu, 'mixtral', 'train', 'eager'))} eager, "
+        f"{speedup(find_row(gpu, 'mixtral', 'train', 'compiled'))} compiled |",
+    ]
+    decode = find_row(gpu, "gpt2", "generate batch 1", "static cache")
+    lines.append("| GPU: GPT-2 124M batch-1 greedy >= 1,500 tokens/s | "
+                 + ("not measured" if decode is None else f"{decode['ours']:,.0f} tokens/s static cache "
+                    f"(reference {decode['reference']:,.0f})") + " |")
+    return lines + [""]
+
+
+def build(results: Path = RESULTS, report: Path = REPORT) -> str:
+    charts = report.parent / "charts"
+    lines = [
+        "# hf_tfm benchmarks",
+        "",
+        "Generated by `python -m benchmarks.report` from the newest results file of each profile; do not edit by hand.",
+        "Speed: `python -m benchmarks.speed --profile cpu|gpu`. Quality: `python -m benchmarks.quality --profile cpu|gpu`.",
+        "Every pair holds identical weights (hf_tfm's converters) and identical configurations, dropout included.",
+        "",
+    ]
+    speed_records = {p: json.loads(latest(p, results).read_text()) if latest(p, results) else None for p in SPEED_PROFILES}
+    lines += targets_section(speed_records["cpu"], speed_records["gpu"])
+    for profile in SPEED_PROFILES:
+        source = latest(profile, results)
+        if source is None:
+            lines += [f"## Speed and memory: {profile} profile", "", "Not measured yet: no results file.", ""]
+            continue
+        lines += speed_section(speed_records[profile], source, charts, report)
+    for profile in QUALITY_PROFILES:
+        source = latest(profile, results)
+        if source is None:
+            lines += [f"## Quality at equal compute: {profile.removeprefix('quality-')} profile", "",
+                      "Not measured yet: no results file.", ""]
+            continue
+        lines += quality_section(json.loads(source.read_text()), source, charts, report)
+    text = "\n".join(lines)
+    report.write_text(text)
+    return text
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--report", type=Path, default=REPORT)
+    args = parser.parse_args(argv)
+    build(args.results, args.report)
+    print(f"written: {args.report}")
+
+
+if __name__ == "__main__":
+    main()

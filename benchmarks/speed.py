@@ -1,0 +1,201 @@
+"""Speed and memory of hf_tfm against the transformers reference classes, pair by pair (benchmarks/pairs.py).
+
+    python -m benchmarks.speed --profile cpu     # writes benchmarks/results/cpu-<date>.json
+    python -m benchmarks.speed --profile gpu     # on an H100: bf16, eager and torch.compile
+    python -m benchmarks.report                  # turns the latest results into benchmarks/REPORT.md + charts
+
+Per pair, on identical weights and configs (dropout included): training-step tokens/s (AdamW step included),
+inference forward latency, peak memory of both, and greedy generation tokens/s at each batch size with the dynamic
+and the static cache. Every ratio is ours / reference in time or bytes: below 1.0 means hf_tfm is faster or smaller.
+"""
+
+import argparse
+import datetime
+import json
+import platform
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+import transformers
+
+from benchmarks.measure import (
+    alternating_medians,
+    forward_work,
+    generate_work,
+    peak_bytes,
+    train_step_work,
+    training_batch,
+)
+from benchmarks.pairs import KINDS, PROFILES, build_pair, parameter_count
+
+RESULTS = Path(__file__).parent / "results"
+H100_BF16_DENSE_FLOPS = 989e12  # H100 SXM peak dense bf16, for MFU
+
+
+def environment(device: torch.device) -> dict:
+    if device.type == "cuda":
+        name = f"{torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda})"
+    else:
+        name = f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+    versions = {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__}
+    return {"device": name, "versions": versions}
+
+
+def timed_rows(measure: str, unit: str, work: dict, per_call: float, profile: dict, device, variant: str) -> list[dict]:
+    """Time both models' `work` and turn seconds into `unit` (per_call units of work per call)."""
+    timed = alternating_medians(work, profile["warmup"], profile["repeats"], device)
+    reference, ours = timed["reference"]["median_s"], timed["ours"]["median_s"]
+    row = {
+        "measure": measure, "variant": variant, "unit": unit,
+        "reference": per_call / reference if unit != "ms" else reference * 1e3,
+        "ours": per_call / ours if unit != "ms" else ours * 1e3,
+        "time_ratio": ours / reference,
+        "seconds": timed,
+    }
+    return [row]
+
+
+def memory_row(measure: str, work: dict, device) -> dict:
+    peaks = {name: peak_bytes(fn, device) for name, fn in work.items()}
+    return {"measure": measure, "unit": "MiB", "reference": peaks["reference"] / 2**20, "ours": peaks["ours"] / 2**20,
+            "memory_ratio": peaks["ours"] / peaks["reference"]}
+
+
+def maybe_compiled(models: dict, compiled: bool) -> dict:
+    return {name: torch.compile(model) if compiled else model for name, model in models.items()}
+
+
+def inference_rows(name: str, spec: dict, profile: dict, device, dtype, errors: list[str]) -> list[dict]:
+    task = KINDS[name].task
+    reference, ours = build_pair(name, spec["config"])
+    models = {"reference": reference.to(device, dtype), "ours": ours.to(device, dtype)}
+    inputs = training_batch(task, reference.config.vocab_size, spec["batch"], spec["length"], spec.get("target_length"),
+                            device)
+    rows = []
+    for variant in ("eager", "compiled") if profile["compile"] else ("eager",):
+        work = {key: forward_work(model, inputs) for key, model in maybe_compiled(models, variant == "compiled").items()}
+        rows += timed_rows("forward latency", "ms", work, 1, profile, device, variant)
+        if variant == "eager":
+            rows.append(memory_row("forward peak memory", work, device))
+    if task == "masked":
+        return rows
+    for batch in profile["generate_batches"]:
+        prompt = training_batch("causal", reference.config.vocab_size, batch, profile["prompt_length"], None, device,
+                                seed=1)["input_ids"]
+        for cache in ("dynamic", "static"):
+            try:  # one failing configuration (e.g. a CUDA-graph crash) must not hide the others
+                rows.append(generation_row(models, prompt, cache, profile, device))
+            except Exception as error:
+                errors.append(error_line(f"generate batch {batch} ({cache} cache)", error))
+    return rows
+
+
+def generation_row(models: dict, prompt, cache: str, profile: dict, device) -> dict:
+    outputs = {"reference": [], "ours": []}
+    work = {key: generate_work(model, prompt, profile["new_tokens"], cache, outputs[key]) for key, model in models.items()}
+    batch = prompt.shape[0]
+    generation_profile = dict(profile, warmup=1, repeats=profile["generate_repeats"])
+    [row] = timed_rows(f"generate batch {batch}", "tokens/s", work, batch * profile["new_tokens"], generation_profile,
+                       device, f"{cache} cache")
+    row["same_tokens"] = bool(torch.equal(outputs["reference"][-1], outputs["ours"][-1]))
+    return row
+
+
+def error_line(part: str, error: Exception) -> str:
+    traceback.print_exc()
+    return f"{part}: {type(error).__name__}: {error}".splitlines()[0][:500]
+
+
+def training_rows(name: str, spec: dict, profile: dict, device, autocast_dtype) -> tuple[list[dict], dict]:
+    task = KINDS[name].task
+    reference, ours = build_pair(name, spec["config"])
+    models = {"reference": reference.to(device).train(), "ours": ours.to(device).train()}
+    inputs = training_batch(task, reference.config.vocab_size, spec["batch"], spec["length"], spec.get("target_length"),
+                            device)
+    tokens = inputs["input_ids"].numel() + (inputs["labels"].numel() if task == "seq2seq" else 0)
+    fused = {"fused": True} if device.type == "cuda" else {}
+    optimizers = {key: torch.optim.AdamW(model.parameters(), lr=1e-4, **fused) for key, model in models.items()}
+    rows = []
+    for variant in ("eager", "compiled") if profile["compile"] else ("eager",):
+        runnable = maybe_compiled(models, variant == "compiled")
+        work = {key: train_step_work(runnable[key], inputs, optimizers[key], autocast_dtype) for key in models}
+        rows += timed_rows("train", "tokens/s", work, tokens, profile, device, variant)
+        if variant == "eager":
+            rows.append(memory_row("train peak memory", work, device))
+    facts = {
+        "active_parameters": {key: parameter_count(model) for key, model in models.items()},
+        "attn_implementation": {key: model.config._attn_implementation for key, model in models.items()},
+        "train_tokens_per_step": tokens,
+    }
+    if device.type == "cuda" and task != "seq2seq":
+        # PaLM / nanoGPT accounting: 6 flops per parameter and token, plus attention's 12 * layers * width * length
+        config = models["ours"].config
+        flops_per_token = 6 * facts["active_parameters"]["ours"] + 12 * config.num_hidden_layers * config.hidden_size * spec["length"]
+        for row in rows:
+            if row["measure"] == "train":
+                row["mfu"] = {key: row[key] * flops_per_token / H100_BF16_DENSE_FLOPS for key in ("reference", "ours")}
+    return rows, facts
+
+
+def run_pair(name: str, profile: dict, device) -> dict:
+    spec = profile["pairs"][name]
+    dtype = getattr(torch, profile["dtype"])
+    result = {"reference": KINDS[name].reference, "shape": spec, "rows": [], "errors": []}
+    for part in ("inference", "training"):
+        try:
+            if part == "inference":
+                result["rows"] += inference_rows(name, spec, profile, device, dtype, result["errors"])
+            else:
+                rows, facts = training_rows(name, spec, profile, device, dtype if dtype != torch.float32 else None)
+                result["rows"] += rows
+                result.update(facts)
+        except Exception as error:  # a reference that crashes (e.g. under compile) is a result, not the end of the run
+            result["errors"].append(error_line(part, error))
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return result
+
+
+def run(profile_name: str, pairs: list[str] | None = None, output: Path | None = None, command: str | None = None) -> dict:
+    profile = PROFILES[profile_name]
+    device = torch.device(profile["device"])
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    today = datetime.date.today().isoformat()
+    record = {
+        "profile": profile_name,
+        "date": today,
+        "command": command or f"python -m benchmarks.speed --profile {profile_name}",
+        **environment(device),
+        "settings": {key: value for key, value in profile.items() if key != "pairs"},
+        "pairs": {},
+    }
+    for name in pairs or list(profile["pairs"]):
+        record["pairs"][name] = run_pair(name, profile, device)
+        for row in record["pairs"][name]["rows"]:
+            ratio = row.get("time_ratio", row.get("memory_ratio"))
+            print(f"{name:8s} {row['measure']:22s} {row.get('variant', ''):14s} ref {row['reference']:10.1f}  "
+                  f"ours {row['ours']:10.1f} {row['unit']:9s} ratio {ratio:.3f}", flush=True)
+    output = output or RESULTS / f"{profile_name}-{today}.json"
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"written: {output}")
+    return record
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="cpu")
+    parser.add_argument("--pairs", nargs="+", choices=sorted(KINDS), help="default: all six")
+    parser.add_argument("--output", type=Path, help="default: benchmarks/results/<profile>-<date>.json")
+    args = parser.parse_args(argv)
+    if PROFILES[args.profile]["device"] == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"error: profile {args.profile!r} needs a CUDA device and none is visible")
+    run(args.profile, args.pairs, args.output, command="python -m benchmarks.speed " + " ".join(argv or sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    main()

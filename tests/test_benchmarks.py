@@ -1,0 +1,87 @@
+"""The benchmark harness (benchmarks/) at toy shapes: every pair and measure runs, the paired models really are
+the same function, the quality study's parameter matching holds, and the report reads what the runs wrote.
+No test looks at a time."""
+
+import json
+import math
+
+import pytest
+
+from benchmarks import quality, report, speed
+from benchmarks.pairs import KINDS, PROFILES, build_pair, parameter_count
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+
+@pytest.fixture(scope="module")
+def speed_record(tmp_path_factory):
+    output = tmp_path_factory.mktemp("speed") / "cpu-2026-01-01.json"
+    record = speed.run("smoke", output=output)
+    assert json.loads(output.read_text()) == json.loads(json.dumps(record))
+    return record
+
+
+def test_every_pair_measures_everything_without_errors(speed_record):
+    assert set(speed_record["pairs"]) == set(KINDS)
+    assert {"device", "versions", "command", "settings"} <= set(speed_record)
+    for name, pair in speed_record["pairs"].items():
+        assert pair["errors"] == [], name
+        measures = {(row["measure"], row.get("variant")) for row in pair["rows"]}
+        expected = {("train", "eager"), ("train peak memory", None), ("forward latency", "eager"), ("forward peak memory", None)}
+        if KINDS[name].task != "masked":
+            expected |= {(f"generate batch {b}", f"{c} cache") for b in (1, 2) for c in ("dynamic", "static")}
+        assert measures == expected, name
+        for row in pair["rows"]:
+            ratio = row.get("time_ratio", row.get("memory_ratio"))
+            assert ratio > 0 and math.isfinite(ratio), (name, row)
+        assert pair["active_parameters"]["ours"] > 0
+
+
+def test_paired_models_generate_the_same_tokens(speed_record):
+    for name, pair in speed_record["pairs"].items():
+        for row in pair["rows"]:
+            if "same_tokens" in row:
+                assert row["same_tokens"], (name, row["measure"], row["variant"])
+
+
+@pytest.mark.parametrize("name", sorted(KINDS))
+def test_pairs_hold_the_same_parameters(name):
+    reference, ours = build_pair(name, PROFILES["smoke"]["pairs"][name]["config"])
+    extra = 97 if name == "bart" else 0  # BART keeps final_logits_bias as a buffer; hf_tfm's LM-head bias is a parameter
+    assert parameter_count(ours) == parameter_count(reference) + extra
+
+
+def test_quality_study_matches_parameters_and_reports_every_seed(tmp_path):
+    record = quality.run("smoke", work=tmp_path / "runs", output=tmp_path / "quality-cpu-2026-01-01.json")
+    rows = {(row["study"], row["model"]): row for row in record["summary"]}
+    assert set(rows) == {(s, m) for s, study in quality.STUDIES.items() for m in study["models"]}
+    for row in rows.values():
+        assert row["seeds"] == len(quality.PROFILES["smoke"]["seeds"]) and math.isfinite(row["mean_loss"])
+    decoders = [rows["decoders", m]["active_parameters"] for m in ("gpt2-style", "modern", "moe (same active)")]
+    encoders = [rows["encoders", m]["parameters"] for m in ("bert-style", "modern")]
+    for counts in (decoders, encoders):
+        assert max(counts) / min(counts) < 1.01, counts
+    assert rows["decoders", "moe (same active)"]["parameters"] > 2 * decoders[0]  # sparse: far more in total
+    for run in record["runs"]:
+        assert run["curve"], run["model"]  # the learning curve was logged
+
+
+def test_report_reads_the_results(tmp_path, speed_record):
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "cpu-2026-01-01.json").write_text(json.dumps(speed_record))
+    text = report.build(results, tmp_path / "REPORT.md")
+    assert "## Speed and memory: cpu profile" in text and "| gpt2 | GPT2LMHeadModel | train (eager) |" in text
+    assert "## Speed and memory: gpu profile\n\nNot measured yet" in text
+    assert (tmp_path / "charts" / "cpu-2026-01-01-ratios.png").stat().st_size > 0
+
+
+def test_committed_report_is_current(tmp_path):
+    """benchmarks/REPORT.md is what `python -m benchmarks.report` makes of the committed results."""
+    assert report.build(report.RESULTS, tmp_path / "REPORT.md") == report.REPORT.read_text()
+
+
+def test_gpu_profile_refuses_to_run_without_a_gpu(monkeypatch):
+    monkeypatch.setattr(speed.torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="needs a CUDA device"):
+        speed.main(["--profile", "gpu"])
