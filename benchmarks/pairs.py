@@ -78,7 +78,7 @@ PROFILES = {
                                      decoder_attention_heads=4, encoder_ffn_dim=1024, decoder_ffn_dim=1024, vocab_size=8192,
                                      max_position_embeddings=512), batch=8, length=128, target_length=32),
         },
-        device="cpu", dtype="float32", compile=False, warmup=2, repeats=10, generate_repeats=5,
+        device="cpu", dtype="float32", compile=False, warmup=2, repeats=10, generate_warmup=1, generate_repeats=5,
         prompt_length=16, new_tokens=32, generate_batches=[1, 64],
     ),
     # H100, bf16: GPT-2 124M at 16 x 1024, BERT-base at 32 x 512, the MoE issue's shape; eager and compiled
@@ -95,7 +95,8 @@ PROFILES = {
                                      decoder_attention_heads=12, encoder_ffn_dim=3072, decoder_ffn_dim=3072),
                          batch=16, length=512, target_length=128),  # bart-base
         },
-        device="cuda", dtype="bfloat16", compile=True, warmup=3, repeats=10, generate_repeats=3,
+        # static-cache generation auto-compiles on CUDA (CUDA graphs): warm-ups compile and record the graphs
+        device="cuda", dtype="bfloat16", compile=True, warmup=3, repeats=10, generate_warmup=3, generate_repeats=3,
         prompt_length=128, new_tokens=128, generate_batches=[1, 64],
     ),
     # for tests: every code path at a toy shape, in seconds
@@ -115,7 +116,7 @@ PROFILES = {
                                      decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, vocab_size=97,
                                      max_position_embeddings=64), batch=2, length=8, target_length=4),
         },
-        device="cpu", dtype="float32", compile=False, warmup=1, repeats=2, generate_repeats=1,
+        device="cpu", dtype="float32", compile=False, warmup=1, repeats=2, generate_warmup=1, generate_repeats=1,
         prompt_length=4, new_tokens=3, generate_batches=[1, 2],
     ),
 }

@@ -96,7 +96,7 @@ def generation_row(models: dict, prompt, cache: str, profile: dict, device) -> d
     outputs = {"reference": [], "ours": []}
     work = {key: generate_work(model, prompt, profile["new_tokens"], cache, outputs[key]) for key, model in models.items()}
     batch = prompt.shape[0]
-    generation_profile = dict(profile, warmup=1, repeats=profile["generate_repeats"])
+    generation_profile = dict(profile, warmup=profile["generate_warmup"], repeats=profile["generate_repeats"])
     [row] = timed_rows(f"generate batch {batch}", "tokens/s", work, batch * profile["new_tokens"], generation_profile,
                        device, f"{cache} cache")
     row["same_tokens"] = bool(torch.equal(outputs["reference"][-1], outputs["ours"][-1]))

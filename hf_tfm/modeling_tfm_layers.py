@@ -411,6 +411,8 @@ class TfmMoE(nn.Module):
         super().__init__()
         self.router = TfmRouter(config)
         self.experts = TfmExperts(config)
+        # absent parts are None, not missing: a failed hasattr on a Module costs an exception per forward
+        self.shared_expert = self.shared_expert_gate = None
         if config.shared_expert_intermediate_size > 0:
             self.shared_expert = TfmFeedForward(config, config.shared_expert_intermediate_size, gated=True)
             self.shared_expert_gate = nn.Linear(config.hidden_size, 1, bias=False) if config.shared_expert_gate else None
@@ -420,7 +422,7 @@ class TfmMoE(nn.Module):
         tokens = hidden_states.reshape(-1, shape[-1])
         _, top_k_weights, top_k_index = self.router(tokens)
         output = self.experts(tokens, top_k_index, top_k_weights)
-        if hasattr(self, "shared_expert"):
+        if self.shared_expert is not None:
             shared = self.shared_expert(tokens)
             if self.shared_expert_gate is not None:
                 shared = torch.sigmoid(self.shared_expert_gate(tokens)) * shared

@@ -51,6 +51,8 @@ class TfmBlock(GradientCheckpointingLayer):
         self.pre_norm = config.norm_position == "pre"
         self.self_attn = TfmAttention(config, layer_idx, is_causal=is_causal)
         self.attn_norm = make_norm(config)
+        # absent parts are None, not missing: a failed hasattr on a Module costs an exception per call
+        self.cross_attn = self.cross_attn_norm = None
         if cross_attention:
             self.cross_attn = TfmAttention(config, layer_idx, is_cross_attention=True)
             self.cross_attn_norm = make_norm(config)
@@ -89,7 +91,7 @@ class TfmBlock(GradientCheckpointingLayer):
             past_key_values=past_key_values,
             **kwargs,
         )
-        if hasattr(self, "cross_attn"):
+        if self.cross_attn is not None:
             hidden_states = self._residual(
                 hidden_states,
                 self.cross_attn_norm,
@@ -278,6 +280,8 @@ class TfmStack(TfmPreTrainedModel):
         else:
             share_embeddings(self, embed_tokens)
         position = config.position_embedding_type
+        # absent parts are None, not missing: a failed hasattr on a Module costs an exception per forward
+        self.embed_positions = self.rotary_emb = self.position_bias = self.embed_token_types = None
         if position == "learned":
             self.embed_positions = nn.Embedding(config.max_position_embeddings + config.position_offset, config.hidden_size)
         elif position == "sinusoidal":
@@ -304,17 +308,17 @@ class TfmStack(TfmPreTrainedModel):
     def embed(self, input_ids, inputs_embeds, position_ids, token_type_ids) -> torch.Tensor:
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
-        hidden_states = inputs_embeds * self.embed_scale
-        if hasattr(self, "embed_token_types"):  # before positions: BERT's summation order, so parity is bit-exact
+        hidden_states = inputs_embeds * self.embed_scale if self.embed_scale != 1.0 else inputs_embeds
+        if self.embed_token_types is not None:  # before positions: BERT's summation order, so parity is bit-exact
             if token_type_ids is None:
                 token_type_ids = torch.zeros_like(position_ids)
             hidden_states = hidden_states + self.embed_token_types(token_type_ids)
-        if hasattr(self, "embed_positions"):
+        if self.embed_positions is not None:
             positions = position_ids + self.config.position_offset if self.config.position_offset else position_ids
             hidden_states = hidden_states + self.embed_positions(positions).to(hidden_states.dtype)
         if self.embed_norm is not None:
             hidden_states = self.embed_norm(hidden_states)
-        return self.embed_dropout(hidden_states)
+        return self.embed_dropout(hidden_states) if self.training and self.embed_dropout.p > 0 else hidden_states
 
     def build_mask(self, inputs_embeds, attention_mask, past_key_values, position_ids):
         if not self.is_causal:
@@ -326,7 +330,7 @@ class TfmStack(TfmPreTrainedModel):
             past_key_values=past_key_values,
             position_ids=position_ids,
             # an additive position bias needs the full causal mask to add to; sdpa would otherwise get None
-            allow_is_causal_skip=not hasattr(self, "position_bias"),
+            allow_is_causal_skip=self.position_bias is None,
         )
 
     def new_cache(self) -> Cache:
@@ -367,9 +371,9 @@ class TfmStack(TfmPreTrainedModel):
 
         hidden_states = self.embed(input_ids, inputs_embeds, position_ids, token_type_ids)
         mask = self.build_mask(hidden_states, attention_mask, self_cache, position_ids)
-        position_embeddings = self.rotary_emb(hidden_states, position_ids) if hasattr(self, "rotary_emb") else None
+        position_embeddings = self.rotary_emb(hidden_states, position_ids) if self.rotary_emb is not None else None
         position_bias = None
-        if hasattr(self, "position_bias"):
+        if self.position_bias is not None:
             kv_length = mask.shape[-1] if mask is not None else past_length + length
             key_positions = key_positions_for_bias(attention_mask, position_ids, kv_length)
             position_bias = self.position_bias(position_ids.expand(batch, -1), key_positions)
