@@ -13,7 +13,6 @@ router loss that `Trainer`'s `eval_loss` includes (0.01 x the load-balancing los
 """
 
 import argparse
-import datetime
 import json
 import math
 import statistics
@@ -23,9 +22,9 @@ from multiprocessing import get_context
 from pathlib import Path
 
 import torch
-import transformers
 from transformers import DataCollatorForLanguageModeling
 
+from hf_tfm.hub.card import RUN_RECORD
 from hf_tfm.training import tokenizers
 from hf_tfm.training.callbacks import logged
 from hf_tfm.training.checkpoints import load_saved
@@ -34,9 +33,7 @@ from hf_tfm.training.run import RunSpec, load_tokenizer, train, training_texts
 from hf_tfm.training.tasks import MLM_PROBABILITY, tokenize
 
 from benchmarks.pairs import parameter_count
-from benchmarks.speed import environment
-
-RESULTS = Path(__file__).parent / "results"
+from benchmarks.record import header, write
 
 # 4 layers of width 128 with 4 heads. The classic models' learned position table, biases and wider heads for K/V
 # are matched by the modern models' wider SwiGLU (400: parameters equal to within 1%); the MoE decoder's two active
@@ -97,12 +94,13 @@ def scaled(config: dict, scale: dict) -> dict:
 
 
 def validation_loss(model_dir: Path, task: str, features, batch_size: int = 32) -> float:
-    """Token-weighted cross-entropy over every validation block; masked positions drawn once, from a fixed seed."""
+    """Token-weighted cross-entropy over every validation block; masked positions drawn from a fixed seed, so every
+    model is scored on the same masks. (The collator's own `seed` refuses to run in a worker process.)"""
     model = load_saved(model_dir).eval()
     tokenizer = load_tokenizer(model_dir)
     mlm = task == "masked-lm"
-    collate = DataCollatorForLanguageModeling(tokenizer, mlm=mlm, mlm_probability=MLM_PROBABILITY, seed=0,
-                                              return_tensors="pt")
+    collate = DataCollatorForLanguageModeling(tokenizer, mlm=mlm, mlm_probability=MLM_PROBABILITY, return_tensors="pt")
+    torch.manual_seed(0)
     total, count = 0.0, 0
     with torch.inference_mode():
         for start in range(0, len(features), batch_size):
@@ -121,7 +119,7 @@ def one_run(job: dict) -> dict:
     if job["threads"]:
         torch.set_num_threads(job["threads"])
     spec = RunSpec(**job["spec"])
-    result = train(spec)
+    result = finished_run(spec) or train(spec)
     data = load_task_data(spec.task, max_files=spec.max_files)
     tokenizer = load_tokenizer(spec.tokenizer)
     features = tokenize(spec.task, data, tokenizer, spec.max_length)["validation"]
@@ -133,6 +131,21 @@ def one_run(job: dict) -> dict:
         "curve": logged(result["log"], "eval_loss"), "train_curve": logged(result["log"], "loss"),
         "seconds": result["seconds"],
     }
+
+
+def finished_run(spec: RunSpec) -> dict | None:
+    """The result of this very run if an earlier, interrupted study already completed it (same model config,
+    steps, batch, learning rate and seed): a crash late in a long study does not cost the runs it finished."""
+    folder = Path(spec.output_dir) / "model"
+    if not (folder / RUN_RECORD).is_file():
+        return None
+    run = json.loads((folder / RUN_RECORD).read_text())
+    training = run["training"]
+    same = (run["model"] == spec.model and training["max_steps"] == spec.max_steps and training["seed"] == spec.seed
+            and training["per_device_train_batch_size"] == spec.batch_size
+            and training["learning_rate"] == spec.learning_rate
+            and json.loads(Path(spec.model).read_text()).items() <= load_saved(folder).config.to_dict().items())
+    return {**run, "model_dir": str(folder), "log": str(Path(spec.output_dir) / "log.csv")} if same else None
 
 
 def shared_tokenizer(task: str, folder: Path, vocab_size: int, max_files: int | None) -> str:
@@ -199,11 +212,9 @@ def run(profile_name: str, studies: list[str] | None = None, work: Path | None =
             runs = list(pool.map(one_run, planned))
     else:
         runs = [one_run(job) for job in planned]
-    today = datetime.date.today().isoformat()
+    command = command or f"python -m benchmarks.quality --profile {profile_name}"
     record = {
-        "profile": profile_name, "date": today,
-        "command": command or f"python -m benchmarks.quality --profile {profile_name}",
-        **environment(torch.device("cuda" if torch.cuda.is_available() else "cpu")),
+        **header(profile_name, command, torch.device("cuda" if torch.cuda.is_available() else "cpu")),
         "settings": {key: value for key, value in profile.items()},
         "studies": {name: {"task": STUDIES[name]["task"], "learning_rate": STUDIES[name]["learning_rate"],
                            "configs": {m: scaled(c, profile["scale"]) for m, c in STUDIES[name]["models"].items()}}
@@ -218,9 +229,7 @@ def run(profile_name: str, studies: list[str] | None = None, work: Path | None =
         print(f"| {row['study']} | {row['model']} | {row['parameters']:,} ({row['active_parameters']:,}) | "
               f"{row['mean_loss']:.3f} +- {row['std_loss']:.3f} ({row['min_loss']:.3f}-{row['max_loss']:.3f}) | "
               f"{row['perplexity']:.1f} |")
-    output = output or RESULTS / f"quality-{profile_name}-{today}.json"
-    output.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"written: {output}")
+    write(record, f"quality-{profile_name}", output)
     return record
 
 

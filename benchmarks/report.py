@@ -18,7 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 REPORT = Path(__file__).parent / "REPORT.md"
-SPEED_PROFILES = ("cpu", "gpu")
+SPEED_PROFILES = ("cpu", "gpu")  # results/<profile>-<date>.json
 QUALITY_PROFILES = ("quality-cpu", "quality-gpu")
 
 
@@ -48,7 +48,8 @@ def speed_section(record: dict, source: Path, charts: Path, report: Path) -> lis
     lines = [
         f"## Speed and memory: {record['profile']} profile",
         "",
-        f"- Results: `{shown(source)}`, written by `{record['command']}` on {record['date']}.",
+        f"- Results: `{shown(source)}`, written by "
+        + " and ".join(f"`{c}`" for c in record.get("commands", [record["command"]])) + f" on {record['date']}.",
         f"- Device: {record['device']}; " + ", ".join(f"{k} {v}" for k, v in record["versions"].items()) + ".",
         f"- Settings: {record['settings']['dtype']}, warm-up {record['settings']['warmup']}, median of "
         f"{record['settings']['repeats']} alternating repeats ({record['settings']['generate_repeats']} for generation); "
@@ -193,6 +194,28 @@ def targets_section(cpu: dict | None, gpu: dict | None) -> list[str]:
     return lines + [""]
 
 
+def gap_section(record: dict, source: Path) -> list[str]:
+    """The profilers' account of one batch-1 decode step (benchmarks/profile_gap.py)."""
+    lines = [
+        "## Where the batch-1 decoding gap comes from (CPU)",
+        "",
+        f"- Results: `{shown(source)}`, written by `{record['command']}` on {record['date']}; {record['device']}.",
+        f"- One cached decode step (prompt {record['prompt_length']}), median of {record['steps']} alternating steps; "
+        "operator time = CPU time inside top-level aten operators (torch.profiler); overhead = step - operator time "
+        "(Python: module calls, output dataclasses, mask and cache bookkeeping).",
+        "",
+        "| pair | step us (ref -> ours) | ratio | Python calls / step | aten ops / step | operator us | overhead us |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in record["rows"]:
+        ref, ours = row["reference"], row["ours"]
+        lines.append(
+            f"| {row['pair']} | {ref['step_us']:,.0f} -> {ours['step_us']:,.0f} | {row['time_ratio']:.3f} | "
+            f"{ref['python_calls']:,.0f} -> {ours['python_calls']:,.0f} | {ref['aten_ops']:,.0f} -> {ours['aten_ops']:,.0f} | "
+            f"{ref['operator_us']:,.0f} -> {ours['operator_us']:,.0f} | {ref['overhead_us']:,.0f} -> {ours['overhead_us']:,.0f} |")
+    return lines + [""]
+
+
 def build(results: Path = RESULTS, report: Path = REPORT) -> str:
     charts = report.parent / "charts"
     lines = [
@@ -211,6 +234,9 @@ def build(results: Path = RESULTS, report: Path = REPORT) -> str:
             lines += [f"## Speed and memory: {profile} profile", "", "Not measured yet: no results file.", ""]
             continue
         lines += speed_section(speed_records[profile], source, charts, report)
+    source = latest("profile-cpu", results)
+    if source is not None:
+        lines += gap_section(json.loads(source.read_text()), source)
     for profile in QUALITY_PROFILES:
         source = latest(profile, results)
         if source is None:

@@ -10,15 +10,12 @@ and the static cache. Every ratio is ours / reference in time or bytes: below 1.
 """
 
 import argparse
-import datetime
 import json
-import platform
 import sys
 import traceback
 from pathlib import Path
 
 import torch
-import transformers
 
 from benchmarks.measure import (
     alternating_medians,
@@ -29,18 +26,8 @@ from benchmarks.measure import (
     training_batch,
 )
 from benchmarks.pairs import KINDS, PROFILES, build_pair, parameter_count
-
-RESULTS = Path(__file__).parent / "results"
+from benchmarks.record import RESULTS, header, write
 H100_BF16_DENSE_FLOPS = 989e12  # H100 SXM peak dense bf16, for MFU
-
-
-def environment(device: torch.device) -> dict:
-    if device.type == "cuda":
-        name = f"{torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda})"
-    else:
-        name = f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
-    versions = {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__}
-    return {"device": name, "versions": versions}
 
 
 def timed_rows(measure: str, unit: str, work: dict, per_call: float, profile: dict, device, variant: str) -> list[dict]:
@@ -164,25 +151,28 @@ def run(profile_name: str, pairs: list[str] | None = None, output: Path | None =
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    today = datetime.date.today().isoformat()
-    record = {
-        "profile": profile_name,
-        "date": today,
-        "command": command or f"python -m benchmarks.speed --profile {profile_name}",
-        **environment(device),
-        "settings": {key: value for key, value in profile.items() if key != "pairs"},
-        "pairs": {},
-    }
+    command = command or f"python -m benchmarks.speed --profile {profile_name}"
+    record = {**header(profile_name, command, device),
+              "settings": {key: value for key, value in profile.items() if key != "pairs"}, "pairs": {}}
     for name in pairs or list(profile["pairs"]):
         record["pairs"][name] = run_pair(name, profile, device)
         for row in record["pairs"][name]["rows"]:
             ratio = row.get("time_ratio", row.get("memory_ratio"))
             print(f"{name:8s} {row['measure']:22s} {row.get('variant', ''):14s} ref {row['reference']:10.1f}  "
                   f"ours {row['ours']:10.1f} {row['unit']:9s} ratio {ratio:.3f}", flush=True)
-    output = output or RESULTS / f"{profile_name}-{today}.json"
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"written: {output}")
+    return merge_and_write(record, output)
+
+
+def merge_and_write(record: dict, output: Path | None) -> dict:
+    """Pairs measured by separate calls on the same day and device (`--pairs`, to stay within a time limit per
+    call) join one results file; a pair measured again replaces its earlier result."""
+    path = output or RESULTS / f"{record['profile']}-{record['date']}.json"
+    if path.is_file():
+        earlier = json.loads(path.read_text())
+        if (earlier["device"], earlier["versions"], earlier["settings"]) == (record["device"], record["versions"], record["settings"]):
+            commands = earlier.get("commands", [earlier["command"]])
+            record = {**record, "commands": [*commands, record["command"]], "pairs": {**earlier["pairs"], **record["pairs"]}}
+    write(record, record["profile"], path)
     return record
 
 

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from benchmarks import quality, report, speed
+from benchmarks import profile_gap, quality, report, speed
 from benchmarks.pairs import KINDS, PROFILES, build_pair, parameter_count
 
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -74,6 +74,16 @@ def test_report_reads_the_results(tmp_path, speed_record):
     assert "## Speed and memory: cpu profile" in text and "| gpt2 | GPT2LMHeadModel | train (eager) |" in text
     assert "## Speed and memory: gpu profile\n\nNot measured yet" in text
     assert (tmp_path / "charts" / "cpu-2026-01-01-ratios.png").stat().st_size > 0
+
+
+def test_profile_gap_takes_apart_each_causal_pair(tmp_path, monkeypatch):
+    monkeypatch.setattr(profile_gap, "STEPS", 3)
+    record = profile_gap.main("smoke", tmp_path / "profile-cpu-2026-01-01.json")
+    assert [row["pair"] for row in record["rows"]] == [n for n, kind in KINDS.items() if kind.task == "causal"]
+    for row in record["rows"]:
+        for side in ("reference", "ours"):
+            assert row[side]["python_calls"] > 0 and row[side]["aten_ops"] > 0 and row[side]["operator_us"] > 0
+    assert "## Where the batch-1 decoding gap comes from (CPU)" in report.gap_section(record, tmp_path / "x.json")[0]
 
 
 def test_committed_report_is_current(tmp_path):

@@ -1,0 +1,94 @@
+"""Where a speed gap comes from: one batch-1 decode step (the CPU profile's worst rows) of each causal pair,
+taken apart by the profilers.
+
+    python -m benchmarks.profile_gap      # writes benchmarks/results/profile-cpu-<date>.json
+
+Per model: median step time (alternating, like benchmarks.speed), Python function calls per step (cProfile),
+aten operators per step and the CPU time spent inside them (torch.profiler). Step time minus operator time is
+the framework overhead a step pays in Python: module calls, output dataclasses, mask and cache bookkeeping.
+"""
+
+import cProfile
+import pstats
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+from transformers import DynamicCache
+
+from benchmarks.measure import alternating_medians
+from benchmarks.pairs import KINDS, PROFILES, build_pair
+from benchmarks.record import header, write
+
+PROMPT, STEPS = 16, 200  # the speed profile's prompt length; steps per measurement
+
+
+def decode_step(model, cache, token, position):
+    """One cached forward of a single token; the cache is cropped back, so every call does the same work."""
+
+    def step():
+        with torch.inference_mode():
+            model(token, past_key_values=cache, use_cache=True, position_ids=position, logits_to_keep=1)
+        cache.crop(-1)
+
+    return step
+
+
+def prefilled(model, vocab_size: int):
+    cache = DynamicCache(config=model.config)
+    prompt = torch.randint(3, vocab_size, (1, PROMPT), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        model(prompt, past_key_values=cache, use_cache=True)
+    return decode_step(model, cache, prompt[:, -1:], torch.tensor([[PROMPT]]))
+
+
+def python_calls(step) -> float:
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(STEPS):
+        step()
+    profiler.disable()
+    return pstats.Stats(profiler).total_calls / STEPS
+
+
+def operator_time(step) -> tuple[float, float]:
+    """(aten operators per step, microseconds per step spent in them: top-level operators' total CPU time)."""
+    with profile(activities=[ProfilerActivity.CPU]) as recorded:
+        for _ in range(STEPS):
+            step()
+    top = [e for e in recorded.events() if e.name.startswith("aten::") and e.cpu_parent is None]
+    every = [e for e in recorded.events() if e.name.startswith("aten::")]
+    return len(every) / STEPS, sum(e.cpu_time_total for e in top) / STEPS
+
+
+def profile_pair(name: str, profile_name: str) -> dict:
+    spec = PROFILES[profile_name]["pairs"][name]
+    reference, ours = build_pair(name, spec["config"])
+    vocab = reference.config.vocab_size
+    steps = {"reference": prefilled(reference, vocab), "ours": prefilled(ours, vocab)}
+    timed = alternating_medians(steps, warmup=20, repeats=STEPS, device=torch.device("cpu"))
+    row = {"pair": name, "reference_class": KINDS[name].reference}
+    for key, step in steps.items():
+        operators, inside = operator_time(step)
+        total = timed[key]["median_s"] * 1e6
+        row[key] = {"step_us": total, "python_calls": python_calls(step), "aten_ops": operators,
+                    "operator_us": inside, "overhead_us": total - inside}
+    row["time_ratio"] = row["ours"]["step_us"] / row["reference"]["step_us"]
+    return row
+
+
+def main(profile_name: str = "cpu", output: Path | None = None) -> dict:
+    rows = [profile_pair(name, profile_name) for name, kind in KINDS.items() if kind.task == "causal"]
+    record = {**header(profile_name, "python -m benchmarks.profile_gap", torch.device("cpu")),
+              "prompt_length": PROMPT, "steps": STEPS, "rows": rows}
+    for row in rows:
+        ref, ours = row["reference"], row["ours"]
+        print(f"{row['pair']:8s} step us {ref['step_us']:7.0f} -> {ours['step_us']:7.0f} (ratio {row['time_ratio']:.3f})  "
+              f"python calls {ref['python_calls']:6.0f} -> {ours['python_calls']:6.0f}  aten ops {ref['aten_ops']:5.0f} -> "
+              f"{ours['aten_ops']:5.0f}  overhead us {ref['overhead_us']:6.0f} -> {ours['overhead_us']:6.0f}")
+    write(record, f"profile-{profile_name}", output)
+    return record
+
+
+if __name__ == "__main__":
+    main()
