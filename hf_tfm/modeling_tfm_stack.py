@@ -156,7 +156,7 @@ class TfmPreTrainedModel(PreTrainedModel):
         """The task loss plus the weighted aux and z losses, and the aux loss to report. Under Trainer's
         `num_items_in_batch` each micro-batch adds its share of tokens, so accumulated micro-batches sum to one
         token-weighted average (trap 5) instead of counting the router losses once per micro-batch."""
-        aux, z_loss = self.router_losses(router_logits, attention_mask)
+        aux, z_loss = self.router_losses(router_logits, attention_mask, z_loss=self.config.router_z_loss_coef > 0)
         if loss is not None:
             detached = torch.is_grad_enabled() and loss.requires_grad and not any(r.requires_grad for r in router_logits)
             if detached and (self.config.router_aux_loss_coef or self.config.router_z_loss_coef):
@@ -174,14 +174,15 @@ class TfmPreTrainedModel(PreTrainedModel):
             loss = loss + extra
         return loss, aux
 
-    def router_losses(self, router_logits, attention_mask) -> tuple[torch.Tensor, torch.Tensor]:
+    def router_losses(self, router_logits, attention_mask, z_loss: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """The load-balancing loss (Switch/Mixtral, over all MoE layers, padding excluded) and the ST-MoE z-loss
-        (mean squared log-sum-exp of the router logits over real tokens, summed over layers)."""
+        (mean squared log-sum-exp of the router logits over real tokens, summed over layers; 0.0 unless `z_loss`,
+        so that a model trained without it does not pay for it)."""
         mask = attention_mask if attention_mask is not None and attention_mask.dim() == 2 else None
         aux = load_balancing_loss_func(router_logits, self.config.num_experts, self.config.num_experts_per_tok, mask)
         weights = mask.reshape(-1).float() if mask is not None else None
-        z_loss = 0.0
-        for logits in router_logits:
+        wanted, z_loss = z_loss, 0.0
+        for logits in router_logits if wanted else ():
             squared = torch.logsumexp(logits.float(), dim=-1) ** 2
             z_loss = z_loss + (squared.mean() if weights is None else (squared * weights).sum() / weights.sum())
         return aux, z_loss
@@ -365,7 +366,8 @@ class TfmStack(TfmPreTrainedModel):
         past_length = self_cache.get_seq_length() if self_cache is not None else 0
         device = (input_ids if input_ids is not None else inputs_embeds).device
         if position_ids is None:
-            position_ids = (torch.arange(length, device=device) + past_length).unsqueeze(0).expand(batch, -1)
+            # one row that broadcasts over the batch, as in Llama: RoPE's cos/sin are then [1, L, D], not [B, L, D]
+            position_ids = (torch.arange(length, device=device) + past_length).unsqueeze(0)
         prefix = "decoder_" if self.cross_attention else ""  # how the user spelled this stack's arguments
         check_inputs(self.config, input_ids, attention_mask, position_ids, token_type_ids, past_length, batch, length, prefix)
 
@@ -375,8 +377,9 @@ class TfmStack(TfmPreTrainedModel):
         position_bias = None
         if self.position_bias is not None:
             kv_length = mask.shape[-1] if mask is not None else past_length + length
-            key_positions = key_positions_for_bias(attention_mask, position_ids, kv_length)
-            position_bias = self.position_bias(position_ids.expand(batch, -1), key_positions)
+            query_positions = position_ids.expand(batch, -1)
+            key_positions = key_positions_for_bias(attention_mask, query_positions, kv_length)
+            position_bias = self.position_bias(query_positions, key_positions)
         if self.cross_attention:
             encoder_attention_mask = self.cross_attention_mask(hidden_states, encoder_hidden_states, encoder_attention_mask)
 
