@@ -40,6 +40,12 @@ def ratio_of(row: dict) -> float:
     return row["time_ratio"] if "time_ratio" in row else row["memory_ratio"]
 
 
+def spread_of(row: dict) -> str:
+    if "seconds" not in row:
+        return ""
+    return f"{max((t['max_s'] - t['min_s']) / t['median_s'] for t in row['seconds'].values()):.1%}"
+
+
 def label_of(row: dict) -> str:
     return f"{row['measure']} ({row['variant']})" if row.get("variant") else row["measure"]
 
@@ -57,8 +63,11 @@ def speed_section(record: dict, source: Path, charts: Path, report: Path) -> lis
         "- **ratio** = ours / reference in seconds (speed rows) or bytes (memory rows): below 1.0, hf_tfm is faster "
         "or smaller. Throughputs are tokens/s, latency ms, memory MiB above what was allocated before the step.",
         "",
-        "| pair | reference | measure | reference | hf_tfm | unit | ratio |",
-        "|---|---|---|---|---|---|---|",
+        "- **spread** = (slowest - fastest repeat) / median, the larger of the two models': how far apart repeats of "
+        "the same work landed on this machine.",
+        "",
+        "| pair | reference | measure | reference | hf_tfm | unit | ratio | spread |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     worst = []
     for name, pair in record["pairs"].items():
@@ -69,15 +78,16 @@ def speed_section(record: dict, source: Path, charts: Path, report: Path) -> lis
             flag = (" **(slower)**" if "time_ratio" in row else " **(larger)**") if above else ""
             same = "" if row.get("same_tokens", True) else " (tokens differ)"
             lines.append(f"| {name} | {pair['reference']} | {label_of(row)}{same} | {row['reference']:,.1f} | "
-                         f"{row['ours']:,.1f} | {row['unit']} | {ratio:.3f}{flag} |")
+                         f"{row['ours']:,.1f} | {row['unit']} | {ratio:.3f}{flag} | {spread_of(row)} |")
         for error in pair["errors"]:
-            lines.append(f"| {name} | {pair['reference']} | error: {error} | | | | |")
+            lines.append(f"| {name} | {pair['reference']} | error: {error} | | | | | |")
     ratios = [r for r, _, _ in worst]
     slower = [w for w in worst if round(w[0], 3) > 1.0]
+    timed = [ratio_of(row) for pair in record["pairs"].values() for row in pair["rows"] if "time_ratio" in row]
     lines += [
         "",
-        f"Rows: {len(ratios)}; median ratio {statistics.median(ratios):.3f}; at or below 1.0: "
-        f"{len(ratios) - len(slower)}; above 1.0: {len(slower)}.",
+        f"Rows: {len(ratios)} ({len(timed)} timed); median ratio of the timed rows {statistics.median(timed):.3f}; "
+        f"at or below 1.0: {len(ratios) - len(slower)}; above 1.0: {len(slower)}.",
         "",
         "Largest gaps (hf_tfm slower or larger):",
         "",

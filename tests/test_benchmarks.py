@@ -69,7 +69,7 @@ def test_quality_study_matches_parameters_and_reports_every_seed(tmp_path):
 def test_report_reads_the_results(tmp_path, speed_record):
     results = tmp_path / "results"
     results.mkdir()
-    (results / "cpu-2026-01-01.json").write_text(json.dumps(speed_record))
+    (results / "cpu-2026-01-01.json").write_text(json.dumps({**speed_record, "profile": "cpu"}))
     text = report.build(results, tmp_path / "REPORT.md")
     assert "## Speed and memory: cpu profile" in text and "| gpt2 | GPT2LMHeadModel | train (eager) |" in text
     assert "## Speed and memory: gpu profile\n\nNot measured yet" in text
