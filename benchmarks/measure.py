@@ -76,7 +76,7 @@ def training_batch(task: str, vocab_size: int, batch: int, length: int, target_l
 def train_step_work(model, inputs, optimizer, autocast_dtype: torch.dtype | None) -> Callable[[], None]:
     """One optimizer step: forward with labels, backward, AdamW step, gradients freed. MoE models train with their
     load-balancing loss, as Mixtral's recipe does (hf_tfm adds it whenever labels are given; Mixtral when asked)."""
-    config = getattr(model, "config", None) or model._orig_mod.config  # a torch.compile'd model wraps the original
+    config = model.config  # a torch.compile'd model passes attribute lookups through to the original
     moe = bool(getattr(config, "num_local_experts", 0) or getattr(config, "num_experts", 0))
     inputs = {**inputs, "output_router_logits": True} if moe else inputs
 

@@ -87,8 +87,10 @@ PROFILES = {
             "gpt2": dict(config=dict(), batch=16, length=1024),  # GPT2Config() is GPT-2 124M
             "bert": dict(config=dict(), batch=32, length=512),  # BertConfig() is BERT-base
             "llama": dict(config=dict(_GPU_DECODER, num_key_value_heads=4, intermediate_size=2048), batch=16, length=1024),
+            # trains with bf16 weights: grouped_mm is not covered by autocast
             "mixtral": dict(config=dict(_GPU_DECODER, num_hidden_layers=8, num_key_value_heads=4, intermediate_size=2048,
-                                        num_local_experts=8, num_experts_per_tok=2), batch=16, length=1024),
+                                        num_local_experts=8, num_experts_per_tok=2), batch=16, length=1024,
+                            train_weights="bfloat16"),
             "t5": dict(config=dict(d_model=768, d_kv=64, d_ff=3072, num_layers=12, num_heads=12), batch=16, length=512,
                        target_length=128),  # t5-base
             "bart": dict(config=dict(d_model=768, encoder_layers=6, decoder_layers=6, encoder_attention_heads=12,
@@ -136,14 +138,39 @@ def build_pair(name: str, config_fields: dict, seed: int = 0) -> tuple[torch.nn.
     return reference, ours
 
 
+def _experts_share(model: torch.nn.Module) -> float:
+    config = model.config
+    experts = getattr(config, "num_local_experts", None) or getattr(config, "num_experts", 0) or 0
+    return config.num_experts_per_tok / experts if experts else 1.0
+
+
+def _counted(model: torch.nn.Module, active: bool, skip=()) -> float:
+    """Parameters of every module not of a `skip` type; a fused experts module (Mixtral's and hf_tfm's class
+    names both end in "Experts") counts only the top-k share a token passes through when `active`."""
+    share = _experts_share(model) if active else 1.0
+    total, seen = 0.0, set()
+    for module in model.modules():
+        fresh = [p for p in module.parameters(recurse=False) if id(p) not in seen]  # a tied weight counts once
+        seen.update(id(p) for p in fresh)
+        if isinstance(module, skip):
+            continue
+        own = sum(p.numel() for p in fresh)
+        total += own * share if type(module).__name__.endswith("Experts") else own
+    return total
+
+
 def parameter_count(model: torch.nn.Module, active: bool = True) -> int:
     """Parameters a token passes through: all of them for dense models; for MoE only the top-k experts' share."""
-    total = 0
-    for name, parameter in model.named_parameters():
-        count = parameter.numel()
-        config = model.config
-        experts = getattr(config, "num_local_experts", None) or getattr(config, "num_experts", 0) or 0
-        if active and experts and ".experts." in name:
-            count = count * config.num_experts_per_tok // experts
-        total += count
-    return total
+    return round(_counted(model, active))
+
+
+def train_flops_per_token(model: torch.nn.Module, length: int) -> float:
+    """Training flops per token, PaLM/nanoGPT accounting: 6 per matmul parameter a token passes through (embedding
+    lookups excluded, the LM head's matmul included even when tied to the embedding), plus attention's
+    12 x layers x width x sequence length."""
+    matmul = _counted(model, active=True, skip=(torch.nn.Embedding,))
+    head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
+    if head is not None and head.weight is embedding.weight:
+        matmul += head.weight.numel()
+    config = model.config
+    return 6 * matmul + 12 * config.num_hidden_layers * config.hidden_size * length

@@ -1,6 +1,6 @@
 """Quality at equal compute: GPT-2-style vs modern vs MoE decoders, BERT-style vs modern encoders.
 
-    python -m benchmarks.quality --profile cpu     # writes benchmarks/results/quality-cpu-<date>.json (~30 min, 2 cores)
+    python -m benchmarks.quality --profile cpu     # writes benchmarks/results/quality-cpu-<date>.json (~35 min, 2 cores)
 
 Within a study every model sees the same tokenizer, the same training blocks (batch x length x steps tokens), the
 same learning-rate schedule and the same seeds; parameter counts are matched (the MoE decoder matches the dense ones
@@ -119,7 +119,8 @@ def one_run(job: dict) -> dict:
     if job["threads"]:
         torch.set_num_threads(job["threads"])
     spec = RunSpec(**job["spec"])
-    result = finished_run(spec) or train(spec)
+    result = finished_run(job) or train(spec)
+    (Path(spec.output_dir) / STUDY_SPEC).write_text(json.dumps(study_spec(job), indent=2))
     data = load_task_data(spec.task, max_files=spec.max_files)
     tokenizer = load_tokenizer(spec.tokenizer)
     features = tokenize(spec.task, data, tokenizer, spec.max_length)["validation"]
@@ -133,19 +134,24 @@ def one_run(job: dict) -> dict:
     }
 
 
-def finished_run(spec: RunSpec) -> dict | None:
-    """The result of this very run if an earlier, interrupted study already completed it (same model config,
-    steps, batch, learning rate and seed): a crash late in a long study does not cost the runs it finished."""
-    folder = Path(spec.output_dir) / "model"
-    if not (folder / RUN_RECORD).is_file():
+STUDY_SPEC = "study_spec.json"  # what a finished run was trained with, next to its model folder
+
+
+def study_spec(job: dict) -> dict:
+    """Everything a run's result depends on: its RunSpec and the model config it names."""
+    return {"spec": job["spec"], "config": json.loads(Path(job["spec"]["model"]).read_text())}
+
+
+def finished_run(job: dict) -> dict | None:
+    """The result of this very run if an earlier, interrupted study already completed it with the same RunSpec
+    and model config: a crash late in a long study does not cost the runs it finished."""
+    output = Path(job["spec"]["output_dir"])
+    folder, recorded = output / "model", output / STUDY_SPEC
+    if not (folder / RUN_RECORD).is_file() or not recorded.is_file():
         return None
-    run = json.loads((folder / RUN_RECORD).read_text())
-    training = run["training"]
-    same = (run["model"] == spec.model and training["max_steps"] == spec.max_steps and training["seed"] == spec.seed
-            and training["per_device_train_batch_size"] == spec.batch_size
-            and training["learning_rate"] == spec.learning_rate
-            and json.loads(Path(spec.model).read_text()).items() <= load_saved(folder).config.to_dict().items())
-    return {**run, "model_dir": str(folder), "log": str(Path(spec.output_dir) / "log.csv")} if same else None
+    if json.loads(recorded.read_text()) != study_spec(job):
+        return None
+    return {**json.loads((folder / RUN_RECORD).read_text()), "model_dir": str(folder), "log": str(output / "log.csv")}
 
 
 def shared_tokenizer(task: str, folder: Path, vocab_size: int, max_files: int | None) -> str:

@@ -36,6 +36,17 @@ def shown(path: Path) -> str:
         return str(path)
 
 
+def compared(pair: dict) -> list[dict]:
+    """A pair's speed and memory rows (the logit-difference row is evidence of equal work, not a ratio)."""
+    return [row for row in pair["rows"] if "time_ratio" in row or "memory_ratio" in row]
+
+
+def logit_line(record: dict) -> str:
+    parts = [f"{name} {row['ours']:.1e} (of {row['reference']:.1f})" for name, pair in record["pairs"].items()
+             for row in pair["rows"] if row["measure"] == "max logit difference"]
+    return "- Same function: largest |logit difference| on the measured batch, hf_tfm vs reference: " + ", ".join(parts) + "."
+
+
 def ratio_of(row: dict) -> float:
     return row["time_ratio"] if "time_ratio" in row else row["memory_ratio"]
 
@@ -66,12 +77,14 @@ def speed_section(record: dict, source: Path, charts: Path, report: Path) -> lis
         "- **spread** = (slowest - fastest repeat) / median, the larger of the two models': how far apart repeats of "
         "the same work landed on this machine.",
         "",
+        logit_line(record),
+        "",
         "| pair | reference | measure | reference | hf_tfm | unit | ratio | spread |",
         "|---|---|---|---|---|---|---|---|",
     ]
     worst = []
     for name, pair in record["pairs"].items():
-        for row in pair["rows"]:
+        for row in compared(pair):
             ratio = ratio_of(row)
             worst.append((ratio, name, label_of(row)))
             above = round(ratio, 3) > 1.0  # as printed: 1.0004 is parity, not a gap
@@ -81,13 +94,14 @@ def speed_section(record: dict, source: Path, charts: Path, report: Path) -> lis
                          f"{row['ours']:,.1f} | {row['unit']} | {ratio:.3f}{flag} | {spread_of(row)} |")
         for error in pair["errors"]:
             lines.append(f"| {name} | {pair['reference']} | error: {error} | | | | | |")
-    ratios = [r for r, _, _ in worst]
     slower = [w for w in worst if round(w[0], 3) > 1.0]
-    timed = [ratio_of(row) for pair in record["pairs"].values() for row in pair["rows"] if "time_ratio" in row]
+    timed = [ratio_of(row) for pair in record["pairs"].values() for row in compared(pair) if "time_ratio" in row]
+    above = sum(round(ratio, 3) > 1.0 for ratio in timed)
+    median = f"{statistics.median(timed):.3f}" if timed else "n/a"
     lines += [
         "",
-        f"Rows: {len(ratios)} ({len(timed)} timed); median ratio of the timed rows {statistics.median(timed):.3f}; "
-        f"at or below 1.0: {len(ratios) - len(slower)}; above 1.0: {len(slower)}.",
+        f"Timed rows: {len(timed)}; median ratio {median}; at or below 1.0: {len(timed) - above}; above 1.0: {above}. "
+        f"Memory rows above 1.0: {len(slower) - above}.",
         "",
         "Largest gaps (hf_tfm slower or larger):",
         "",
@@ -103,7 +117,7 @@ def ratio_chart(record: dict, path: Path) -> None:
     """One horizontal bar per (pair, measure): the ratio, with the parity line at 1.0."""
     labels, values = [], []
     for name, pair in record["pairs"].items():
-        for row in pair["rows"]:
+        for row in compared(pair):
             labels.append(f"{name}: {label_of(row)}")
             values.append(ratio_of(row))
     figure, axis = plt.subplots(figsize=(9, 0.26 * len(labels) + 1.2))
@@ -180,11 +194,11 @@ def targets_section(cpu: dict | None, gpu: dict | None) -> list[str]:
     """Issue 7's goals next to what the newest results say (goals, not tests)."""
     lines = ["## Targets", "", "| target | measured |", "|---|---|"]
     if cpu is not None:
-        rows = [row for pair in cpu["pairs"].values() for row in pair["rows"]]
+        rows = [row for pair in cpu["pairs"].values() for row in compared(pair)]
         slower = [r for r in rows if "time_ratio" in r and round(r["time_ratio"], 3) > 1.0]
         larger = [r for r in rows if "memory_ratio" in r and round(r["memory_ratio"], 3) > 1.0]
         timed = sum("time_ratio" in r for r in rows)
-        worst = max(r["time_ratio"] for r in rows if "time_ratio" in r)
+        worst = max((r["time_ratio"] for r in rows if "time_ratio" in r), default=float("nan"))
         lines.append(f"| CPU: no pair slower than its reference (ratio <= 1.0) | {timed - len(slower)} of {timed} timed rows "
                      f"at or below 1.0; worst {worst:.3f} |")
         lines.append(f"| CPU: peak memory no higher | {len(larger)} of {len(rows) - timed} memory rows higher |")
@@ -210,19 +224,21 @@ def gap_section(record: dict, source: Path) -> list[str]:
         "## Where the batch-1 decoding gap comes from (CPU)",
         "",
         f"- Results: `{shown(source)}`, written by `{record['command']}` on {record['date']}; {record['device']}.",
-        f"- One cached decode step (prompt {record['prompt_length']}), median of {record['steps']} alternating steps; "
-        "operator time = CPU time inside top-level aten operators (torch.profiler); overhead = step - operator time "
-        "(Python: module calls, output dataclasses, mask and cache bookkeeping).",
+        f"- One cached decode step (prompt {record['prompt_length']}): median of {record['steps']} alternating steps; "
+        "then, from one torch.profiler run of as many steps, the profiled step time, the CPU time inside top-level "
+        "aten operators, and the rest (outside operators: Python module calls, output dataclasses, mask and cache "
+        "bookkeeping), all slowed by the profiler.",
         "",
-        "| pair | step us (ref -> ours) | ratio | Python calls / step | aten ops / step | operator us | overhead us |",
-        "|---|---|---|---|---|---|---|",
+        "| pair | step us (ref -> ours) | ratio | Python calls / step | aten ops / step | profiled step us | "
+        "inside operators us | outside us |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for row in record["rows"]:
         ref, ours = row["reference"], row["ours"]
-        lines.append(
-            f"| {row['pair']} | {ref['step_us']:,.0f} -> {ours['step_us']:,.0f} | {row['time_ratio']:.3f} | "
-            f"{ref['python_calls']:,.0f} -> {ours['python_calls']:,.0f} | {ref['aten_ops']:,.0f} -> {ours['aten_ops']:,.0f} | "
-            f"{ref['operator_us']:,.0f} -> {ours['operator_us']:,.0f} | {ref['overhead_us']:,.0f} -> {ours['overhead_us']:,.0f} |")
+        cells = [f"{ref[k]:,.0f} -> {ours[k]:,.0f}" for k in
+                 ("python_calls", "aten_ops", "profiled_step_us", "operator_us", "overhead_us")]
+        lines.append(f"| {row['pair']} | {ref['step_us']:,.0f} -> {ours['step_us']:,.0f} | {row['time_ratio']:.3f} | "
+                     + " | ".join(cells) + " |")
     return lines + [""]
 
 

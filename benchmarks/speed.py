@@ -25,9 +25,17 @@ from benchmarks.measure import (
     train_step_work,
     training_batch,
 )
-from benchmarks.pairs import KINDS, PROFILES, build_pair, parameter_count
+from benchmarks.pairs import KINDS, PROFILES, build_pair, parameter_count, train_flops_per_token
 from benchmarks.record import RESULTS, header, write
-H100_BF16_DENSE_FLOPS = 989e12  # H100 SXM peak dense bf16, for MFU
+# peak dense bf16 flop/s by device name, for MFU (NVIDIA data sheets); unknown devices get no MFU
+PEAK_BF16_FLOPS = {"H100 PCIe": 756e12, "H100": 989e12, "H200": 989e12}
+
+
+def peak_flops(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((flops for key, flops in PEAK_BF16_FLOPS.items() if key in name), None)
 
 
 def timed_rows(measure: str, unit: str, work: dict, per_call: float, profile: dict, device, variant: str) -> list[dict]:
@@ -60,7 +68,7 @@ def inference_rows(name: str, spec: dict, profile: dict, device, dtype, errors: 
     models = {"reference": reference.to(device, dtype), "ours": ours.to(device, dtype)}
     inputs = training_batch(task, reference.config.vocab_size, spec["batch"], spec["length"], spec.get("target_length"),
                             device)
-    rows = []
+    rows = [logit_difference(models, inputs)]
     for variant in ("eager", "compiled") if profile["compile"] else ("eager",):
         work = {key: forward_work(model, inputs) for key, model in maybe_compiled(models, variant == "compiled").items()}
         rows += timed_rows("forward latency", "ms", work, 1, profile, device, variant)
@@ -77,6 +85,18 @@ def inference_rows(name: str, spec: dict, profile: dict, device, dtype, errors: 
             except Exception as error:
                 errors.append(error_line(f"generate batch {batch} ({cache} cache)", error))
     return rows
+
+
+def logit_difference(models: dict, inputs: dict) -> dict:
+    """Evidence that both sides compute the same function on the measured batch: the largest logit difference."""
+    features = {key: value for key, value in inputs.items() if key != "labels"}
+    if models["ours"].config.is_encoder_decoder:
+        features["decoder_input_ids"] = inputs["labels"]
+    with torch.inference_mode():
+        logits = {key: model(**features).logits.float() for key, model in models.items()}
+    return {"measure": "max logit difference", "unit": "abs",
+            "reference": logits["reference"].abs().max().item(),
+            "ours": (logits["ours"] - logits["reference"]).abs().max().item()}
 
 
 def generation_row(models: dict, prompt, cache: str, profile: dict, device) -> dict:
@@ -98,7 +118,11 @@ def error_line(part: str, error: Exception) -> str:
 def training_rows(name: str, spec: dict, profile: dict, device, autocast_dtype) -> tuple[list[dict], dict]:
     task = KINDS[name].task
     reference, ours = build_pair(name, spec["config"])
-    models = {"reference": reference.to(device).train(), "ours": ours.to(device).train()}
+    # fp32 weights under autocast, except where a pair trains in its low-precision dtype: grouped_mm is not covered
+    # by autocast (transformers upcasts the tokens to the fp32 weights, or under compile falls back to a loop)
+    weights = getattr(torch, spec["train_weights"]) if "train_weights" in spec else torch.float32
+    autocast_dtype = None if weights != torch.float32 else autocast_dtype
+    models = {"reference": reference.to(device, weights).train(), "ours": ours.to(device, weights).train()}
     inputs = training_batch(task, reference.config.vocab_size, spec["batch"], spec["length"], spec.get("target_length"),
                             device)
     tokens = inputs["input_ids"].numel() + (inputs["labels"].numel() if task == "seq2seq" else 0)
@@ -116,13 +140,12 @@ def training_rows(name: str, spec: dict, profile: dict, device, autocast_dtype) 
         "attn_implementation": {key: model.config._attn_implementation for key, model in models.items()},
         "train_tokens_per_step": tokens,
     }
-    if device.type == "cuda" and task != "seq2seq":
-        # PaLM / nanoGPT accounting: 6 flops per parameter and token, plus attention's 12 * layers * width * length
-        config = models["ours"].config
-        flops_per_token = 6 * facts["active_parameters"]["ours"] + 12 * config.num_hidden_layers * config.hidden_size * spec["length"]
+    peak = peak_flops(device)
+    if peak and task != "seq2seq":
+        flops = train_flops_per_token(models["ours"], spec["length"])
         for row in rows:
             if row["measure"] == "train":
-                row["mfu"] = {key: row[key] * flops_per_token / H100_BF16_DENSE_FLOPS for key in ("reference", "ours")}
+                row["mfu"] = {key: row[key] * flops / peak for key in ("reference", "ours")}
     return rows, facts
 
 
@@ -154,24 +177,45 @@ def run(profile_name: str, pairs: list[str] | None = None, output: Path | None =
     command = command or f"python -m benchmarks.speed --profile {profile_name}"
     record = {**header(profile_name, command, device),
               "settings": {key: value for key, value in profile.items() if key != "pairs"}, "pairs": {}}
+    path = results_path(record, output)
     for name in pairs or list(profile["pairs"]):
         record["pairs"][name] = run_pair(name, profile, device)
         for row in record["pairs"][name]["rows"]:
-            ratio = row.get("time_ratio", row.get("memory_ratio"))
-            print(f"{name:8s} {row['measure']:22s} {row.get('variant', ''):14s} ref {row['reference']:10.1f}  "
-                  f"ours {row['ours']:10.1f} {row['unit']:9s} ratio {ratio:.3f}", flush=True)
-    return merge_and_write(record, output)
+            ratio = row.get("time_ratio", row.get("memory_ratio", float("nan")))
+            print(f"{name:8s} {row['measure']:22s} {row.get('variant', ''):14s} ref {row['reference']:10.4g}  "
+                  f"ours {row['ours']:10.4g} {row['unit']:9s} ratio {ratio:.3f}", flush=True)
+        record = merge_and_write(record, path)  # after every pair: a call killed at its time limit keeps the rest
+    return record
 
 
-def merge_and_write(record: dict, output: Path | None) -> dict:
-    """Pairs measured by separate calls on the same day and device (`--pairs`, to stay within a time limit per
-    call) join one results file; a pair measured again replaces its earlier result."""
-    path = output or RESULTS / f"{record['profile']}-{record['date']}.json"
+def results_path(record: dict, output: Path | None) -> Path:
+    """Where this run's pairs go: `output`, else today's file for the profile, unless that file was measured on
+    another device, versions or settings; then a numbered sibling (sorting after it), never an overwrite."""
+    if output is not None:
+        return output
+    path, number = RESULTS / f"{record['profile']}-{record['date']}.json", 1
+    while path.is_file() and not same_setup(json.loads(path.read_text()), record):
+        number += 1
+        path = RESULTS / f"{record['profile']}-{record['date']}-{number}.json"
+    return path
+
+
+def same_setup(earlier: dict, record: dict) -> bool:
+    keys = ("device", "versions", "settings")
+    return all(earlier[key] == record[key] for key in keys)
+
+
+def merge_and_write(record: dict, path: Path) -> dict:
+    """Pairs measured by separate calls on the same day and setup (`--pairs`, to stay within a time limit per call)
+    join one results file; a pair measured again replaces its earlier result."""
     if path.is_file():
         earlier = json.loads(path.read_text())
-        if (earlier["device"], earlier["versions"], earlier["settings"]) == (record["device"], record["versions"], record["settings"]):
-            commands = earlier.get("commands", [earlier["command"]])
-            record = {**record, "commands": [*commands, record["command"]], "pairs": {**earlier["pairs"], **record["pairs"]}}
+        if not same_setup(earlier, record):
+            raise SystemExit(f"error: {path} was measured on another device, versions or settings; pass another --output")
+        commands = earlier.get("commands", [earlier["command"]])
+        if commands[-1] != record["command"]:
+            commands = [*commands, record["command"]]
+        record = {**record, "commands": commands, "pairs": {**earlier["pairs"], **record["pairs"]}}
     write(record, record["profile"], path)
     return record
 

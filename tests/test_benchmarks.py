@@ -8,7 +8,8 @@ import math
 import pytest
 
 from benchmarks import profile_gap, quality, report, speed
-from benchmarks.pairs import KINDS, PROFILES, build_pair, parameter_count
+from benchmarks.pairs import KINDS, PROFILES, build_pair, parameter_count, train_flops_per_token
+from transformers import GPT2Config, GPT2LMHeadModel
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -22,23 +23,27 @@ def speed_record(tmp_path_factory):
 
 
 def test_every_pair_measures_everything_without_errors(speed_record):
+    assert {"hf_tfm", "commit"} <= set(speed_record["versions"])
     assert set(speed_record["pairs"]) == set(KINDS)
     assert {"device", "versions", "command", "settings"} <= set(speed_record)
     for name, pair in speed_record["pairs"].items():
         assert pair["errors"] == [], name
         measures = {(row["measure"], row.get("variant")) for row in pair["rows"]}
-        expected = {("train", "eager"), ("train peak memory", None), ("forward latency", "eager"), ("forward peak memory", None)}
+        expected = {("train", "eager"), ("train peak memory", None), ("forward latency", "eager"), ("forward peak memory", None),
+                    ("max logit difference", None)}
         if KINDS[name].task != "masked":
             expected |= {(f"generate batch {b}", f"{c} cache") for b in (1, 2) for c in ("dynamic", "static")}
         assert measures == expected, name
-        for row in pair["rows"]:
+        for row in report.compared(pair):
             ratio = row.get("time_ratio", row.get("memory_ratio"))
             assert ratio > 0 and math.isfinite(ratio), (name, row)
         assert pair["active_parameters"]["ours"] > 0
 
 
-def test_paired_models_generate_the_same_tokens(speed_record):
+def test_paired_models_compute_the_same_function(speed_record):
     for name, pair in speed_record["pairs"].items():
+        [logits] = [row for row in pair["rows"] if row["measure"] == "max logit difference"]
+        assert logits["ours"] <= 1e-4 * max(1.0, logits["reference"]), name
         for row in pair["rows"]:
             if "same_tokens" in row:
                 assert row["same_tokens"], (name, row["measure"], row["variant"])
@@ -49,6 +54,32 @@ def test_pairs_hold_the_same_parameters(name):
     reference, ours = build_pair(name, PROFILES["smoke"]["pairs"][name]["config"])
     extra = 97 if name == "bart" else 0  # BART keeps final_logits_bias as a buffer; hf_tfm's LM-head bias is a parameter
     assert parameter_count(ours) == parameter_count(reference) + extra
+
+
+def test_training_flops_follow_the_nanogpt_accounting():
+    """6 flops per parameter except the position table (the tied token table counts once, as the LM head's
+    matmul), plus 12 x layers x width x length for attention: nanoGPT's estimate_mfu."""
+    config = GPT2Config(n_embd=64, n_layer=3, n_head=4, vocab_size=1000, n_positions=128)
+    model = GPT2LMHeadModel(config)
+    non_position = sum(p.numel() for p in model.parameters()) - 128 * 64
+    assert train_flops_per_token(model, 100) == 6 * non_position + 12 * 3 * 64 * 100
+
+
+def test_gpu_calls_add_pairs_to_one_file_and_never_overwrite_another_setup(tmp_path, monkeypatch):
+    monkeypatch.setattr(speed, "RESULTS", tmp_path)
+    monkeypatch.setattr(speed, "write", lambda record, stem, path: path.write_text(json.dumps(record)))
+    first = {"profile": "gpu", "date": "2026-01-01", "command": "a", "device": "H100", "versions": {}, "settings": {},
+             "pairs": {"gpt2": {"rows": []}}}
+    path = speed.results_path(first, None)
+    speed.merge_and_write(first, path)
+    second = dict(first, command="b", pairs={"bert": {"rows": []}})
+    merged = speed.merge_and_write(second, speed.results_path(second, None))
+    assert set(merged["pairs"]) == {"gpt2", "bert"} and merged["commands"] == ["a", "b"]
+    other = dict(first, device="H200", pairs={"t5": {"rows": []}})
+    assert speed.results_path(other, None) == tmp_path / "gpu-2026-01-01-2.json"
+    with pytest.raises(SystemExit, match="another device"):
+        speed.merge_and_write(other, path)
+    assert set(json.loads(path.read_text())["pairs"]) == {"gpt2", "bert"}
 
 
 def test_quality_study_matches_parameters_and_reports_every_seed(tmp_path):
