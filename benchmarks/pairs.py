@@ -78,7 +78,7 @@ PROFILES = {
                                      decoder_attention_heads=4, encoder_ffn_dim=1024, decoder_ffn_dim=1024, vocab_size=8192,
                                      max_position_embeddings=512), batch=8, length=128, target_length=32),
         },
-        device="cpu", dtype="float32", compile=False, warmup=2, repeats=10, generate_warmup=1, generate_repeats=5,
+        device="cpu", dtype="float32", compile=False, warmup=2, repeats=20, generate_warmup=1, generate_repeats=9,
         prompt_length=16, new_tokens=32, generate_batches=[1, 64],
     ),
     # H100, bf16: GPT-2 124M at 16 x 1024, BERT-base at 32 x 512, the MoE issue's shape; eager and compiled
