@@ -38,18 +38,13 @@ def peak_flops(device: torch.device) -> float | None:
     return next((flops for key, flops in PEAK_BF16_FLOPS.items() if key in name), None)
 
 
-def timed_rows(measure: str, unit: str, work: dict, per_call: float, profile: dict, device, variant: str) -> list[dict]:
-    """Time both models' `work` and turn seconds into `unit` (per_call units of work per call)."""
+def timed_row(measure: str, work: dict, profile: dict, device, variant: str, tokens_per_call: int | None) -> dict:
+    """Time both models' `work`: as tokens/s when each call processes `tokens_per_call` tokens, else as latency."""
     timed = alternating_medians(work, profile["warmup"], profile["repeats"], device)
-    reference, ours = timed["reference"]["median_s"], timed["ours"]["median_s"]
-    row = {
-        "measure": measure, "variant": variant, "unit": unit,
-        "reference": per_call / reference if unit != "ms" else reference * 1e3,
-        "ours": per_call / ours if unit != "ms" else ours * 1e3,
-        "time_ratio": ours / reference,
-        "seconds": timed,
-    }
-    return [row]
+    medians = {key: timed[key]["median_s"] for key in ("reference", "ours")}
+    shown = {key: tokens_per_call / seconds if tokens_per_call else seconds * 1e3 for key, seconds in medians.items()}
+    return {"measure": measure, "variant": variant, "unit": "tokens/s" if tokens_per_call else "ms", **shown,
+            "time_ratio": medians["ours"] / medians["reference"], "seconds": timed}
 
 
 def memory_row(measure: str, work: dict, device) -> dict:
@@ -71,7 +66,7 @@ def inference_rows(name: str, spec: dict, profile: dict, device, dtype, errors: 
     rows = [logit_difference(models, inputs)]
     for variant in ("eager", "compiled") if profile["compile"] else ("eager",):
         work = {key: forward_work(model, inputs) for key, model in maybe_compiled(models, variant == "compiled").items()}
-        rows += timed_rows("forward latency", "ms", work, 1, profile, device, variant)
+        rows.append(timed_row("forward latency", work, profile, device, variant, tokens_per_call=None))
         if variant == "eager":
             rows.append(memory_row("forward peak memory", work, device))
     if task == "masked":
@@ -104,8 +99,8 @@ def generation_row(models: dict, prompt, cache: str, profile: dict, device) -> d
     work = {key: generate_work(model, prompt, profile["new_tokens"], cache, outputs[key]) for key, model in models.items()}
     batch = prompt.shape[0]
     generation_profile = dict(profile, warmup=profile["generate_warmup"], repeats=profile["generate_repeats"])
-    [row] = timed_rows(f"generate batch {batch}", "tokens/s", work, batch * profile["new_tokens"], generation_profile,
-                       device, f"{cache} cache")
+    row = timed_row(f"generate batch {batch}", work, generation_profile, device, f"{cache} cache",
+                    tokens_per_call=batch * profile["new_tokens"])
     row["same_tokens"] = bool(torch.equal(outputs["reference"][-1], outputs["ours"][-1]))
     return row
 
@@ -132,7 +127,7 @@ def training_rows(name: str, spec: dict, profile: dict, device, autocast_dtype) 
     for variant in ("eager", "compiled") if profile["compile"] else ("eager",):
         runnable = maybe_compiled(models, variant == "compiled")
         work = {key: train_step_work(runnable[key], inputs, optimizers[key], autocast_dtype) for key in models}
-        rows += timed_rows("train", "tokens/s", work, tokens, profile, device, variant)
+        rows.append(timed_row("train", work, profile, device, variant, tokens_per_call=tokens))
         if variant == "eager":
             rows.append(memory_row("train peak memory", work, device))
     facts = {
