@@ -93,11 +93,10 @@ def scaled(config: dict, scale: dict) -> dict:
     return grown
 
 
-def validation_loss(model_dir: Path, task: str, features, batch_size: int = 32) -> float:
+def validation_loss(model, tokenizer, task: str, features, batch_size: int = 32) -> float:
     """Token-weighted cross-entropy over every validation block; masked positions drawn from a fixed seed, so every
     model is scored on the same masks. (The collator's own `seed` refuses to run in a worker process.)"""
-    model = load_saved(model_dir).eval()
-    tokenizer = load_tokenizer(model_dir)
+    model.eval()
     mlm = task == "masked-lm"
     collate = DataCollatorForLanguageModeling(tokenizer, mlm=mlm, mlm_probability=MLM_PROBABILITY, return_tensors="pt")
     torch.manual_seed(0)
@@ -127,7 +126,7 @@ def one_run(job: dict) -> dict:
     model = load_saved(result["model_dir"])
     return {
         "study": job["study"], "model": job["model"], "seed": spec.seed,
-        "validation_loss": validation_loss(Path(result["model_dir"]), spec.task, features),
+        "validation_loss": validation_loss(model, tokenizer, spec.task, features),
         "parameters": parameter_count(model, active=False), "active_parameters": parameter_count(model, active=True),
         "curve": logged(result["log"], "eval_loss"), "train_curve": logged(result["log"], "loss"),
         "seconds": result["seconds"],

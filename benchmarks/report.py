@@ -252,14 +252,14 @@ def build(results: Path = RESULTS, report: Path = REPORT) -> str:
         "Every pair holds identical weights (hf_tfm's converters) and identical configurations, dropout included.",
         "",
     ]
-    speed_records = {p: json.loads(latest(p, results).read_text()) if latest(p, results) else None for p in SPEED_PROFILES}
-    lines += targets_section(speed_records["cpu"], speed_records["gpu"])
-    for profile in SPEED_PROFILES:
-        source = latest(profile, results)
+    sources = {profile: latest(profile, results) for profile in SPEED_PROFILES}
+    records = {profile: json.loads(source.read_text()) if source else None for profile, source in sources.items()}
+    lines += targets_section(records["cpu"], records["gpu"])
+    for profile, source in sources.items():
         if source is None:
             lines += [f"## Speed and memory: {profile} profile", "", "Not measured yet: no results file.", ""]
             continue
-        lines += speed_section(speed_records[profile], source, charts, report)
+        lines += speed_section(records[profile], source, charts, report)
     source = latest("profile-cpu", results)
     if source is not None:
         lines += gap_section(json.loads(source.read_text()), source)

@@ -42,6 +42,12 @@ class TfmModelOutput(BaseModelOutputWithPoolingAndCrossAttentions):
     router_logits: tuple[torch.FloatTensor, ...] | None = None
 
 
+def maybe_dropout(dropout: nn.Dropout, hidden_states: torch.Tensor) -> torch.Tensor:
+    """`dropout(hidden_states)`, minus the module call when it cannot drop anything (eval, or p = 0): in batch-1
+    decoding the no-op calls are measurable."""
+    return dropout(hidden_states) if dropout.training and dropout.p > 0 else hidden_states
+
+
 class TfmBlock(GradientCheckpointingLayer):
     """Self-attention, optional cross-attention over an encoder's output, then feed-forward (dense or MoE); each
     sublayer in a residual branch with a pre- or post-norm."""
@@ -64,9 +70,7 @@ class TfmBlock(GradientCheckpointingLayer):
         branch = sublayer(norm(hidden_states) if self.pre_norm else hidden_states, **kwargs)
         if isinstance(branch, tuple):  # attention returns (output, weights); weights are captured by hooks
             branch = branch[0]
-        if self.training and self.dropout.p > 0:  # skipping the no-op module call is measurable in batch-1 decoding
-            branch = self.dropout(branch)
-        hidden_states = hidden_states + branch
+        hidden_states = hidden_states + maybe_dropout(self.dropout, branch)
         return hidden_states if self.pre_norm else norm(hidden_states)
 
     def forward(
@@ -156,7 +160,7 @@ class TfmPreTrainedModel(PreTrainedModel):
         """The task loss plus the weighted aux and z losses, and the aux loss to report. Under Trainer's
         `num_items_in_batch` each micro-batch adds its share of tokens, so accumulated micro-batches sum to one
         token-weighted average (trap 5) instead of counting the router losses once per micro-batch."""
-        aux, z_loss = self.router_losses(router_logits, attention_mask, z_loss=self.config.router_z_loss_coef > 0)
+        aux, z_loss = self.router_losses(router_logits, attention_mask, with_z_loss=self.config.router_z_loss_coef > 0)
         if loss is not None:
             detached = torch.is_grad_enabled() and loss.requires_grad and not any(r.requires_grad for r in router_logits)
             if detached and (self.config.router_aux_loss_coef or self.config.router_z_loss_coef):
@@ -174,15 +178,15 @@ class TfmPreTrainedModel(PreTrainedModel):
             loss = loss + extra
         return loss, aux
 
-    def router_losses(self, router_logits, attention_mask, z_loss: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    def router_losses(self, router_logits, attention_mask, with_z_loss: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """The load-balancing loss (Switch/Mixtral, over all MoE layers, padding excluded) and the ST-MoE z-loss
-        (mean squared log-sum-exp of the router logits over real tokens, summed over layers; 0.0 unless `z_loss`,
-        so that a model trained without it does not pay for it)."""
+        (mean squared log-sum-exp of the router logits over real tokens, summed over layers; 0.0 unless
+        `with_z_loss`, so that a model trained without it does not pay for it)."""
         mask = attention_mask if attention_mask is not None and attention_mask.dim() == 2 else None
         aux = load_balancing_loss_func(router_logits, self.config.num_experts, self.config.num_experts_per_tok, mask)
         weights = mask.reshape(-1).float() if mask is not None else None
-        wanted, z_loss = z_loss, 0.0
-        for logits in router_logits if wanted else ():
+        z_loss = 0.0
+        for logits in router_logits if with_z_loss else ():
             squared = torch.logsumexp(logits.float(), dim=-1) ** 2
             z_loss = z_loss + (squared.mean() if weights is None else (squared * weights).sum() / weights.sum())
         return aux, z_loss
@@ -319,7 +323,7 @@ class TfmStack(TfmPreTrainedModel):
             hidden_states = hidden_states + self.embed_positions(positions).to(hidden_states.dtype)
         if self.embed_norm is not None:
             hidden_states = self.embed_norm(hidden_states)
-        return self.embed_dropout(hidden_states) if self.training and self.embed_dropout.p > 0 else hidden_states
+        return maybe_dropout(self.embed_dropout, hidden_states)
 
     def build_mask(self, inputs_embeds, attention_mask, past_key_values, position_ids):
         if not self.is_causal:
