@@ -6,21 +6,10 @@ Importing the package registers every model type with the transformers Auto clas
 
 import transformers
 
-from .configuration_tfm import TfmConfig, TfmDecoderConfig, TfmEncoderConfig, TfmEncoderDecoderConfig
 from . import modeling_tfm
-from .modeling_tfm import (
-    TfmDecoderForCausalLM,
-    TfmDecoderForSequenceClassification,
-    TfmDecoderModel,
-    TfmEncoderDecoderForConditionalGeneration,
-    TfmEncoderDecoderModel,
-    TfmEncoderForMaskedLM,
-    TfmEncoderForQuestionAnswering,
-    TfmEncoderForSequenceClassification,
-    TfmEncoderForTokenClassification,
-    TfmEncoderModel,
-    TfmPreTrainedModel,
-)
+from .config_json_checks import check_config_json_on_load
+from .configuration_tfm import TfmConfig, TfmDecoderConfig, TfmEncoderConfig, TfmEncoderDecoderConfig
+from .modeling_tfm import *  # noqa: F403  (the model classes, listed once: modeling_tfm.__all__)
 
 __version__ = "0.1.0"
 
@@ -36,21 +25,26 @@ def _register() -> None:
 
 
 _register()
+check_config_json_on_load()
+
+PRESET_FUNCTIONS = ("preset_config", "preset_path", "preset_names")
+
+
+def __getattr__(name: str):
+    # hf_tfm.preset_config(...) etc. live in hf_tfm.presets (configs/ in the repository, mapped there by the install);
+    # imported on first use, so that `import hf_tfm` also works from a source tree on sys.path without an install.
+    if name in PRESET_FUNCTIONS:
+        from . import presets
+
+        return getattr(presets, name)
+    raise AttributeError(f"module 'hf_tfm' has no attribute {name!r}")
+
 
 __all__ = [
     "TfmConfig",
     "TfmDecoderConfig",
     "TfmEncoderConfig",
     "TfmEncoderDecoderConfig",
-    "TfmPreTrainedModel",
-    "TfmDecoderModel",
-    "TfmDecoderForCausalLM",
-    "TfmDecoderForSequenceClassification",
-    "TfmEncoderModel",
-    "TfmEncoderForMaskedLM",
-    "TfmEncoderForSequenceClassification",
-    "TfmEncoderForTokenClassification",
-    "TfmEncoderForQuestionAnswering",
-    "TfmEncoderDecoderModel",
-    "TfmEncoderDecoderForConditionalGeneration",
+    *modeling_tfm.__all__,
+    *PRESET_FUNCTIONS,
 ]

@@ -4,12 +4,19 @@ A config is data that picks the blocks (position scheme, norm, feed-forward, att
 value or combination raises `ValueError` naming the field at construction time, before any model is built.
 """
 
+import dataclasses
+import difflib
+import functools
 from typing import ClassVar
 
 from huggingface_hub.dataclasses import strict
 from transformers.activations import ACT2FN
 from transformers.configuration_utils import PreTrainedConfig
+from transformers.generation import GenerationConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
 
 POSITION_EMBEDDING_TYPES = ("learned", "sinusoidal", "rope", "alibi", "relative_bias", "none")
 # schemes that add a per-head bias to the attention scores instead of changing the embeddings
@@ -22,6 +29,41 @@ FFN_TYPES = ("mlp", "glu")
 def _require(condition: bool, field: str, message: str) -> None:
     if not condition:
         raise ValueError(f"Invalid `{field}`: {message}")
+
+
+# Keys besides its dataclass fields that PreTrainedConfig takes (its __post_init__ reads or pops them), that
+# transformers writes into config.json, or that configs saved by transformers 4.x carry and tools still read.
+PRETRAINED_CONFIG_KEYS = frozenset(
+    {
+        "name_or_path", "num_labels", "torch_dtype", "_commit_hash", "attn_implementation", "experts_implementation",
+        "output_attentions", "per_layer_config", "rope_scaling", "rope_theta", "partial_rotary_factor", "auto_map",
+        "model_type", "transformers_version", "quantization_config", "tokenizer_class", "task_specific_params",
+        "finetuning_task", "prefix", "sep_token_id", "torchscript", "use_bfloat16", "pruned_heads",
+        "tie_encoder_decoder", "add_cross_attention", "cross_attention_hidden_size", "_attn_implementation_autoset",
+    }
+)  # fmt: skip
+
+
+@functools.cache
+def _known_keys(config_class: type) -> tuple[frozenset, list[str]]:
+    """Every key a config of this class takes without comment, and the public names to suggest for a typo."""
+    fields = {field.name for field in dataclasses.fields(config_class)}
+    generation = set(vars(GenerationConfig()))  # generation keys in a config.json are popped by transformers
+    public = sorted(name for name in fields | PRETRAINED_CONFIG_KEYS if not name.startswith("_"))
+    base = set(dir(PreTrainedConfig)) | set(vars(PreTrainedConfig()))  # its properties and instance attributes
+    known = fields | PRETRAINED_CONFIG_KEYS | generation | base | set(config_class.attribute_map)
+    return frozenset(known), public
+
+
+def _warn_unknown_keys(config: PreTrainedConfig, kwargs: dict) -> None:
+    """transformers keeps every unknown key of a config as an attribute that nothing reads: a misspelled field
+    (`position_embeding_type`, `num_expert=8`) would silently leave the model at the default."""
+    known, public = _known_keys(type(config))
+    source = f" (from {kwargs['name_or_path']})" if kwargs.get("name_or_path") else ""
+    for key in sorted(set(kwargs) - known):
+        close = difflib.get_close_matches(key, public, n=1)
+        hint = f"did you mean {close[0]!r}?" if close else "it is kept as an attribute, but no hf_tfm model reads it"
+        logger.warning(f"{type(config).__name__}{source}: {key!r} is not a config field; {hint}")
 
 
 @strict
@@ -150,6 +192,7 @@ class TfmConfig(PreTrainedConfig):
     eos_token_id: int | list[int] | None = None
 
     def __post_init__(self, **kwargs):
+        _warn_unknown_keys(self, kwargs)
         self._check_fields(kwargs)
         if self.num_key_value_heads is None:
             self.num_key_value_heads = self.num_attention_heads
@@ -249,6 +292,11 @@ class TfmConfig(PreTrainedConfig):
             "shared_expert_intermediate_size",
             f"must be >= 0 (0 = no shared expert), got {self.shared_expert_intermediate_size}",
         )
+
+    def has_moe_layers(self) -> bool:
+        """Whether any layer of any stack is a Mixture-of-Experts layer."""
+        depth = max(self.num_hidden_layers, getattr(self, "decoder_layers", None) or 0)
+        return any(self.is_moe_layer(i) for i in range(depth))
 
     def is_moe_layer(self, layer_idx: int) -> bool:
         if self.num_experts == 0:

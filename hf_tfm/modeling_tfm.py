@@ -24,7 +24,8 @@ from transformers.modeling_outputs import (
     TokenClassifierOutput,
 )
 from transformers.models.bart.modeling_bart import shift_tokens_right
-from transformers.utils import ModelOutput, can_return_tuple
+from transformers.processing_utils import Unpack
+from transformers.utils import ModelOutput, TransformersKwargs, can_return_tuple
 
 from .configuration_tfm import TfmDecoderConfig, TfmEncoderConfig, TfmEncoderDecoderConfig
 from .modeling_tfm_layers import TfmMaskedLMHead
@@ -95,11 +96,10 @@ class TfmDecoderForCausalLM(TfmPreTrainedModel, GenerationMixin):
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> MoeCausalLMOutputWithPast:
         check_labels(labels, input_ids, inputs_embeds)
-        output_router_logits = kwargs.pop("output_router_logits", None) or self.config.output_router_logits
-        routed = self.config.num_experts > 0 and (labels is not None or output_router_logits)
+        routed = self.wants_router_logits(kwargs, labels)
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -113,8 +113,11 @@ class TfmDecoderForCausalLM(TfmPreTrainedModel, GenerationMixin):
         logits = lm_logits(self.config, self.lm_head, outputs.last_hidden_state, logits_to_keep)
         loss = aux_loss = None
         if labels is not None:
-            # kwargs carry Trainer's num_items_in_batch, which keeps gradient accumulation exact (trap 5)
-            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+            # kwargs carry Trainer's num_items_in_batch: a forward that accepts **kwargs gets it, and Trainer then no
+            # longer divides by the accumulation steps, so the loss must divide by it to keep accumulation exact
+            loss = self.task_loss(
+                self.loss_function, logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs
+            )
         if routed:
             loss, aux_loss = self.add_router_losses(loss, outputs.router_logits, attention_mask, labels, **kwargs)
         return MoeCausalLMOutputWithPast(
@@ -151,9 +154,9 @@ class TfmDecoderForSequenceClassification(TfmPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> TfmSequenceClassifierOutputWithPast:
-        routed = self.config.num_experts > 0 and labels is not None
+        routed = self.wants_router_logits(kwargs, labels)
         outputs = self.model(
             input_ids,
             attention_mask=attention_mask,
@@ -176,7 +179,9 @@ class TfmDecoderForSequenceClassification(TfmPreTrainedModel):
         pooled_logits = logits[torch.arange(logits.shape[0], device=logits.device), last]
         loss = None
         if labels is not None:
-            loss = self.loss_function(logits=logits, labels=labels, pooled_logits=pooled_logits, config=self.config)
+            loss = self.task_loss(
+                self.loss_function, logits=logits, labels=labels, pooled_logits=pooled_logits, config=self.config
+            )
         aux_loss = None
         if routed:
             loss, aux_loss = self.add_router_losses(loss, outputs.router_logits, attention_mask, labels, **kwargs)
@@ -237,9 +242,9 @@ class TfmEncoderHead(TfmPreTrainedModel):
         position_ids: torch.LongTensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
-        **kwargs,
-    ):
-        routed = self.config.num_experts > 0 and labels is not None
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> ModelOutput:
+        routed = self.wants_router_logits(kwargs, labels)
         outputs = self.encode(
             input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_router_logits=routed, **kwargs
         )
@@ -275,7 +280,9 @@ class TfmEncoderForMaskedLM(TfmEncoderHead):
         logits = self.lm_head(outputs.last_hidden_state)
         loss = None
         if labels is not None:
-            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+            loss = self.task_loss(
+                self.loss_function, logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs
+            )
         return logits, loss
 
 
@@ -284,8 +291,8 @@ class TfmEncoderForSequenceClassification(TfmEncoderHead):
 
     add_pooling_layer = True
     output_class = TfmSequenceClassifierOutput
-    # the regression and multi-label losses cannot use Trainer's num_items_in_batch: let Trainer scale for
-    # gradient accumulation instead (HF_V5_NOTES trap 5)
+    # the regression and multi-label losses cannot use Trainer's num_items_in_batch: with this False, Trainer passes
+    # none and divides by the gradient accumulation steps itself
     accepts_loss_kwargs = False
 
     def build_head(self, config):
@@ -296,7 +303,7 @@ class TfmEncoderForSequenceClassification(TfmEncoderHead):
         logits = self.classifier(self.dropout(pooled))
         loss = None
         if labels is not None:
-            loss = self.loss_function(labels=labels, pooled_logits=logits, config=self.config)
+            loss = self.task_loss(self.loss_function, labels=labels, pooled_logits=logits, config=self.config)
         return logits, loss
 
 
@@ -311,7 +318,7 @@ class TfmEncoderForTokenClassification(TfmEncoderHead):
         logits = self.classifier(self.dropout(outputs.last_hidden_state))
         loss = None
         if labels is not None:
-            loss = self.loss_function(logits=logits, labels=labels, config=self.config, **kwargs)
+            loss = self.task_loss(self.loss_function, logits=logits, labels=labels, config=self.config, **kwargs)
         return logits, loss
 
 
@@ -332,16 +339,23 @@ class TfmEncoderForQuestionAnswering(TfmEncoderHead):
         inputs_embeds: torch.Tensor | None = None,
         start_positions: torch.LongTensor | None = None,
         end_positions: torch.LongTensor | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> TfmQuestionAnsweringOutput:
-        routed = self.config.num_experts > 0 and start_positions is not None
+        routed = self.wants_router_logits(kwargs, start_positions)
         outputs = self.encode(
             input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_router_logits=routed, **kwargs
         )
         start_logits, end_logits = self.qa_outputs(outputs.last_hidden_state).unbind(dim=-1)
         loss = None
         if start_positions is not None and end_positions is not None:
-            loss = self.loss_function(start_logits, end_logits, start_positions, end_positions, **kwargs)
+            loss = self.task_loss(
+                self.loss_function,
+                start_logits=start_logits,
+                end_logits=end_logits,
+                start_positions=start_positions,
+                end_positions=end_positions,
+                **kwargs,
+            )
         aux_loss = None
         if routed:
             loss, aux_loss = self.add_router_losses(loss, outputs.router_logits, attention_mask, start_positions, **kwargs)
@@ -398,7 +412,7 @@ class TfmEncoderDecoderModel(TfmPreTrainedModel):
         decoder_inputs_embeds: torch.Tensor | None = None,
         decoder_position_ids: torch.LongTensor | None = None,
         use_cache: bool | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqMoEModelOutput:
         if encoder_outputs is None:
             encoder_outputs = self.encoder(input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs)
@@ -465,10 +479,9 @@ class TfmEncoderDecoderForConditionalGeneration(TfmPreTrainedModel, GenerationMi
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqMoEOutput:
-        output_router_logits = kwargs.pop("output_router_logits", None) or self.config.output_router_logits
-        routed = self.config.num_experts > 0 and (labels is not None or output_router_logits)
+        routed = self.wants_router_logits(kwargs, labels)
         if labels is not None:
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
@@ -490,8 +503,11 @@ class TfmEncoderDecoderForConditionalGeneration(TfmPreTrainedModel, GenerationMi
         logits = lm_logits(self.config, self.lm_head, outputs.last_hidden_state, logits_to_keep)
         loss = encoder_aux = decoder_aux = None
         if labels is not None:
-            # labels are already the decoder's targets: plain cross-entropy, no causal shift (trap 6)
-            loss = ForMaskedLMLoss(logits, labels, vocab_size=self.config.vocab_size, **kwargs)
+            # labels are already the decoder's targets: plain cross-entropy, not transformers'
+            # ForConditionalGeneration loss, which shifts labels like a causal LM
+            loss = self.task_loss(
+                ForMaskedLMLoss, logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs
+            )
         if routed:  # MoE: each stack's router losses, over its own real tokens
             if outputs.encoder_router_logits:
                 loss, encoder_aux = self.add_router_losses(loss, outputs.encoder_router_logits, attention_mask, labels, **kwargs)
@@ -519,9 +535,9 @@ class TfmEncoderDecoderForConditionalGeneration(TfmPreTrainedModel, GenerationMi
 # Every Auto class each paradigm answers to: the one place that registration and `auto_map` read from.
 
 
+# the public model classes; hf_tfm/__init__.py exports these names
 __all__ = [
     "TfmPreTrainedModel",
-    "TfmStack",
     "TfmDecoderModel",
     "TfmDecoderForCausalLM",
     "TfmDecoderForSequenceClassification",

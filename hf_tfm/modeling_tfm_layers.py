@@ -16,6 +16,8 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, dynamic_rope_u
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, eager_attention_forward
 from transformers.models.t5.modeling_t5 import T5Attention
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs
 
 from .configuration_tfm import TfmConfig
 
@@ -52,7 +54,7 @@ class TfmRotaryEmbedding(nn.Module):
     """RoPE with every transformers scaling type. Follows `LlamaRotaryEmbedding` so that `PreTrainedModel._init_weights`
     recomputes `inv_freq` after meta-device loading (the class name and `original_inv_freq` are what it looks for)."""
 
-    def __init__(self, config: TfmConfig):
+    def __init__(self, config: TfmConfig, device=None):
         super().__init__()
         self.max_seq_len_cached = config.max_position_embeddings
         self.original_max_seq_len = config.max_position_embeddings
@@ -61,7 +63,7 @@ class TfmRotaryEmbedding(nn.Module):
         rope_init_fn: Callable = self.compute_default_rope_parameters
         if self.rope_type != "default":
             rope_init_fn = ROPE_INIT_FUNCTIONS[self.rope_type]
-        inv_freq, self.attention_scaling = rope_init_fn(config)
+        inv_freq, self.attention_scaling = rope_init_fn(config, device)
         self.inv_freq = nn.Buffer(inv_freq, persistent=False)
         self.original_inv_freq = nn.Buffer(inv_freq.clone(), persistent=False)
 
@@ -150,17 +152,17 @@ class TfmRelativePositionBias(nn.Module):
         return self.relative_attention_bias(buckets).permute(0, 3, 1, 2).float()
 
 
-def key_positions_for_bias(attention_mask: torch.Tensor | None, position_ids: torch.Tensor, kv_length: int):
-    """Token positions of every key slot: counted over the 2D padding mask when there is one (left padding),
-    else the slot index. Slots past the mask (a static cache's free tail) are masked anyway."""
-    batch = position_ids.shape[0]
-    if attention_mask is None or attention_mask.dim() != 2:
-        return torch.arange(kv_length, device=position_ids.device).expand(batch, kv_length)
-    positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-    if positions.shape[-1] < kv_length:
-        tail = positions[:, -1:] + torch.arange(1, kv_length - positions.shape[-1] + 1, device=positions.device)
-        positions = torch.cat([positions, tail], dim=-1)
-    return positions[:, :kv_length].expand(batch, kv_length)
+def key_positions_for_bias(position_ids: torch.Tensor, past_length, kv_length: int) -> torch.Tensor:
+    """Token position of every key slot [B, kv], for the biases that depend on query-key distance. Without cached
+    keys, the keys are the queries' own tokens. With a cache, slot j holds the token `newest slot - j` places before
+    the newest one, so positions count back from the newest token's position id, not from the slot: a left-padded
+    row (whose pads are not counted) gets its own positions in a dynamic and a static cache alike, and a static
+    cache's not yet filled slots (masked anyway) continue past it."""
+    length = position_ids.shape[-1]
+    if kv_length == length:
+        return position_ids
+    newest_slot = past_length + length - 1
+    return torch.arange(kv_length, device=position_ids.device) - (newest_slot - position_ids[:, -1:])
 
 
 def merge_position_bias(attention_mask, position_bias: torch.Tensor, dtype: torch.dtype):
@@ -211,7 +213,7 @@ class TfmAttention(nn.Module):
         position_bias: torch.Tensor | None = None,
         past_key_values: Cache | None = None,
         key_value_states: torch.Tensor | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         input_shape = hidden_states.shape[:-1]
         query_states = self.q_proj(hidden_states).view(*input_shape, -1, self.head_dim).transpose(1, 2)

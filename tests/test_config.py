@@ -1,13 +1,23 @@
-"""TfmConfig validation, derived defaults, serialization and RoPE scaling."""
+"""TfmConfig validation, derived defaults, serialization, RoPE scaling, and the warnings and errors for keys and
+model types a config.json gets wrong."""
 
+import json
+import logging
 import re
 
 import pytest
 import torch
-from transformers import AutoConfig
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, GenerationConfig
 
 import hf_tfm  # noqa: F401  (registers the tfm model types with the Auto classes)
-from hf_tfm import TfmDecoderConfig, TfmEncoderConfig, TfmEncoderDecoderConfig
+from hf_tfm import (
+    TfmDecoderConfig,
+    TfmDecoderForSequenceClassification,
+    TfmEncoderConfig,
+    TfmEncoderDecoderConfig,
+    TfmEncoderDecoderForConditionalGeneration,
+    TfmEncoderForTokenClassification,
+)
 
 from conftest import POSITION_TYPES, VOCAB, tiny_config, tiny_model
 
@@ -129,3 +139,100 @@ def test_encoder_and_encoder_decoder_configs():
 def test_paradigm_config_fields_validated(config_class, field, value):
     with pytest.raises(ValueError, match=field):
         config_class(hidden_size=32, num_attention_heads=4, **{field: value})
+
+
+# ------------------------------------------------------------------------------------------ unknown keys warn
+
+UNKNOWN_KEY_WARNING = "is not a config field"
+
+
+def test_misspelled_keyword_warns_with_nearest_field(caplog):
+    """A misspelled keyword argument is named with the nearest real field (transformers would keep it silently)."""
+    with caplog.at_level(logging.WARNING):
+        config = TfmDecoderConfig(num_expert=8, hidden_size=32, num_attention_heads=4)
+    assert config.num_experts == 0  # the typo really does leave the model dense: hence the warning
+    assert "TfmDecoderConfig: 'num_expert' is not a config field; did you mean 'num_experts'?" in caplog.text
+
+
+def test_unknown_key_in_config_json_warns_with_nearest_field(tmp_path, caplog):
+    """A misspelled key in config.json is named, with the folder and the nearest real field."""
+    tiny_config().save_pretrained(tmp_path)
+    path = tmp_path / "config.json"
+    path.write_text(path.read_text().replace('"position_embedding_type"', '"position_embeding_type"'))
+    with caplog.at_level(logging.WARNING):
+        AutoConfig.from_pretrained(tmp_path)
+    assert f"TfmDecoderConfig (from {tmp_path}): 'position_embeding_type' is not a config field; " in caplog.text
+    assert "did you mean 'position_embedding_type'?" in caplog.text
+
+
+@pytest.mark.parametrize("paradigm", ["decoder", "encoder", "encoder-decoder"])
+def test_clean_round_trip_warns_nothing(paradigm, tmp_path, caplog):
+    """Saving and loading a model of each paradigm (with labels, RoPE scaling, MoE, generation settings) through the
+    Auto classes passes every key transformers itself writes without an unknown-key warning."""
+    common = dict(ROPE, rope_parameters=LINEAR_SCALING, num_experts=2, id2label={0: "no", 1: "yes"})
+    with caplog.at_level(logging.WARNING):
+        if paradigm == "decoder":
+            model = TfmDecoderForSequenceClassification(tiny_config(**common))
+        elif paradigm == "encoder":
+            model = TfmEncoderForTokenClassification(tiny_config(TfmEncoderConfig, **common))
+        else:
+            model = TfmEncoderDecoderForConditionalGeneration(
+                tiny_config(TfmEncoderDecoderConfig, **common, decoder_start_token_id=1)
+            )
+            model.generation_config = GenerationConfig(decoder_start_token_id=1, max_new_tokens=3)
+        type(model.config).from_dict(model.config.to_dict())  # as upcycle rebuilds a config
+        model.save_pretrained(tmp_path)
+        AutoConfig.from_pretrained(tmp_path)
+        AutoModel.from_pretrained(tmp_path)
+        type(model).from_pretrained(tmp_path, num_labels=2)
+    assert UNKNOWN_KEY_WARNING not in caplog.text
+
+
+# --------------------------------------------------------------------------------------- config.json mistakes
+
+# case -> (Auto class, model_type written (None: no key), what the error must say)
+CONFIG_JSON_MISTAKES = {
+    "misspelled-model-type": (
+        AutoConfig,
+        "tfm_decodr",
+        r"config\.json has model_type 'tfm_decodr': the valid hf_tfm model types are 'tfm_decoder', 'tfm_encoder', "
+        r"'tfm_encoder_decoder' \(its auto_map names TfmDecoderConfig",
+    ),
+    "missing-model-type": (
+        AutoModelForCausalLM,
+        None,
+        r"config\.json has no model_type: the valid hf_tfm model types are 'tfm_decoder'",
+    ),
+    "other-paradigm": (
+        AutoModelForMaskedLM,
+        "tfm_decoder",
+        r"config\.json holds model_type 'tfm_decoder', which AutoModelForMaskedLM cannot load; model_type "
+        r"'tfm_decoder' loads with AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification$",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", CONFIG_JSON_MISTAKES)
+def test_config_json_mistake_is_named(case, tmp_path):
+    """A misspelled or missing model_type, or an Auto class of another paradigm, in a saved hf_tfm folder is a
+    ValueError naming model_type and the valid choices, not transformers' "pass trust_remote_code=True" (every
+    hf_tfm config carries auto_map) nor its list of every model type it knows."""
+    auto_class, model_type, match = CONFIG_JSON_MISTAKES[case]
+    tiny_model().save_pretrained(tmp_path)
+    path = tmp_path / "config.json"
+    config = json.loads(path.read_text())
+    config["model_type"] = model_type
+    if model_type is None:
+        del config["model_type"]
+    path.write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=match):
+        auto_class.from_pretrained(tmp_path)
+
+
+def test_other_folders_keep_transformers_messages(tmp_path):
+    """A folder whose auto_map does not name hf_tfm's config classes gets transformers' own message unchanged."""
+    config = json.loads(tiny_config().to_json_string())
+    config.update(model_type="not_a_model", auto_map={"AutoConfig": "configuration_other.OtherConfig"})
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="trust_remote_code=True"):
+        AutoConfig.from_pretrained(tmp_path, trust_remote_code=False)

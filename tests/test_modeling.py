@@ -1,14 +1,18 @@
 """hf_tfm models: every block combination trains, bad input is named, weights tie, save and load, outputs match."""
 
+import inspect
 import json
 
 import pytest
 import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaModel
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs
 
 import hf_tfm  # noqa: F401  (registers the tfm model types with the Auto classes)
 from hf_tfm import TfmDecoderForCausalLM, TfmDecoderForSequenceClassification, TfmDecoderModel
+from hf_tfm import modeling_tfm, modeling_tfm_layers, modeling_tfm_stack
 
 from conftest import POSITION_TYPES, VOCAB, tiny_config, tiny_model
 
@@ -225,3 +229,37 @@ def test_classification_loss(num_labels, problem_type, make_labels, reference):
     out = model(random_ids(batch=3), labels=labels)
     assert out.logits.shape == (3, num_labels)
     torch.testing.assert_close(out.loss, reference(out.logits, labels))
+
+
+# ------------------------------------------------------------------------------------ transformers' conventions
+
+
+def test_rotary_embedding_follows_transformers_rope_modules():
+    """The RoPE module is built as transformers' rope tests build it (`rope_class(config=..., device=...)`), and linear
+    scaling by 10 puts new position x where the unscaled module had x / 10 (the frequency check those tests run)."""
+    config = tiny_config(position_embedding_type="rope")
+    rope_class = type(TfmDecoderModel(config).rotary_emb)
+    x = torch.randn(1)
+    positions = torch.arange(40).unsqueeze(0)
+    original_cos, original_sin = rope_class(config=config, device=x.device)(x, positions)
+    config.rope_parameters = {**config.rope_parameters, "rope_type": "linear", "factor": 10.0}
+    scaled_cos, scaled_sin = rope_class(config=config, device=x.device)(x, positions)
+    torch.testing.assert_close(scaled_cos[:, ::10], original_cos[:, :4])
+    torch.testing.assert_close(scaled_sin[:, ::10], original_sin[:, :4])
+
+
+def test_forward_kwargs_are_transformers_kwargs():
+    """Every forward that takes **kwargs annotates them `Unpack[TransformersKwargs]`, as transformers' models do
+    (its tooling reads the annotation to know which outputs the kwargs can ask for)."""
+    classes = [
+        value
+        for module in (modeling_tfm, modeling_tfm_layers, modeling_tfm_stack)
+        for value in vars(module).values()
+        if isinstance(value, type) and value.__module__ == module.__name__ and "forward" in vars(value)
+    ]
+    unannotated = []
+    for cls in classes:
+        for parameter in inspect.signature(cls.forward).parameters.values():
+            if parameter.kind is parameter.VAR_KEYWORD and parameter.annotation != Unpack[TransformersKwargs]:
+                unannotated.append(cls.__name__)
+    assert len(classes) > 10 and not unannotated

@@ -24,13 +24,16 @@ from hf_tfm import (
     TfmDecoderConfig,
     TfmDecoderForCausalLM,
     TfmDecoderForSequenceClassification,
+    TfmDecoderModel,
     TfmEncoderConfig,
     TfmEncoderDecoderConfig,
     TfmEncoderDecoderForConditionalGeneration,
+    TfmEncoderDecoderModel,
     TfmEncoderForMaskedLM,
     TfmEncoderForQuestionAnswering,
     TfmEncoderForSequenceClassification,
     TfmEncoderForTokenClassification,
+    TfmEncoderModel,
 )
 from hf_tfm.convert_mixtral import mixtral_to_tfm, tfm_to_mixtral
 from hf_tfm.modeling_tfm_layers import TfmExperts, TfmFeedForward, TfmMoE, TfmRouter
@@ -255,6 +258,28 @@ def test_set_experts_implementation_switches_code_path(monkeypatch):
         with torch.no_grad():
             model(input_ids)
         assert calls == [expected] * 2, (requested, calls)
+
+
+@pytest.mark.parametrize("experts", ["grouped_mm", "batched_mm"])
+def test_dense_model_refuses_experts_implementation(experts, tmp_path):
+    """A model without MoE layers refuses an experts backend by name (instead of accepting it as a silent no-op),
+    from set_experts_implementation and from from_pretrained; eager and the default still load it, and an MoE
+    model loads with any backend."""
+    dense, no_moe_layers, moe = tiny_model(), tiny_model(num_experts=E, moe_layers=[]), moe_model()
+    assert not dense._can_set_experts_implementation() and not no_moe_layers._can_set_experts_implementation()
+    assert moe._can_set_experts_implementation()
+    assert type(dense)._can_set_experts_implementation()  # tools ask the class (a classmethod in transformers)
+    for model in (dense, no_moe_layers):
+        with pytest.raises(ValueError, match=rf"experts_implementation='{experts}'.*num_experts="):
+            model.set_experts_implementation(experts)
+    dense.set_experts_implementation("eager")
+    dense.save_pretrained(tmp_path / "dense")
+    moe.save_pretrained(tmp_path / "moe")
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "dense").config._experts_implementation == "eager"
+    with pytest.raises(ValueError, match="num_experts=0"):
+        AutoModelForCausalLM.from_pretrained(tmp_path / "dense", experts_implementation=experts)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "moe", experts_implementation=experts)
+    assert loaded.config._experts_implementation == experts
 
 
 # --------------------------------------------------------------------------------------------------- router losses
@@ -737,6 +762,43 @@ def test_every_head_adds_router_losses(name):
         model.config.router_aux_loss_coef = model.config.router_z_loss_coef = 0.0
         task_only = model(input_ids, attention_mask=attention_mask, **targets).loss
     assert with_router - task_only > 1e-2, (float(with_router), float(task_only))
+
+
+HEADS_AND_BODIES = {
+    **HEADS,
+    "decoder-model": (TfmDecoderModel, TfmDecoderConfig, {}),
+    "encoder-model": (TfmEncoderModel, TfmEncoderConfig, {}),
+    "encoder-decoder-model": (TfmEncoderDecoderModel, TfmEncoderDecoderConfig, {}),
+}
+
+
+@pytest.mark.parametrize("moe", [True, False], ids=["moe", "dense"])
+@pytest.mark.parametrize("name", sorted(HEADS_AND_BODIES))
+def test_every_class_accepts_output_router_logits(name, moe):
+    """output_router_logits=True without labels: an MoE model reports each MoE layer's router logits and the aux
+    loss, a dense model None, for every head and body (the heads once passed the argument twice: a TypeError)."""
+    model_class, config_class, overrides = HEADS_AND_BODIES[name]
+    experts = MOE if moe else {}
+    torch.manual_seed(0)
+    model = model_class(tiny_config(config_class, **experts, num_labels=3, **overrides)).eval()
+    input_ids, attention_mask, _, _ = padded_batch()
+    inputs = dict(input_ids=input_ids, attention_mask=attention_mask)
+    if name.startswith("encoder-decoder"):
+        inputs["decoder_input_ids"] = torch.randint(3, VOCAB, (2, 5))
+    with torch.no_grad():
+        output = model(**inputs, output_router_logits=True)
+    if name.startswith("encoder-decoder"):
+        router_logits = [output.encoder_router_logits, output.decoder_router_logits]
+    else:
+        router_logits = [output.router_logits]
+    if not moe:
+        assert not any(router_logits)  # None from a head, () from a body
+        return
+    assert all(len(layers) == 2 and layers[0].shape[-1] == E for layers in router_logits)
+    if name == "encoder-decoder":
+        assert output.encoder_aux_loss is not None and output.decoder_aux_loss is not None
+    elif not name.endswith("model"):  # bodies report router logits only; heads add the aux loss
+        assert output.aux_loss is not None
 
 
 # --------------------------------------------------------------------------------------------------- remote code
