@@ -11,8 +11,10 @@ from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPoolingAndCrossAttentions
-from transformers.modeling_utils import PreTrainedModel, slice_logits_to_keep
+from transformers.modeling_utils import PreTrainedModel
 from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
@@ -33,6 +35,20 @@ from .modeling_tfm_layers import (
     make_norm,
     sinusoidal_table,
 )
+from .modeling_tfm_saving import load_checked, push_with_card, save_staged
+
+try:  # transformers >= 5.21
+    from transformers.modeling_utils import slice_logits_to_keep
+except ImportError:  # transformers 5.17-5.20: the same function, as 5.21 added it
+
+    def slice_logits_to_keep(hidden_states: torch.Tensor, logits_to_keep: int | torch.Tensor) -> torch.Tensor:
+        if isinstance(logits_to_keep, torch.Tensor) and logits_to_keep.ndim == 2:
+            if logits_to_keep.dtype == torch.bool:
+                return hidden_states[logits_to_keep]
+            return torch.take_along_dim(hidden_states, logits_to_keep[..., None], dim=1)
+        if isinstance(logits_to_keep, int):
+            logits_to_keep = slice(-logits_to_keep, None)
+        return hidden_states[:, logits_to_keep, :]
 
 
 @dataclass
@@ -83,7 +99,7 @@ class TfmBlock(GradientCheckpointingLayer):
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
         past_key_values: Cache | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> torch.Tensor:
         hidden_states = self._residual(
             hidden_states,
@@ -108,6 +124,18 @@ class TfmBlock(GradientCheckpointingLayer):
         return self._residual(hidden_states, self.ffn_norm, self.mlp)
 
 
+class ExpertsSettable:
+    """`_can_set_experts_implementation` is a classmethod in transformers, but whether a backend can run depends
+    on the config: an instance answers with the decorated method, the class (asked by tools before building a
+    model) with True, as any hf_tfm class can hold experts."""
+
+    def __init__(self, method):
+        self.method = method
+
+    def __get__(self, instance, owner=None):
+        return (lambda: True) if instance is None else self.method.__get__(instance, owner)
+
+
 class TfmPreTrainedModel(PreTrainedModel):
     config: TfmConfig
     base_model_prefix = "model"
@@ -126,15 +154,26 @@ class TfmPreTrainedModel(PreTrainedModel):
         "router_logits": OutputRecorder(TfmRouter, index=0),
     }
 
-    @classmethod
-    def _can_set_experts_implementation(cls) -> bool:
-        # transformers greps the model class's own file for `@use_experts_implementation`; our experts live in
-        # modeling_tfm_layers.py, so without this the fused backends would silently fall back to eager (trap 4).
-        return True
+    @ExpertsSettable
+    def _can_set_experts_implementation(self) -> bool:
+        # transformers' classmethod greps the model class's own file for `@use_experts_implementation`; our experts
+        # live in modeling_tfm_layers.py, so it would say no and grouped_mm would silently fall back to eager.
+        # A model answers from its config: yes exactly when it has MoE layers.
+        return self.config.has_moe_layers()
+
+    def get_correct_experts_implementation(self, requested_experts: str | None) -> str:
+        # transformers accepts any experts backend on a model without experts as a silent no-op
+        if requested_experts not in (None, "eager") and not self._can_set_experts_implementation():
+            raise ValueError(
+                f"experts_implementation={requested_experts!r} needs Mixture-of-Experts layers, but this model "
+                f"has none (num_experts={self.config.num_experts}, moe_layers={self.config.moe_layers}): a dense "
+                "model runs no experts. Leave experts_implementation unset, or set num_experts > 0."
+            )
+        return super().get_correct_experts_implementation(requested_experts)
 
     def _init_weights(self, module):
         super()._init_weights(module)
-        # Computed buffers are garbage after meta-device loading: rebuild them here (HF_V5_NOTES trap 3).
+        # from_pretrained builds the model on the meta device: computed buffers hold garbage until rebuilt here
         if isinstance(module, TfmSinusoidalPositionalEmbedding):
             init.copy_(module.table, sinusoidal_table(module.num_positions, module.dim))
         elif isinstance(module, TfmAlibiBias):
@@ -156,10 +195,20 @@ class TfmPreTrainedModel(PreTrainedModel):
             if isinstance(module, TfmRouter) and module.balancing:
                 module.update_bias(self.config.router_bias_update_rate)
 
+    def wants_router_logits(self, kwargs: dict, labels) -> bool:
+        """Whether a head asks its stacks for router logits (and reports them with the aux loss): an MoE model given
+        labels, or asked by `output_router_logits` (argument, else config). Pops the argument from the head's
+        kwargs, because the head passes its own decision on to the stack."""
+        asked = kwargs.pop("output_router_logits", None)
+        if asked is None:
+            asked = self.config.output_router_logits
+        return self.config.num_experts > 0 and (labels is not None or bool(asked))
+
     def add_router_losses(self, loss, router_logits, attention_mask, labels, **kwargs):
         """The task loss plus the weighted aux and z losses, and the aux loss to report. Under Trainer's
         `num_items_in_batch` each micro-batch adds its share of tokens, so accumulated micro-batches sum to one
-        token-weighted average (trap 5) instead of counting the router losses once per micro-batch."""
+        token-weighted average (Trainer does not divide by the accumulation steps then) instead of counting the router
+        losses once per micro-batch."""
         aux, z_loss = self.router_losses(router_logits, attention_mask, with_z_loss=self.config.router_z_loss_coef > 0)
         if loss is not None:
             detached = torch.is_grad_enabled() and loss.requires_grad and not any(r.requires_grad for r in router_logits)
@@ -172,11 +221,30 @@ class TfmPreTrainedModel(PreTrainedModel):
                 )
             extra = self.config.router_aux_loss_coef * aux + self.config.router_z_loss_coef * z_loss
             num_items = kwargs.get("num_items_in_batch")
-            if num_items is not None:
-                targets = labels[..., 1:] if self.loss_type == "ForCausalLM" else labels
-                extra = extra * (targets != -100).sum() / num_items
+            if num_items is not None:  # clamped: an accumulated batch without targets has 0 items (and 0 share)
+                extra = extra * (self.scored_labels(labels) != -100).sum() / torch.as_tensor(num_items).clamp(min=1)
             loss = loss + extra
         return loss, aux
+
+    def scored_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        """The labels the task loss scores: a causal LM scores each token's successor, so never the first label."""
+        return labels[..., 1:] if self.loss_type == "ForCausalLM" else labels
+
+    def task_loss(self, loss_function, **inputs) -> torch.Tensor:
+        """`loss_function(**inputs)` (a transformers loss), but 0 instead of NaN for a batch with no target to score:
+        every label -100, or every answer position beyond the input (transformers divides 0 by 0 there). The 0 keeps
+        the loss's graph, whose gradients are all zero, so backward, Trainer and gradient accumulation run unchanged;
+        a torch.where, so no device sync."""
+        loss = loss_function(**inputs)
+        if "labels" in inputs:
+            labels = inputs["labels"]
+            if labels.is_floating_point():  # regression, multi-label: nothing is ignored
+                return loss
+            scored = (self.scored_labels(labels) != -100).any()
+        else:  # extractive QA ignores the positions it clamps to the sequence length
+            length = inputs["start_logits"].shape[-1]
+            scored = (inputs["start_positions"] < length).any() & (inputs["end_positions"] < length).any()
+        return torch.where(scored, loss, torch.zeros_like(loss))
 
     def router_losses(self, router_logits, attention_mask, with_z_loss: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """The load-balancing loss (Switch/Mixtral, over all MoE layers, padding excluded) and the ST-MoE z-loss
@@ -199,7 +267,23 @@ class TfmPreTrainedModel(PreTrainedModel):
             auto_map = {"AutoConfig": f"configuration_tfm.{type(self.config).__name__}"}
             auto_map.update({auto: f"modeling_tfm.{name}" for auto, name in classes.items()})
             self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **auto_map}
-        return super().save_pretrained(save_directory, *args, **kwargs)
+        # staged and swapped in whole, with a manifest and a model card (modeling_tfm_saving.save_staged)
+        return save_staged(self, super().save_pretrained, save_directory, *args, **kwargs)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, strict: bool = True, **kwargs):
+        """transformers' `from_pretrained`, plus for hf_tfm: a local folder is restored if a killed save left it
+        missing and its manifest must verify (altered weights are an error naming the file), and weights that do not
+        fit the config are an error instead of a logged report. Loading into another head (a masked LM into
+        `...ForSequenceClassification`) may miss the new head's weights and leave the old head's over; the body's
+        must match. `strict=False` (or `ignore_mismatched_sizes=True`) accepts any mismatch, as transformers does."""
+        load = super().from_pretrained
+        return load_checked(load, pretrained_model_name_or_path, *model_args, strict=strict, **kwargs)
+
+    def push_to_hub(self, repo_id: str, **kwargs):
+        """transformers' `push_to_hub` (same keyword arguments), publishing hf_tfm's model card unless the repo
+        already has a card to keep (a training run's with its results, or the user's own)."""
+        return push_with_card(self, super().push_to_hub, repo_id, **kwargs)
 
 
 def check_ids(name: str, ids: torch.Tensor | None, limit: int, what: str) -> None:
@@ -207,6 +291,30 @@ def check_ids(name: str, ids: torch.Tensor | None, limit: int, what: str) -> Non
         low, high = (int(bound) for bound in torch.aminmax(ids))  # one op: one device sync, not two
         if low < 0 or high >= limit:
             raise ValueError(f"{name} contains id {low if low < 0 else high}, outside {what} [0, {limit})")
+
+
+def check_input_shapes(config: TfmConfig, input_ids, inputs_embeds, prefix: str = "") -> None:
+    """The token inputs' shapes, before anything reads them: a torch error from a reshape deep inside names neither
+    the argument nor the shape it wanted. Shapes only (no device sync); skipped under torch.compile like
+    `check_inputs`."""
+    if (input_ids is None) == (inputs_embeds is None):
+        raise ValueError(f"You must specify exactly one of {prefix}input_ids or {prefix}inputs_embeds")
+    if torch.compiler.is_compiling():
+        return
+    if input_ids is not None and input_ids.dim() != 2:
+        raise ValueError(
+            f"{prefix}input_ids has shape {tuple(input_ids.shape)}, expected (batch, sequence length); "
+            "for a single sequence add the batch dimension (input_ids[None])"
+        )
+    if inputs_embeds is not None and (inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != config.hidden_size):
+        raise ValueError(
+            f"{prefix}inputs_embeds has shape {tuple(inputs_embeds.shape)}, expected "
+            f"(batch, sequence length, hidden_size={config.hidden_size})"
+        )
+    tokens = input_ids if input_ids is not None else inputs_embeds
+    if tokens.shape[1] == 0:
+        name = f"{prefix}input_ids" if input_ids is not None else f"{prefix}inputs_embeds"
+        raise ValueError(f"{name} has shape {tuple(tokens.shape)}: an empty sequence, give at least one token")
 
 
 def check_inputs(
@@ -232,19 +340,27 @@ def check_inputs(
         if tuple(token_type_ids.shape) != (batch, length):
             raise ValueError(f"token_type_ids have shape {tuple(token_type_ids.shape)}, expected {(batch, length)}")
         check_ids("token_type_ids", token_type_ids, config.type_vocab_size, "the token types (type_vocab_size)")
-    if attention_mask is not None and attention_mask.dim() == 2:
+    if attention_mask is not None:
         expected = (batch, past_length + length)
-        if tuple(attention_mask.shape) != expected:
+        # 2D padding masks, or 4D masks already prepared (transformers' masking utils pass those on as they are)
+        padding_mask = attention_mask.dim() == 2
+        if attention_mask.dim() not in (2, 4) or (padding_mask and tuple(attention_mask.shape) != expected):
             raise ValueError(
                 f"{prefix}attention_mask has shape {tuple(attention_mask.shape)}, expected {expected} "
-                f"(batch, cached tokens {past_length} + new tokens {length})"
+                f"(batch, cached tokens {past_length} + new tokens {length}), or a prepared 4D mask"
             )
+    if position_ids.dim() != 2 or position_ids.shape[0] not in (1, batch) or position_ids.shape[1] != length:
+        raise ValueError(
+            f"{prefix}position_ids has shape {tuple(position_ids.shape)}, expected {(batch, length)} or {(1, length)}"
+        )
     if config.position_embedding_type in ("learned", "sinusoidal") and position_ids.numel() > 0:
-        longest = int(position_ids.max())
-        if longest >= config.max_position_embeddings:
+        low, high = (int(bound) for bound in torch.aminmax(position_ids))  # one op: one device sync, not two
+        if low < 0:
+            raise ValueError(f"{prefix}position_ids contains position {low}: positions must be >= 0")
+        if high >= config.max_position_embeddings:
             raise ValueError(
-                f"position {longest} is beyond the {config.position_embedding_type} position table "
-                f"(max_position_embeddings={config.max_position_embeddings}); shorten the input"
+                f"{prefix}position_ids reach position {high}, beyond the {config.position_embedding_type} position "
+                f"table (max_position_embeddings={config.max_position_embeddings}); shorten the input"
             )
 
 
@@ -357,10 +473,10 @@ class TfmStack(TfmPreTrainedModel):
         encoder_hidden_states: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
         use_cache: bool | None = None,
-        **kwargs,
+        **kwargs: Unpack[TransformersKwargs],
     ) -> TfmModelOutput:
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
+        prefix = "decoder_" if self.cross_attention else ""  # how the user spelled this stack's arguments
+        check_input_shapes(self.config, input_ids, inputs_embeds, prefix)
         batch, length = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
         if not self.is_causal:
             use_cache = False  # an encoder sees its whole input at once: nothing to cache
@@ -372,7 +488,6 @@ class TfmStack(TfmPreTrainedModel):
         if position_ids is None:
             # one row that broadcasts over the batch, as in Llama: RoPE's cos/sin are then [1, L, D], not [B, L, D]
             position_ids = (torch.arange(length, device=device) + past_length).unsqueeze(0)
-        prefix = "decoder_" if self.cross_attention else ""  # how the user spelled this stack's arguments
         check_inputs(self.config, input_ids, attention_mask, position_ids, token_type_ids, past_length, batch, length, prefix)
 
         hidden_states = self.embed(input_ids, inputs_embeds, position_ids, token_type_ids)
@@ -382,7 +497,7 @@ class TfmStack(TfmPreTrainedModel):
         if self.position_bias is not None:
             kv_length = mask.shape[-1] if mask is not None else past_length + length
             query_positions = position_ids.expand(batch, -1)
-            key_positions = key_positions_for_bias(attention_mask, query_positions, kv_length)
+            key_positions = key_positions_for_bias(query_positions, past_length, kv_length)
             position_bias = self.position_bias(query_positions, key_positions)
         if self.cross_attention:
             encoder_attention_mask = self.cross_attention_mask(hidden_states, encoder_hidden_states, encoder_attention_mask)

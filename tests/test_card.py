@@ -200,11 +200,12 @@ def test_card_with_a_tokenizer_shows_it(tmp_path):
 )
 def test_malformed_run_record_is_an_error_naming_the_file(tmp_path, content, message):
     folder = saved(tmp_path, tiny_model())
+    card = (folder / "README.md").read_text()  # the one save_pretrained wrote
     (folder / RUN_RECORD).write_text(content)
     with pytest.raises(RunRecordError, match=message) as error:
         refresh_card(folder)
     assert str(folder / RUN_RECORD) in str(error.value)
-    assert not (folder / "README.md").exists()
+    assert (folder / "README.md").read_text() == card  # left as it was
 
 
 def test_refresh_card_of_a_folder_without_a_model(tmp_path):

@@ -30,11 +30,12 @@ from hf_tfm import (
 )
 from hf_tfm.hub.card import active_parameters, write_card_from_run
 from hf_tfm.hub.push import NotAModelFolderError, push_folder
+from hf_tfm.modeling_tfm_saving import MANIFEST
 from hf_tfm.training.tokenizers import train_byte_level_bpe
 
 TEXTS = ["return the number of items in the list", "def add(a, b): return a + b", "open the file and read it"]
 PROMPTS = ["return the number", "def add(a, b):"]
-CODE_FILES = {"configuration_tfm.py", "modeling_tfm.py", "modeling_tfm_stack.py", "modeling_tfm_layers.py"}
+CODE_FILES = {"configuration_tfm.py", "modeling_tfm.py", "modeling_tfm_stack.py", "modeling_tfm_layers.py", "modeling_tfm_saving.py"}
 TOKENIZER_FILES = {"tokenizer.json", "tokenizer_config.json"}
 GREEDY = {"max_new_tokens": 5, "min_new_tokens": 5, "do_sample": False}
 
@@ -147,16 +148,17 @@ def test_push_to_hub_then_load_anywhere(hub_server, tokenizer, moe_folder, tmp_p
         expected[repo_id] = {"auto_class": auto_class, **outputs(model, tokenizer)}
 
         # what a user downloads: config with auto_map for every Auto class, the flat code, weights, tokenizer, card
-        files = CODE_FILES | TOKENIZER_FILES | {".gitattributes", "README.md", "config.json", "model.safetensors"}
+        files = CODE_FILES | TOKENIZER_FILES | {".gitattributes", "README.md", "config.json", "model.safetensors", MANIFEST}
         if model.can_generate():
             files.add("generation_config.json")
         assert published(repo_id) == files, kind
         config = json.loads(hub_server.files(repo_id)["config.json"])
         assert set(config["auto_map"]) == {"AutoConfig", *type(model.config).auto_classes}
         assert {f"{ref.split('.')[0]}.py" for ref in config["auto_map"].values()} <= files
-        # push_to_hub writes transformers' own stub card, not ours (push_folder uploads ours: see below)
-        readme = hub_server.files(repo_id)["README.md"].decode()
-        assert "This is the model card of a 🤗 transformers model" in readme
+        # push_to_hub publishes hf_tfm's card of the model, named after the repo, not transformers' stub
+        card = ModelCard(hub_server.files(repo_id)["README.md"].decode())
+        assert "hf_tfm" in card.data.tags and card.data.model_name == repo_id and "This is the model card of a" not in card.text
+        assert f"| parameters (total / active per token) | {model.num_parameters():,} / {active_parameters(model):,} |" in card.text
 
     # the card's "only torch and transformers" snippet, then its generation snippet, on a push_folder'ed MoE folder
     folder, card_model = moe_folder
@@ -232,6 +234,22 @@ def test_sharded_push_loads(hub_server, tokenizer, tmp_path):
     assert sorted(set(index["weight_map"].values())) == shards
     loaded = AutoModelForCausalLM.from_pretrained("test-user/sharded", cache_dir=tmp_path / "cache").eval()
     torch.testing.assert_close(outputs(loaded, tokenizer)["logits"], outputs(model, tokenizer)["logits"], rtol=0, atol=0)
+    assert hub_server.unhandled == []
+
+
+def test_save_pretrained_push_to_hub_and_a_card_to_keep(hub_server, tokenizer, tmp_path):
+    """`save_pretrained(push_to_hub=True)` publishes the saved folder with hf_tfm's card; a card the user wrote on the
+    Hub is not replaced by a later `push_to_hub`."""
+    model = build("decoder", tokenizer)
+    folder = tmp_path / "tiny-pushed"
+    model.save_pretrained(folder, push_to_hub=True, repo_id="test-user/tiny-pushed")
+    files = hub_server.files("test-user/tiny-pushed")
+    assert {name: (folder / name).read_bytes() for name in os.listdir(folder)}.items() <= files.items()
+    assert "hf_tfm" in ModelCard(files["README.md"].decode()).data.tags
+    mine = b"---\nlicense: mit\n---\n# My model\n"
+    HfApi().upload_file(path_or_fileobj=mine, path_in_repo="README.md", repo_id="test-user/tiny-pushed")
+    model.push_to_hub("test-user/tiny-pushed")
+    assert hub_server.files("test-user/tiny-pushed")["README.md"] == mine
     assert hub_server.unhandled == []
 
 

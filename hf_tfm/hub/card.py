@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -24,38 +25,19 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from ..modeling_tfm import TfmPreTrainedModel
 from ..modeling_tfm_layers import TfmExperts, TfmFeedForward, TfmMoE
 from ..training.checkpoints import load_saved
+from ..training.tasks import HEADS, TASKS, head_for_architecture
 
 RUN_RECORD = "hf_tfm_run.json"
 CARD_NAME = "README.md"
 DEFAULT_LICENSE = "apache-2.0"
 
-# per model type: Hub pipeline tag (the fallback when neither the task nor the head says more), paradigm name, and
-# the Auto class of the paradigm's main head
-PIPELINE_TAGS = {"tfm_decoder": "text-generation", "tfm_encoder": "fill-mask", "tfm_encoder_decoder": "text2text-generation"}
+# per model type: paradigm name, and the Auto class of the paradigm's main head (whose pipeline tag is the fallback
+# when neither the task nor the head says more)
 PARADIGMS = {"tfm_decoder": "decoder-only", "tfm_encoder": "encoder-only", "tfm_encoder_decoder": "encoder-decoder"}
 AUTO_CLASSES = {
     "tfm_decoder": "AutoModelForCausalLM",
     "tfm_encoder": "AutoModelForMaskedLM",
     "tfm_encoder_decoder": "AutoModelForSeq2SeqLM",
-}
-# the training task of a run record -> Hub pipeline tag
-TASK_PIPELINE_TAGS = {
-    "causal-lm": "text-generation",
-    "masked-lm": "fill-mask",
-    "seq2seq": "text2text-generation",
-    "sequence-classification": "text-classification",
-    "token-classification": "token-classification",
-    "question-answering": "question-answering",
-}
-# the head (Auto class) -> Hub pipeline tag, when no task was recorded
-AUTO_CLASS_PIPELINE_TAGS = {
-    "AutoModelForCausalLM": "text-generation",
-    "AutoModelForMaskedLM": "fill-mask",
-    "AutoModelForSeq2SeqLM": "text2text-generation",
-    "AutoModelForSequenceClassification": "text-classification",
-    "AutoModelForTokenClassification": "token-classification",
-    "AutoModelForQuestionAnswering": "question-answering",
-    "AutoModel": "feature-extraction",
 }
 GENERATIVE_AUTO_CLASSES = ("AutoModelForCausalLM", "AutoModelForSeq2SeqLM")
 DEFAULT_LIMITATIONS = (
@@ -93,14 +75,15 @@ class RunRecord:
     results: list[Measurement] = field(default_factory=list)
     baselines: list[Baseline] = field(default_factory=list)
     description: str | None = None
+    data: dict[str, Any] = field(default_factory=dict)  # the data settings of the run (`hf-tfm evaluate` reuses them)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str = "run record") -> RunRecord:
         if not isinstance(data, Mapping):
             raise RunRecordError(f"{source}: expected a JSON object, got {type(data).__name__}")
         task = data.get("task")
-        if task is not None and task not in TASK_PIPELINE_TAGS:
-            raise RunRecordError(f"{source}: unknown task {task!r}; expected one of {', '.join(TASK_PIPELINE_TAGS)}")
+        if task is not None and task not in TASKS:
+            raise RunRecordError(f"{source}: unknown task {task!r}; expected one of {', '.join(TASKS)}")
         training = data.get("training") or {}
         if not isinstance(training, Mapping):
             raise RunRecordError(f"{source}: `training` must be an object of training arguments")
@@ -111,6 +94,7 @@ class RunRecord:
             results=[Measurement(*_entry(r, ("split", "metric"), source, "results")) for r in data.get("results") or []],
             baselines=[Baseline(*_entry(b, ("name", "metric"), source, "baselines")) for b in data.get("baselines") or []],
             description=data.get("description"),
+            data=dict(data.get("data") or {}),
         )
 
 
@@ -158,14 +142,16 @@ def auto_class_of(model_or_architecture: TfmPreTrainedModel | str, config=None) 
 
 
 def pipeline_tag_of(model: TfmPreTrainedModel, task: str | None = None) -> str:
-    """The Hub pipeline tag: from the training task, else from the head, else from the model type."""
+    """The Hub pipeline tag: from the training task, else from the head, else from the model type's main head."""
     if task is not None:
-        if task not in TASK_PIPELINE_TAGS:
-            raise ValueError(f"unknown task {task!r}; expected one of {', '.join(TASK_PIPELINE_TAGS)}")
-        return TASK_PIPELINE_TAGS[task]
-    if type(model).__name__ in getattr(model.config, "auto_classes", {}).values():
-        return AUTO_CLASS_PIPELINE_TAGS.get(auto_class_of(model), PIPELINE_TAGS[model.config.model_type])
-    return PIPELINE_TAGS[model.config.model_type]
+        if task not in TASKS:
+            raise ValueError(f"unknown task {task!r}; expected one of {', '.join(TASKS)}")
+        return TASKS[task].head.pipeline_tag
+    head = head_for_architecture(type(model).__name__)
+    if head is not None and type(model).__name__ in getattr(model.config, "auto_classes", {}).values():
+        return head.pipeline_tag
+    main_head = AUTO_CLASSES[model.config.model_type]
+    return next(head.pipeline_tag for head in HEADS.values() if head.auto_class == main_head)
 
 
 def is_moe(model: TfmPreTrainedModel) -> bool:
@@ -350,8 +336,16 @@ def write_model_card(
     )
     card = ModelCard(re.sub(r"\n{3,}", "\n\n", card.content))  # the template's blank lines around optional parts
     folder.mkdir(parents=True, exist_ok=True)
-    card.save(folder / CARD_NAME)
+    _save_card(card, folder / CARD_NAME)
     return card
+
+
+def _save_card(card: ModelCard, path: Path) -> None:
+    """Write-then-rename: a staged save may hold README.md as a hard link to the previous folder's, which an
+    in-place write would change too."""
+    temporary = path.with_name(f".{path.name}.tmp")
+    card.save(temporary)
+    os.replace(temporary, path)
 
 
 def write_card_from_run(
@@ -388,14 +382,62 @@ def refresh_card(folder: str | Path, *, repo_id: str | None = None, license: str
     """`hf-tfm card FOLDER`: load the model saved in `folder`, read its run record (`hf_tfm_run.json`) if any, and
     (re)write `folder/README.md`. The repo id and license of an existing card are kept unless given."""
     folder = Path(folder)
-    model = load_saved(folder).eval()
-    existing = folder / CARD_NAME
-    if existing.is_file() and (repo_id is None or license is None):
-        try:
-            old = ModelCard.load(existing, ignore_metadata_errors=True).data
-        except (ValueError, OSError, yaml.YAMLError):  # an unreadable old card is replaced, not an error
-            old = None
-        if old is not None:
-            repo_id = repo_id or old.get("model_name")  # the model-index name, or the top-level key without results
-            license = license or old.get("license")
-    return write_card_from_run(folder, model, repo_id=repo_id, license=license or DEFAULT_LICENSE)
+    return _rewrite_card(folder, load_saved(folder).eval(), _read_card(folder / CARD_NAME), repo_id, license)
+
+
+def _read_card(path: Path) -> ModelCard | None:
+    if not path.is_file():
+        return None
+    try:
+        return ModelCard.load(path, ignore_metadata_errors=True)
+    except (ValueError, OSError, yaml.YAMLError):  # an unreadable old card is replaced, not an error
+        return None
+
+
+def _rewrite_card(folder: Path, model, old: ModelCard | None, repo_id=None, license=None, tags=()) -> ModelCard:
+    """The card from the folder's run record (if any) and the model, keeping the old card's name and license."""
+    if old is not None:
+        repo_id = repo_id or old.data.get("model_name")  # the model-index name, or the top-level key without results
+        license = license or old.data.get("license")
+    card = write_card_from_run(folder, model, repo_id=repo_id, license=license or DEFAULT_LICENSE)
+    if any(tag not in card.data.tags for tag in tags):
+        card.data.tags += [tag for tag in tags if tag not in card.data.tags]
+        _save_card(card, folder / CARD_NAME)
+    return card
+
+
+# the text of the stub card transformers' push_to_hub writes when a repo has none
+TRANSFORMERS_STUB = "This model card has been automatically generated."
+
+
+def keeps_card(card: ModelCard | None) -> bool:
+    """Whether a card must stay rather than be rewritten from the model alone: one a training run wrote (it reports
+    results or names its data), or one hf_tfm did not write (the user's own; transformers' stub excepted)."""
+    if card is None:
+        return False
+    if card.data.get("eval_results") or card.data.get("datasets"):
+        return True
+    return "hf_tfm" not in (card.data.get("tags") or []) and TRANSFORMERS_STUB not in card.text
+
+
+def write_card_on_save(folder: str | Path, model, *, repo_id: str | None = None, tags=()) -> ModelCard | None:
+    """The card `save_pretrained` and `push_to_hub` of an hf_tfm model leave in `folder`: written from the folder's
+    run record (if any) and the model, unless the folder's README.md is a card to keep (`keeps_card`). Returns the
+    new card, or None when the old one was kept (or the model is not an hf_tfm one, e.g. a remote-code copy)."""
+    folder = Path(folder)
+    old = _read_card(folder / CARD_NAME)
+    if keeps_card(old) or not isinstance(model, TfmPreTrainedModel):
+        return None
+    return _rewrite_card(folder, model, old, repo_id, tags=tags or ())
+
+
+def hub_card_to_keep(repo_id: str, *, token=None, revision: str | None = None) -> bool:
+    """Whether the card the Hub repo already holds is one to keep (`keeps_card`); False when it has none."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
+
+    try:
+        path = hf_hub_download(repo_id, CARD_NAME, revision=revision, token=token)
+    except (EntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError):
+        return False
+    return keeps_card(_read_card(Path(path)))

@@ -2,95 +2,62 @@
 
 `Trainer` writes `checkpoint-N/` in place, so a run killed mid-save leaves a half-written folder that its own
 `get_last_checkpoint` would pick. `ManifestCallback` writes a manifest (size and SHA-256 of every file) after a save
-completes, by write-then-rename; resuming takes the newest checkpoint whose manifest verifies. Old checkpoints are
-pruned by the callback only after a newer one is verified, instead of by `save_total_limit` (which deletes first).
+completes, by write-then-rename; resuming takes the newest checkpoint whose manifest verifies and whose optimizer
+state loads. Old checkpoints are pruned by the callback only after a newer one is verified, instead of by
+`save_total_limit` (which deletes first). The manifest, the staged folder swap and their recovery after a kill live in
+`hf_tfm.modeling_tfm_saving`, shared with the models' own `save_pretrained` / `from_pretrained`.
 """
 
-import hashlib
 import json
-import os
 import re
 import shutil
 from pathlib import Path
 
 from transformers import TrainerCallback
 
-MANIFEST = "hf_tfm_manifest.json"
+from ..modeling_tfm_saving import (  # noqa: F401  (re-exported: the training code's names for them)
+    MANIFEST,
+    CorruptCheckpoint,
+    check_local_folder,
+    recover_folder,
+    replace_folder,
+    verify,
+    write_json_atomic,
+    write_manifest,
+)
+from .tasks import head_for_architecture
+
 # what makes a folder a saved model, besides config.json
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
-# the Auto class that loads a saved head, read off its `architectures` entry: hf_tfm's heads and the converters' sources
-AUTO_CLASS_BY_SUFFIX = {
-    "ForCausalLM": "AutoModelForCausalLM",
-    "LMHeadModel": "AutoModelForCausalLM",
-    "ForMaskedLM": "AutoModelForMaskedLM",
-    "ForConditionalGeneration": "AutoModelForSeq2SeqLM",
-    "ForSequenceClassification": "AutoModelForSequenceClassification",
-    "ForTokenClassification": "AutoModelForTokenClassification",
-    "ForQuestionAnswering": "AutoModelForQuestionAnswering",
-}
+# what Trainer loads with torch.load(weights_only=True) when it resumes from a checkpoint
+TRAINER_STATE_FILES = ("optimizer.pt", "scheduler.pt", "scaler.pt")
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
 
-class CorruptCheckpoint(ValueError):
-    pass
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def write_json_atomic(path: Path, payload) -> None:
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with temporary.open("w") as handle:
-        json.dump(payload, handle, indent=2)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
-
-
-def write_manifest(folder: Path) -> None:
-    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST and not p.name.endswith(".tmp"))
-    entries = {str(p.relative_to(folder)): {"size": p.stat().st_size, "sha256": _sha256(p)} for p in files}
-    write_json_atomic(folder / MANIFEST, {"files": entries})
-
-
-def verify(folder: str | Path) -> None:
-    """Raise CorruptCheckpoint naming the first missing, truncated or altered file of a manifested folder."""
-    folder = Path(folder)
-    manifest = folder / MANIFEST
-    if not manifest.is_file():
-        raise CorruptCheckpoint(f"{folder} has no {MANIFEST}: its save never finished")
-    for name, expected in json.loads(manifest.read_text())["files"].items():
-        path = folder / name
-        if not path.is_file():
-            raise CorruptCheckpoint(f"{path} is missing")
-        if path.stat().st_size != expected["size"] or _sha256(path) != expected["sha256"]:
-            raise CorruptCheckpoint(f"{path} does not match its manifest (truncated or altered after the save)")
-
-
 def load_saved(folder: str | Path, auto_class=None, **kwargs):
-    """The model in a saved folder, verified against its manifest when it has one, loaded with `auto_class` or else
-    the Auto class of the head its `architectures` entry names (`AutoModel` for a base model)."""
+    """The model in a saved folder, restored if a killed save left it missing, verified against its manifest when it
+    has one, loaded with `auto_class` or else the Auto class of the head its `architectures` entry names
+    (`AutoModel` for a base model)."""
     import transformers
 
     import hf_tfm  # noqa: F401  (registers the tfm model types with the Auto classes)
 
     folder = Path(folder)
+    recover_folder(folder)
     config_file = folder / "config.json"
     if not config_file.is_file():
         raise FileNotFoundError(f"{folder} is not a saved model folder: config.json not found in it")
-    if (folder / MANIFEST).is_file():
-        verify(folder)
+    config = json.loads(config_file.read_text())
+    if not str(config.get("model_type", "")).startswith("tfm_"):
+        check_local_folder(folder)  # hf_tfm's from_pretrained checks its own folders: no second hashing
     if auto_class is None:
-        architecture = (json.loads(config_file.read_text()).get("architectures") or [""])[0]
-        name = next((auto for suffix, auto in AUTO_CLASS_BY_SUFFIX.items() if architecture.endswith(suffix)), "AutoModel")
-        auto_class = getattr(transformers, name)
+        architecture = (config.get("architectures") or [""])[0]
+        head = head_for_architecture(architecture)
+        auto_class = getattr(transformers, head.auto_class if head else "AutoModel")
     try:
         return auto_class.from_pretrained(folder, **kwargs)
+    except CorruptCheckpoint:
+        raise  # names the file already
     except Exception as error:  # a damaged or foreign file: say which folder, keep the cause
         raise ValueError(f"could not load the model in {folder}: {type(error).__name__}: {error}") from error
 
@@ -105,12 +72,29 @@ def step_of(checkpoint: Path) -> int:
     return int(_CHECKPOINT.match(checkpoint.name).group(1))
 
 
+def check_trainer_state(checkpoint: Path) -> None:
+    """Raise CorruptCheckpoint naming a state file Trainer would fail to load on resume: it loads them with
+    `torch.load(weights_only=True)`, which refuses pickled objects it does not allow."""
+    import torch
+
+    for name in TRAINER_STATE_FILES:
+        path = checkpoint / name
+        if path.is_file():
+            try:
+                torch.load(path, map_location="cpu", weights_only=True)
+            except Exception as error:  # noqa: BLE001  (UnpicklingError, a truncated zip, ...: all unusable)
+                reason = str(error).strip().splitlines()[0] if str(error).strip() else ""
+                raise CorruptCheckpoint(f"{path} cannot be loaded safely ({type(error).__name__}: {reason})")
+
+
 def last_good_checkpoint(folder: Path) -> tuple[Path | None, list[tuple[Path, str]]]:
-    """The newest verified checkpoint under `folder`, and each newer one passed over with the reason."""
+    """The newest checkpoint under `folder` whose manifest verifies and whose optimizer state loads, and each newer
+    one passed over with the reason."""
     passed_over = []
     for checkpoint in checkpoints(folder):
         try:
             verify(checkpoint)
+            check_trainer_state(checkpoint)  # only for the one about to be chosen: cheap at our sizes
             return checkpoint, passed_over
         except CorruptCheckpoint as problem:
             passed_over.append((checkpoint, str(problem)))
@@ -141,25 +125,3 @@ class ManifestCallback(TrainerCallback):
                 shutil.rmtree(checkpoint)  # half-written by a killed run, older than a verified one
         for stale in good[self.keep :]:
             shutil.rmtree(stale)
-
-
-def replace_folder(write, destination: str | Path) -> Path:
-    """Run `write(folder)` into a fresh sibling folder, manifest it, then swap it in for `destination`.
-
-    A crash or an exception while writing leaves any previous `destination` as it was."""
-    destination = Path(destination)
-    staging = destination.with_name(f".{destination.name}.partial-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    try:
-        write(staging)
-        write_manifest(staging)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    retired = destination.with_name(f".{destination.name}.old-{os.getpid()}")
-    if destination.exists():
-        os.replace(destination, retired)
-    os.replace(staging, destination)
-    shutil.rmtree(retired, ignore_errors=True)
-    return destination

@@ -1,0 +1,440 @@
+"""Saves that never damage the previous one, and loads that notice damaged or mismatched weights.
+
+A save writes into a hidden sibling `.NAME.partial-PID`, records the size and SHA-256 of every file in
+`hf_tfm_manifest.json` (written last, so a folder without it never finished), then swaps itself in with two renames
+(`NAME` -> `.NAME.old-PID`, partial -> `NAME`). A kill at any point leaves `NAME` as it was, or leaves it missing with
+the complete new save or the complete old one under a hidden name: the next save or load into `NAME` puts the newest
+complete one back and removes what killed saves left behind (only those of processes that are no longer running).
+
+This module is shipped as remote code with the models: it imports only the standard library and transformers.
+"""
+
+import hashlib
+import inspect
+import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
+
+MANIFEST = "hf_tfm_manifest.json"
+# the weight files of a save: single file, shards or index; any variant; safetensors or torch; model or adapter
+WEIGHT_FILE = re.compile(
+    r"^(?P<kind>model|pytorch_model|adapter_model)(?P<variant>\.[^.-]+)?(-\d{5}-of-\d{5})?"
+    r"\.(safetensors|bin)(\.index\.json)?$"
+)
+# what from_pretrained reads besides the weights (README, tokenizer and run record are not the model)
+MODEL_FILES = frozenset({"config.json", "generation_config.json", "adapter_config.json"})
+# modules a head adds on top of the body, and the pooler that only the classification heads use: loading a saved
+# model into another head may legitimately miss or leave over their weights, never the body's
+HEAD_MODULES = frozenset({"lm_head", "score", "classifier", "qa_outputs", "pooler"})
+_LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<kind>partial|old)-(?P<pid>\d+)$")
+
+
+class CorruptCheckpoint(ValueError):
+    pass
+
+
+# ---------------------------------------------------------------------------------------------------- the manifest
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def write_json_atomic(path: Path, payload) -> None:
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with temporary.open("w") as handle:
+        json.dump(payload, handle, indent=2)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+
+
+def write_manifest(folder: Path) -> None:
+    folder = Path(folder)
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST and not p.name.endswith(".tmp"))
+    entries = {str(p.relative_to(folder)): {"size": p.stat().st_size, "sha256": sha256(p)} for p in files}
+    write_json_atomic(folder / MANIFEST, {"files": entries})
+
+
+def read_manifest(folder: Path) -> dict | None:
+    """The `{file: {"size", "sha256"}}` entries of the folder's manifest, None when it has none; a manifest that is
+    not what `write_manifest` writes raises CorruptCheckpoint naming it."""
+    path = Path(folder) / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        files = json.loads(path.read_text())["files"]
+        if not all(isinstance(e["size"], int) and isinstance(e["sha256"], str) for e in files.values()):
+            raise TypeError("entries need an integer size and a sha256 string")
+    except (ValueError, KeyError, TypeError, AttributeError) as error:  # JSONDecodeError is a ValueError
+        raise CorruptCheckpoint(f"{path} is damaged ({type(error).__name__}: {error}): its folder cannot be trusted")
+    return files
+
+
+def is_model_file(name: str) -> bool:
+    """A file from_pretrained reads: config, generation config, weights (README and tokenizer are not checked, so
+    editing a card by hand does not make a model unloadable)."""
+    return name in MODEL_FILES or WEIGHT_FILE.match(name) is not None
+
+
+def verify(folder, only=None) -> None:
+    """Raise CorruptCheckpoint naming the first missing, truncated or altered file of a manifested folder; `only`
+    (a predicate on file names) limits the check to some of the files the manifest lists."""
+    folder = Path(folder)
+    files = read_manifest(folder)
+    if files is None:
+        raise CorruptCheckpoint(f"{folder} has no {MANIFEST}: its save never finished")
+    for name, expected in files.items():
+        if only is not None and not only(name):
+            continue
+        path = folder / name
+        if not path.is_file():
+            raise CorruptCheckpoint(f"{path} is missing")
+        if path.stat().st_size != expected["size"] or sha256(path) != expected["sha256"]:
+            raise CorruptCheckpoint(f"{path} does not match its manifest (truncated or altered after the save)")
+
+
+# ------------------------------------------------------------------------------------------------- the staged swap
+
+
+def _sibling(destination: Path, kind: str) -> Path:
+    return destination.with_name(f".{destination.name}.{kind}-{os.getpid()}")
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # ours, from an earlier save in this process that did not finish
+    if os.name == "nt":
+        return True  # os.kill would terminate it: never judge another process's folder there
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def leftovers(destination: Path) -> list[tuple[Path, str, int]]:
+    """(folder, "partial" or "old", pid) of every staging or retired folder left next to `destination`."""
+    if not destination.parent.is_dir():
+        return []
+    found = []
+    for entry in destination.parent.iterdir():
+        match = _LEFTOVER.match(entry.name)
+        if match and match["name"] == destination.name and entry.is_dir():
+            found.append((entry, match["kind"], int(match["pid"])))
+    return found
+
+
+def _complete(folder: Path, kind: str) -> bool:
+    """A staging folder is complete when its manifest verifies; a retired one is the previous `destination` renamed
+    whole, complete unless its manifest says otherwise (folders saved before manifests have none)."""
+    try:
+        if kind == "partial" or (folder / MANIFEST).is_file():
+            verify(folder)
+        return True
+    except CorruptCheckpoint:
+        return False
+
+
+def _saved_at(folder: Path) -> float:
+    manifest = folder / MANIFEST
+    return (manifest if manifest.is_file() else folder).stat().st_mtime
+
+
+def recover_folder(destination) -> None:
+    """Undo what killed saves into `destination` left behind: when `destination` is missing, rename the newest
+    complete leftover back to it; then delete the leftovers of processes that are no longer running."""
+    destination = Path(destination)
+    stale = [(path, kind) for path, kind, pid in leftovers(destination) if not _alive(pid)]
+    if not stale:
+        return
+    if not destination.exists():
+        complete = [path for path, kind in stale if _complete(path, kind)]
+        if complete:
+            newest = max(complete, key=_saved_at)
+            try:
+                os.replace(newest, destination)
+                logger.warning(f"{destination} was missing after an interrupted save: restored it from {newest.name}")
+            except OSError as error:  # another process restored it first, or a read-only folder
+                if not destination.exists():
+                    raise FileNotFoundError(f"{destination} is missing and {newest} could not be restored: {error}")
+    for path, _ in stale:
+        if path.exists():
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def replace_folder(write, destination) -> Path:
+    """Run `write(folder)` into a fresh sibling folder, manifest it, then swap it in for `destination`.
+
+    An exception while writing leaves any previous `destination` as it was; a kill at any point leaves it as it was
+    or recoverable by the next `replace_folder` or load (`recover_folder`)."""
+    destination = Path(os.path.abspath(destination))
+    if destination.is_symlink():
+        destination = destination.resolve()  # keep the link, update the folder it points to
+    if destination.exists() and not destination.is_dir():
+        raise NotADirectoryError(f"{destination} is a file, not a folder: cannot save a model there")
+    recover_folder(destination)
+    staging = _sibling(destination, "partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        write(staging)
+        write_manifest(staging)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    retired = _sibling(destination, "old")
+    if destination.exists():
+        os.replace(destination, retired)
+    os.replace(staging, destination)
+    shutil.rmtree(retired, ignore_errors=True)
+    return destination
+
+
+def _link_or_copy(source, target) -> None:
+    try:
+        os.link(source, target)  # the new folder shares the unchanged file: no copy, and nothing written in place
+    except OSError:
+        shutil.copy2(source, target)
+
+
+def _weight_family(name: str):
+    match = WEIGHT_FILE.match(name)
+    if match is None:
+        return None
+    return ("adapter" if match["kind"] == "adapter_model" else "model", match["variant"])
+
+
+def carry_over(old: Path, new: Path) -> None:
+    """Give the staged save in `new` every file of the previous folder `old` that the save did not write itself (a
+    tokenizer, the model card, the run record, sub-folders), by hard link where the file system allows. Left out: the
+    previous weights of the kind the save wrote (else a stale `model.safetensors` would shadow new shards), and the
+    old manifest (rewritten after)."""
+    written = set(os.listdir(new))
+    superseded = {_weight_family(name) for name in written} - {None}
+    for entry in os.scandir(old):
+        if entry.name in written or entry.name == MANIFEST or _weight_family(entry.name) in superseded:
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            shutil.copytree(entry.path, new / entry.name, symlinks=True, copy_function=_link_or_copy)
+        elif entry.is_symlink():
+            os.symlink(os.readlink(entry.path), new / entry.name)
+        else:
+            _link_or_copy(entry.path, new / entry.name)
+
+
+def _card_code():
+    """hf_tfm's card code, or None where these modules run as remote code without hf_tfm installed."""
+    try:
+        from hf_tfm.hub import card
+    except ImportError:
+        return None
+    return card
+
+
+def _write_card(model, folder: Path, name: str | None, tags=None) -> None:
+    """The model card (README.md) from hf_tfm's card code. A card that cannot be written is a warning: it must never
+    cost the save."""
+    card = _card_code()
+    if card is None:
+        return
+    try:
+        card.write_card_on_save(folder, model, repo_id=name, tags=tags)
+    except Exception as error:  # noqa: BLE001  (any failure of the card; the weights are what matters)
+        logger.warning(
+            f"the model card in {folder} was not written ({type(error).__name__}: {error}); the model is saved"
+        )
+
+
+def _hub_card_to_keep(repo_id: str, token, revision=None) -> bool:
+    card = _card_code()
+    try:
+        return card is not None and card.hub_card_to_keep(repo_id, token=token, revision=revision)
+    except Exception as error:  # noqa: BLE001  (an unreadable card on the Hub is replaced, not an error)
+        logger.warning(f"could not read the model card of {repo_id} ({type(error).__name__}: {error}); replacing it")
+        return False
+
+
+def upload(model, folder, repo_id: str, *, token=None, keep_hub_card: bool = False, **commit):
+    """Upload every file of `folder` in one commit (transformers' `_upload_modified_files`); the README is left out
+    when the Hub's card is to be kept."""
+    skip = {"README.md": float("inf")} if keep_hub_card else {}  # a file is uploaded when newer than its entry here
+    return model._upload_modified_files(folder, repo_id, files_timestamps=skip, token=token, **commit)
+
+
+def save_staged(model, save, save_directory, *args, **kwargs):
+    """`save(save_directory, *args, **kwargs)` (transformers' `save_pretrained`) into a staging folder next to
+    `save_directory`, plus the files of a previous save there that it does not replace (`carry_over`), a model card
+    and the manifest, then swapped in whole: an interrupted save never damages the previous one.
+
+    Saved in place as transformers does on processes that do not write (not the main one, not rank 0), with
+    `distributed_checkpoint` (every rank writes), and into a folder that holds the working directory (it cannot be
+    renamed away). `push_to_hub=True` pushes the swapped-in folder afterwards."""
+    arguments = inspect.signature(save).bind(save_directory, *args, **kwargs)
+    arguments.apply_defaults()
+    options = dict(arguments.arguments)
+    destination = Path(os.path.abspath(save_directory))
+    cwd = Path.cwd()
+    in_place = (
+        not model.should_save_on_this_rank(options["is_main_process"])
+        or options["distributed_checkpoint"]
+        or destination.is_file()
+        or destination == cwd
+        or destination in cwd.parents
+    )
+    if in_place:
+        return save(save_directory, *args, **kwargs)
+    extra = options.pop("kwargs")
+    options.pop("save_directory")
+    push = options.pop("push_to_hub")
+
+    def write(staging: Path) -> None:
+        save(staging, push_to_hub=False, **options, **extra)
+        if destination.is_dir():
+            carry_over(destination, staging)
+        _write_card(model, staging, destination.name)
+
+    replace_folder(write, destination)
+    if push:  # as transformers' save_pretrained(push_to_hub=True): repo named after the folder unless given
+        from huggingface_hub import create_repo
+
+        token = options["token"] if options["token"] is not None else extra.pop("token", None)
+        repo_id = extra.pop("repo_id", destination.name)
+        commit = {"commit_message": extra.pop("commit_message", None), "create_pr": extra.pop("create_pr", False)}
+        repo_id = create_repo(repo_id, exist_ok=True, token=token, **extra).repo_id
+        upload(model, destination, repo_id, token=token, keep_hub_card=_hub_card_to_keep(repo_id, token), **commit)
+
+
+def push_with_card(model, fallback, repo_id: str, *, commit_message=None, commit_description=None, private=None,
+                   token=None, revision=None, create_pr: bool = False, max_shard_size="50GB", tags=None):
+    """`push_to_hub` as transformers does it (create the repo, save into a temporary folder, upload it in one
+    commit), with hf_tfm's model card instead of transformers' stub, unless the Hub already holds a card to keep (a
+    training run's, with its results, or the user's own): that one is left as it is. Without hf_tfm installed (remote
+    code), `fallback` (transformers' push_to_hub) does it all."""
+    if _card_code() is None:
+        return fallback(repo_id, commit_message=commit_message, commit_description=commit_description,
+                        private=private, token=token, revision=revision, create_pr=create_pr,
+                        max_shard_size=max_shard_size, tags=tags)
+    from huggingface_hub import create_repo
+
+    repo_id = create_repo(repo_id, private=private, token=token, exist_ok=True).repo_id
+    keep = _hub_card_to_keep(repo_id, token, revision)
+    with tempfile.TemporaryDirectory() as folder:
+        model.save_pretrained(folder, max_shard_size=max_shard_size)
+        if not keep:
+            tags = [*(model.model_tags or []), *(tags or [])]  # as transformers: the model's tags, then the caller's
+            _write_card(model, Path(folder), repo_id, tags)  # named after the repo, not the temporary folder
+        return upload(
+            model,
+            folder,
+            repo_id,
+            token=token,
+            keep_hub_card=keep,
+            commit_message=commit_message,
+            create_pr=create_pr,
+            revision=revision,
+            commit_description=commit_description,
+        )
+
+
+# ---------------------------------------------------------------------------------------------------------- loading
+
+
+def local_folder(source, subfolder: str = "") -> Path | None:
+    """The local folder `from_pretrained(source)` reads, or None for a Hub repo id (or a state dict without one)."""
+    if not isinstance(source, (str, os.PathLike)):
+        return None
+    folder = Path(os.path.abspath(Path(source) / subfolder))
+    if folder.is_dir() or leftovers(folder):
+        return folder
+    return None
+
+
+def check_local_folder(folder: Path) -> None:
+    """Before loading a local folder: restore it after an interrupted save, and check the model files its manifest
+    lists (a folder without a manifest, saved before hf_tfm wrote them or by other code, loads unchecked)."""
+    recover_folder(folder)
+    if not folder.exists():
+        parts = ", ".join(path.name for path, _, _ in leftovers(folder))
+        raise FileNotFoundError(
+            f"{folder} does not exist: a save into it was interrupted before it completed ({parts} left incomplete"
+            " or still being written). Save the model again."
+        )
+    if (folder / MANIFEST).is_file():
+        verify(folder, only=is_model_file)
+
+
+def body_weights(model, keys) -> list[str]:
+    """The keys that belong to the model's body, not to a head: those under the base model prefix for a head class;
+    for a base class any key (a head checkpoint's body keys it has no place for keep their prefix); the head modules
+    (HEAD_MODULES) excepted."""
+    prefix = f"{model.base_model_prefix}."
+    is_base = model.base_model is model
+    body = []
+    for key in keys:
+        if not (key.startswith(prefix) or is_base):
+            continue
+        if key.removeprefix(prefix).split(".", 1)[0] not in HEAD_MODULES:
+            body.append(key)
+    return sorted(body)
+
+
+def _modules_of(keys, most: int = 12) -> str:
+    """The modules the weights belong to, layer numbers folded (`model.layers.{0, 1}.mlp.gate_proj`)."""
+    from transformers.utils.loading_report import update_key_name
+
+    modules = dict.fromkeys(sorted({key.rsplit(".", 1)[0] for key in keys}), "")  # one value: folded together
+    names = sorted(update_key_name(modules))
+    more = f" (and {len(names) - most} more)" if len(names) > most else ""
+    return ", ".join(names[:most]) + more
+
+
+def check_loaded_weights(model, info: dict, source) -> None:
+    """Raise when the loaded weights do not fit the model built from its config: any missing or unexpected weight
+    when the checkpoint was saved from this very class, the body's when it was saved from another head (whose own
+    weights are then legitimately missing or left over)."""
+    missing, unexpected = info["missing_keys"], info["unexpected_keys"]
+    saved_as = (getattr(model.config, "architectures", None) or [None])[0]
+    if saved_as != type(model).__name__:
+        missing, unexpected = body_weights(model, missing), body_weights(model, unexpected)
+    if not missing and not unexpected:
+        return
+    problems = []
+    if missing:
+        problems.append(f"missing from the checkpoint (they would be random): {_modules_of(missing)}")
+    if unexpected:
+        problems.append(f"in the checkpoint but not in the model: {_modules_of(unexpected)}")
+    raise ValueError(
+        f"the weights in {source} do not match {type(model).__name__} built from its config; weights "
+        + "; weights ".join(problems)
+        + ". Check the config fields that shape the model (num_hidden_layers, ffn_type, position_embedding_type, "
+        "num_experts, ...) against the saved model, or pass strict=False to load it anyway (the missing weights are "
+        "freshly initialised)."
+    )
+
+
+def load_checked(load, source, *model_args, strict: bool = True, **kwargs):
+    """`load(source, ...)` (transformers' `from_pretrained`) after `check_local_folder`, then `check_loaded_weights`
+    unless `strict=False` or `ignore_mismatched_sizes=True`. Hub repo ids are not checked against a manifest: the Hub
+    client already checks each downloaded file's hash."""
+    folder = local_folder(source, kwargs.get("subfolder") or "")
+    if folder is not None:
+        check_local_folder(folder)
+    want_info = kwargs.pop("output_loading_info", False)
+    model, info = load(source, *model_args, output_loading_info=True, **kwargs)
+    if strict and not kwargs.get("ignore_mismatched_sizes", False):
+        check_loaded_weights(model, info, source)
+    return (model, info) if want_info else model
