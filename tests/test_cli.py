@@ -1,5 +1,9 @@
 """The `hf-tfm` command, the main job, the presets and the embedded corpus."""
 
+import re
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,10 +21,11 @@ from transformers import (
     GPT2LMHeadModel,
 )
 
-from hf_tfm import TfmDecoderForCausalLM
+from hf_tfm import TfmDecoderForCausalLM, preset_names
 from hf_tfm.cli import main
 from hf_tfm.training.corpus import stdlib_docstrings
-from hf_tfm.training.run import presets
+from hf_tfm_cli import EXAMPLES, TASKS, RunSpec, build_parser, spec_from_args
+from hf_tfm_cli import main as cli_main
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -78,7 +83,7 @@ def test_presets_load_and_build(preset):
     with torch.device("meta"):
         model = head[config.model_type].from_config(config)
     assert type(model).__name__ == config.auto_classes[head[config.model_type].__name__]
-    assert preset in presets()
+    assert preset in preset_names()
     if preset == "gpt2-124m":  # GPT-2 small's shape, tied head: 124,439,808 parameters
         assert model.num_parameters() == 124_439_808
 
@@ -88,3 +93,118 @@ def test_corpus_is_deterministic_and_split_by_file():
     assert first == second
     assert first["train"] and first["validation"]
     assert not set(first["train"]) & set(first["validation"])
+
+
+# ------------------------------------------------------------------------- the parser: torch-free, derived, checked
+
+HEAVY = ("torch", "transformers", "datasets", "evaluate", "hf_tfm")
+ENTRY_POINT_PROBE = """
+import importlib, sys
+module, function = sys.argv[1].split(":")
+try:
+    getattr(importlib.import_module(module), function)(sys.argv[2:])
+except SystemExit as exit_:
+    print("exit", exit_.code)
+print("imported:", sorted(name for name in {heavy} if name in sys.modules))
+"""
+
+
+def _declared_entry_point() -> str:
+    import tomllib
+
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]["hf-tfm"]
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["train", "--help"], ["train", "--task", "lm", "--max-steps", "-1"]])
+def test_entry_point_answers_without_importing_torch(argv):
+    """`hf-tfm --help` and argument errors never import torch, transformers, datasets or hf_tfm (seconds each)."""
+    probe = ENTRY_POINT_PROBE.format(heavy=HEAVY)
+    command = [sys.executable, "-c", probe, _declared_entry_point(), *argv]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=120, check=True)
+    assert "imported: []" in done.stdout, done.stdout[-500:]
+    assert ("exit 0" if "--help" in argv else "exit 2") in done.stdout
+
+
+@pytest.mark.parametrize("module", ["hf_tfm_cli", "hf_tfm.cli"])  # hf_tfm.cli: `accelerate launch -m hf_tfm.cli ...`
+def test_python_m_runs_the_cli(module):
+    done = subprocess.run([sys.executable, "-m", module, "train", "--help"], capture_output=True, text=True,
+                          cwd=REPO, timeout=300)
+    assert done.returncode == 0 and "examples:\n  hf-tfm train" in done.stdout, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["train", "--task", "seq2seq", "--max-steps", "-1"], "argument --max-steps: must be an integer >= 1, got -1"),
+        (["train", "--task", "seq2seq", "--max-steps", "0"], "argument --max-steps: must be an integer >= 1, got 0"),
+        (["train", "--task", "seq2seq", "--max-length", "0"], "argument --max-length: must be an integer >= 2, got 0"),
+        (["train", "--task", "seq2seq", "--gradient-accumulation-steps", "0"],
+         "argument --gradient-accumulation-steps: must be an integer >= 1, got 0"),
+        (["train", "--task", "seq2seq", "--warmup-ratio", "2"], r"--warmup-ratio: must be a number in \[0, 1\]"),
+        (["train", "--task", "seq2seq", "--learning-rate", "nan"], "argument --learning-rate: must be a number >= 0"),
+        (["train", "--task", "seq2seq", "--batch-size", "x"], "--batch-size: must be an integer >= 1, got 'x'"),
+        (["evaluate", "m", "--max-files", "0"], "argument --max-files: must be an integer >= 1, got 0"),
+        (["generate", "m", "p", "--num-beams", "0"], "argument --num-beams: must be an integer >= 1, got 0"),
+        (["generate", "m", "p", "--top-p", "0"], r"argument --top-p: must be a number in \(0, 1\], got 0"),
+        (["upcycle", "a", "b", "--num-experts", "0"], "argument --num-experts: must be an integer >= 2, got 0"),
+        (["demo", "--scale", "0"], "argument --scale: must be a number > 0, got 0"),
+    ],
+)
+def test_numbers_out_of_range_are_one_line_errors(capsys, argv, message):
+    """Each bound is checked by the argument's own type, before anything is imported or run."""
+    with pytest.raises(SystemExit) as exit_:
+        cli_main(argv)
+    assert exit_.value.code == 2
+    assert re.search(message, capsys.readouterr().err.strip().splitlines()[-1])
+
+
+def test_run_spec_checks_the_same_bounds():
+    with pytest.raises(ValueError, match="max_steps must be an integer >= 1, got 0"):
+        RunSpec(task="causal-lm", max_steps=0)
+    with pytest.raises(ValueError, match="unknown task 'lm'"):
+        RunSpec(task="lm")
+
+
+def test_train_parser_is_derived_from_run_spec():
+    """Every RunSpec field on the command line has an option whose default is the field's default."""
+    args = build_parser().parse_args(["train", "--task", "seq2seq"])
+    assert spec_from_args(args) == RunSpec(task="seq2seq")
+    args = build_parser().parse_args(["train", "--task", "seq2seq", "--column", "source=q", "--set", "num_experts=4",
+                                      "--set", "norm_type=rmsnorm", "--report-to", "tensorboard", "--bf16"])
+    spec = spec_from_args(args)
+    assert spec.columns == {"source": "q"} and spec.report_to == ["tensorboard"] and spec.bf16
+    assert spec.config_overrides == {"num_experts": 4, "norm_type": "rmsnorm"}
+
+
+def test_cli_tasks_are_the_training_tasks():
+    from hf_tfm.training import tasks
+
+    assert tuple(tasks.TASKS) == TASKS
+
+
+def _example_lines(epilog: str) -> list[list[str]]:
+    """Each example command of an epilog as argv for the hf-tfm parser (`accelerate launch ... -m hf_tfm.cli` too)."""
+    commands = []
+    for line in epilog.splitlines()[1:]:
+        words = shlex.split(line, comments=True)
+        if words[:1] == ["hf-tfm"]:
+            commands.append(words[1:])
+        elif "hf_tfm.cli" in words:
+            commands.append(words[words.index("hf_tfm.cli") + 1 :])
+    return commands
+
+
+@pytest.mark.parametrize("command", sorted(EXAMPLES))
+def test_help_examples_parse_and_name_existing_paths(command):
+    """Every example in a `--help` parses, and every repository path or preset it names exists."""
+    epilog = EXAMPLES[command]
+    examples = _example_lines(epilog)
+    assert examples, f"{command} --help shows no example"
+    for argv in examples:
+        build_parser().parse_args(argv)  # an example that does not parse exits here
+        if "--model" in argv and "/" not in argv[argv.index("--model") + 1]:
+            assert argv[argv.index("--model") + 1] in preset_names(), argv
+    shipped = {"configs", "examples", "benchmarks", "docs", "model_cards", "hf_tfm", "hf_tfm_cli", "tests"}
+    for word in shlex.split(epilog, comments=True):  # runs/... are outputs, path/to/... placeholders
+        if "/" in word and word.split("/")[0] in shipped:
+            assert (REPO / word).exists(), f"{command} --help names {word}, which does not exist"

@@ -14,17 +14,18 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from hf_tfm import TfmDecoderForCausalLM
 from hf_tfm.cli import main
-from hf_tfm.training.callbacks import logged
+from hf_tfm.training.callbacks import logged, read_log
 from hf_tfm.training.checkpoints import (
     MANIFEST,
     CorruptCheckpoint,
     replace_folder,
     verify,
 )
-from hf_tfm.training.data import TASKS
+from hf_tfm.training.generate import generate_text
 from hf_tfm.training.main_job import run_main_job
 from hf_tfm.training.run import RunSpec, train
 from hf_tfm.training.tokenizers import train_byte_level_bpe
+from hf_tfm_cli import TASKS
 
 TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "intermediate_size": 64}
 PIPELINE_TAGS = {
@@ -76,7 +77,7 @@ def tiny_spec(tmp_path: Path, task: str, **overrides) -> RunSpec:
 
 
 @pytest.mark.parametrize("task", TASKS)
-def test_every_task_trains_evaluates_and_saves(tmp_path, task):
+def test_every_task_trains_evaluates_and_saves(tmp_path, capfd, task):
     result = train(tiny_spec(tmp_path, task))
     folder = Path(result["model_dir"])
     expected = {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "README.md", "hf_tfm_run.json", MANIFEST}
@@ -103,6 +104,11 @@ def test_every_task_trains_evaluates_and_saves(tmp_path, task):
     assert card.data.pipeline_tag == PIPELINE_TAGS[task]
     assert card.data.model_name == f"hf-tfm-{task}" and "partial" not in card.text
     assert "SchedulerType" not in card.text and "| lr_scheduler_type | cosine |" in card.text
+    if task == "seq2seq":  # scoring by generation must not leave max_length behind: generate() would warn
+        assert "max_length" not in json.loads((folder / "generation_config.json").read_text())
+        capfd.readouterr()
+        assert generate_text(str(folder), ["acquire a lock."], max_new_tokens=4)[0].startswith("acquire a lock. -> ")
+        assert "max_new_tokens" not in capfd.readouterr().err
 
 
 def test_training_lowers_the_loss(tmp_path):
@@ -113,16 +119,74 @@ def test_training_lowers_the_loss(tmp_path):
 
 
 def test_cli_train_evaluate_generate(tmp_path, capsys):
+    """An MoE run from the command line: router statistics in log.csv and an expert-load heat map; `evaluate`
+    scores the very split the run was scored on (its run record's data settings) and says which."""
     config = tiny_config_file(tmp_path, "tfm_decoder")
     output = tmp_path / "run"
     common = ["--max-files", "40", "--vocab-size", "300", "--max-length", "32", "--batch-size", "4", "--use-cpu"]
-    main(["train", "--task", "causal-lm", "--model", config, "--output-dir", str(output), "--max-steps", "4", *common])
+    main(["train", "--task", "causal-lm", "--model", config, "--output-dir", str(output), "--max-steps", "4",
+          "--logging-steps", "2", "--max-eval-samples", "6", "--set", "num_experts=4", *common])
     assert "| causal-lm |" in capsys.readouterr().out
-    main(["evaluate", str(output / "model"), "--max-files", "40"])
+    assert [step for step, _ in logged(output / "log.csv", "router/layers.1/max_load")] == [2, 4]
+    assert (output / "expert_load.png").read_bytes()[:4] == b"\x89PNG"
+    record = json.loads((output / "model" / "hf_tfm_run.json").read_text())
+    trained = {r["metric"]: r["value"] for r in record["results"]}
+
+    main(["evaluate", str(output / "model")])
     scores = json.loads(capsys.readouterr().out)
     assert scores["task"] == "causal-lm" and scores["metrics"]["perplexity"] > 1
+    assert scores["metrics"]["loss"] == pytest.approx(trained["loss"], rel=1e-5)
+    assert scores["scored_on"]["max_files"] == 40 and scores["scored_on"]["max_eval_samples"] == 6
+    assert scores["scored_on"]["rows"] == 6 and scores["scored_on"]["data"] == "python-stdlib-docstrings"
+    main(["evaluate", str(output / "model"), "--max-length", "16"])  # an option given replaces the recorded one
+    assert json.loads(capsys.readouterr().out)["scored_on"]["max_length"] == 16
+    with pytest.raises(SystemExit, match="--max-files 1: the embedded causal-lm data .* raise --max-files"):
+        main(["evaluate", str(output / "model"), "--max-files", "1"])
     main(["generate", str(output / "model"), "Return the", "--max-new-tokens", "5"])
     assert capsys.readouterr().out.startswith("Return the -> ")
+
+
+def test_resume_of_a_finished_run_trains_no_further(tmp_path):
+    """Resuming from a checkpoint already at max_steps takes no step (Trainer would take one more), and keeps the
+    untrained model's scores in its record, as the uninterrupted run has them."""
+    first = train(tiny_spec(tmp_path, "causal-lm", max_steps=4, save_steps=2))
+    again = train(tiny_spec(tmp_path, "causal-lm", max_steps=4, save_steps=2, resume=True))
+    assert again["description"].startswith("4 optimizer steps")
+    assert max(step for step, _ in logged(again["log"], "loss")) == 4
+    assert again["before_training"] == first["before_training"] != []
+    assert [r["metric"] for r in again["results"]] == [r["metric"] for r in first["results"]]
+    assert [r["value"] for r in again["results"]] == pytest.approx([r["value"] for r in first["results"]], rel=1e-5)
+
+
+def test_a_diverged_run_stops_at_the_first_non_finite_loss(tmp_path, monkeypatch):
+    """A NaN put into the weights after step 3 makes the loss of step 4 NaN: the run stops there, saying so and
+    naming the last good checkpoint, saves nothing after it, and log.csv holds the true value."""
+    from transformers import TrainerCallback
+
+    from hf_tfm.training import run
+
+    class Poison(TrainerCallback):
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            if state.global_step == 3:
+                with torch.no_grad():
+                    next(model.parameters()).fill_(float("nan"))
+
+    build = run.make_trainer
+    def poisoned(*args, **kwargs):
+        trainer = build(*args, **kwargs)
+        trainer.add_callback(Poison())
+        return trainer
+
+    monkeypatch.setattr(run, "make_trainer", poisoned)
+    spec = tiny_spec(tmp_path, "causal-lm", max_steps=6, save_steps=2, eval_steps=6)
+    with pytest.raises(ValueError, match=r"diverged: the loss was nan at step 4; .*checkpoint-2 \(--resume"):
+        train(spec)
+    output = Path(spec.output_dir)
+    assert sorted(p.name for p in (output / "checkpoints").iterdir()) == ["checkpoint-2"]
+    assert not (output / "model").exists()
+    rows = [(row["step"], row["value"]) for row in read_log(output / "log.csv") if row["name"] == "loss"]
+    assert [step for step, _ in rows] == [1, 2, 3, 4]
+    assert all(torch.isfinite(torch.tensor(value)) for _, value in rows[:3]) and torch.isnan(torch.tensor(rows[3][1]))
 
 
 def test_generate_fills_masks_with_a_masked_lm(tmp_path, capsys):
@@ -223,6 +287,8 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
     assert sorted(losses) == sorted(expected)
     for step, loss in expected.items():
         assert losses[step] == pytest.approx(loss, rel=1e-6, abs=1e-7), step
+    resumed_record = json.loads((output / "model" / "hf_tfm_run.json").read_text())
+    assert resumed_record["before_training"] == reference["before_training"] != []
     resumed_model = AutoModelForCausalLM.from_pretrained(output / "model")
     reference_model = AutoModelForCausalLM.from_pretrained(reference["model_dir"])
     for (name, a), b in zip(resumed_model.state_dict().items(), reference_model.state_dict().values()):
@@ -275,12 +341,15 @@ def _write(path: Path, text: str) -> str:
     [
         ("missing column", r"has no column 'text', which task causal-lm needs \(columns: body\); rename with --column text="),
         ("empty dataset", r"data file .*d.csv holds no rows; nothing to train on"),
-        ("unknown preset", r"unknown model 'gpt5-huge': not a folder, a config.json file or a preset \(presets: .*llama-mini"),
+        ("unknown preset", r"unknown model 'gpt5-huge': not a folder or a config.json file, and no preset .*: .*llama-1.3m"),
         ("unwritable output", r"output directory .* is not writable"),
         ("wrong paradigm", r"task masked-lm needs a AutoModelForMaskedLM head, which model_type 'tfm_decoder'"),
         ("tokenizer too large", r"the tokenizer has \d+ tokens but .* has vocab_size=50"),
         ("unknown column mapping", r"--column label=x: task causal-lm reads only text"),
         ("missing file", r"data file .*nope.jsonl not found"),
+        ("misspelled --set field", r"--set num_expert: TfmDecoderConfig has no field 'num_expert'; did you mean 'num_e"),
+        ("--set value of the wrong type", r"^error: --set hidden_size=abc: Field 'hidden_size' expected int, got str"),
+        ("too few files for a validation split", r"--max-files 1: the embedded causal-lm data .* 0 validation rows"),
     ],
 )
 def test_bad_input_fails_before_training(tmp_path, case, message):
@@ -306,8 +375,15 @@ def test_bad_input_fails_before_training(tmp_path, case, message):
         args += ["--column", "label=x"]
     elif case == "missing file":
         args += ["--data", str(tmp_path / "nope.jsonl")]
-    with pytest.raises(SystemExit, match=message):
+    elif case == "misspelled --set field":
+        args += ["--set", "num_expert=8"]
+    elif case == "--set value of the wrong type":
+        args += ["--set", "hidden_size=abc"]
+    elif case == "too few files for a validation split":
+        args[args.index("--max-files") + 1] = "1"
+    with pytest.raises(SystemExit, match=message) as exit_:
         main(args)
+    assert "\n" not in str(exit_.value.code), "one line"
     assert not (tmp_path / "out" / "checkpoints").exists(), "nothing trained"
 
 
@@ -319,9 +395,16 @@ def test_help_of_every_command_has_examples(capsys):
         assert "examples:\n  hf-tfm " + command in capsys.readouterr().out
 
 
-def test_main_job_smoke(tmp_path):
-    """The main job at 1% of its steps on 40 stdlib files: five models saved, a summary table and a loss-curve PNG."""
+def test_main_job_smoke(tmp_path, capsys):
+    """The main job at 1% of its steps on 40 stdlib files: five models saved, a summary table and a loss-curve PNG.
+    Each run's header says its position and its model's actual name or folder; a second demo into the same folder
+    is refused (naming --overwrite) instead of wiping the first."""
     results = run_main_job(str(tmp_path), scale=0.01, max_files=40, max_eval_samples=8)
+    headers = [line for line in capsys.readouterr().out.splitlines() if line.startswith("== run ")]
+    assert len(headers) == len(TASKS) and headers[1].startswith(f"== run 2 of {len(TASKS)}: {TASKS[1]}, ")
+    assert headers[3] == f"== run 4 of {len(TASKS)}: {TASKS[3]}, {results[1]['model_dir']} =="
+    with pytest.raises(FileExistsError, match="holds an earlier demo run .*pass --overwrite"):
+        run_main_job(str(tmp_path), scale=0.01, max_files=40, max_eval_samples=8)
     assert [r["task"] for r in results] == list(TASKS)
     summary = (tmp_path / "summary.md").read_text()
     assert all(f"| {task} |" in summary for task in TASKS)

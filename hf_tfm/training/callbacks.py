@@ -28,8 +28,11 @@ class CSVLogCallback(TrainerCallback):
                 writer.writerows(rows)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if not state.is_world_process_zero or not logs:
-            return
+        if state.is_world_process_zero and logs:
+            self.write(state.global_step, state.epoch, logs)
+
+    def write(self, step: int, epoch: float | None, logs: dict) -> None:
+        """Append the numbers of `logs` as they are (nan and inf included) for `step`."""
         fresh = not self.path.is_file()
         with self.path.open("a", newline="") as handle:
             writer = csv.DictWriter(handle, LOG_FIELDS)
@@ -37,7 +40,7 @@ class CSVLogCallback(TrainerCallback):
                 writer.writeheader()
             for name, value in logs.items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
-                    writer.writerow({"step": state.global_step, "epoch": state.epoch, "name": name, "value": repr(float(value))})
+                    writer.writerow({"step": step, "epoch": epoch, "name": name, "value": repr(float(value))})
 
 
 def read_log(path: str | Path) -> list[dict]:
@@ -117,8 +120,10 @@ class RouterStatsCallback(TrainerCallback):
         return hook
 
     def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs is None or "loss" not in logs:
+            return  # an evaluation or end-of-training summary log: the statistics belong to the next training log
         if not any(stats["tokens"] for stats in self._stats.values()):
-            return  # nothing trained since the last log (e.g. the evaluation or end-of-training summary logs)
+            return  # nothing trained since the last log
         loads, new = [], {}
         for name in self.layer_names:
             stats = self._stats[name]
@@ -132,8 +137,7 @@ class RouterStatsCallback(TrainerCallback):
             stats["entropy"].zero_()
             stats["tokens"] = 0
         self.history.append({"step": state.global_step, "load": torch.stack(loads)})
-        if logs is not None:
-            logs.update(new)
+        logs.update(new)
         if state.log_history and state.log_history[-1].get("step") == state.global_step:
             state.log_history[-1].update(new)  # Trainer appended its copy of `logs` before calling callbacks
 

@@ -1,10 +1,10 @@
 """The main job (`hf-tfm demo`, `make run`): small models of all three paradigms trained on data the package
-builds offline from the standard library's docstrings, evaluated against trivial baselines, saved with tokenizer,
+builds offline from the standard library's sources, evaluated against trivial baselines, saved with tokenizer,
 generation config and model card, and summarised in a table and a loss-curve PNG. About 10 minutes on 2 CPU cores.
 
     causal-lm                decoder (Llama-style)         docstrings, next token
     masked-lm                encoder (BERT-style)          docstrings, masked tokens
-    seq2seq                  encoder-decoder (T5-style)    docstring summary -> function name, as words
+    seq2seq                  encoder-decoder (T5-style)    function signature -> how many arguments a call passes
     sequence-classification  the masked-LM encoder, tuned  docstring -> which stdlib package
     token-classification     the masked-LM encoder, tuned  docstring words -> is it a parameter name
 """
@@ -19,25 +19,30 @@ from .run import RunSpec, train
 
 # (task, model, steps at scale 1, extra RunSpec fields); "{masked-lm}" is the folder the masked-LM run saved
 RUNS = [
-    ("causal-lm", "llama-mini", 600, {"learning_rate": 3e-3, "weight_decay": 0.1}),
-    ("masked-lm", "bert-mini", 500, {"learning_rate": 1e-3, "batch_size": 32}),
-    ("seq2seq", "t5-mini", 600, {"learning_rate": 3e-3, "batch_size": 32, "max_length": 64, "vocab_size": 2048}),
+    ("causal-lm", "llama-1.3m", 600, {"learning_rate": 3e-3, "weight_decay": 0.1}),
+    ("masked-lm", "bert-1.4m", 500, {"learning_rate": 1e-3, "batch_size": 32}),
+    ("seq2seq", "t5-1.9m", 800, {"learning_rate": 2e-3, "batch_size": 32, "max_length": 64, "vocab_size": 2048}),
     ("sequence-classification", "{masked-lm}", 250, {"learning_rate": 5e-4}),
     ("token-classification", "{masked-lm}", 250, {"learning_rate": 5e-4, "max_length": 96}),
 ]
-PROMPTS = {"causal-lm": ["Return the"], "seq2seq": ["acquire a lock.", "return the number of items in the list."]}
+PROMPTS = {
+    "causal-lm": ["Return the"],
+    "seq2seq": ["get(self, key, default=None)", "print(*args, sep=' ', end='\\n', file=None, flush=False)"],
+}
 
 
 def run_main_job(output_dir: str = "runs/demo", scale: float = 1.0, max_files: int | None = None, seed: int = 0,
-                 max_eval_samples: int | None = 256) -> list[dict]:
+                 max_eval_samples: int | None = 256, overwrite: bool = False) -> list[dict]:
     started = time.time()
     output = Path(output_dir)
+    check_earlier_run(output, overwrite)
     results, saved = [], {}
-    for task, model, steps, extra in RUNS:
-        print(f"\n== {task}: {model} ==", flush=True)
+    for number, (task, model, steps, extra) in enumerate(RUNS, 1):
+        model = model.format(**saved)
+        print(f"\n== run {number} of {len(RUNS)}: {task}, {model} ==", flush=True)
         spec = RunSpec(
             task=task,
-            model=model.format(**saved) if "{" in model else model,
+            model=model,
             output_dir=str(output / task),
             max_steps=max(2, round(steps * scale)),
             seed=seed,
@@ -63,3 +68,13 @@ def run_main_job(output_dir: str = "runs/demo", scale: float = 1.0, max_files: i
             print(f"{result['task']} sample: {sample}")
     print(f"loss curves: {curves}\nsummary: {output / 'summary.md'}\nwall time: {time.time() - started:.0f} s")
     return results
+
+
+def check_earlier_run(output: Path, overwrite: bool) -> None:
+    """Refuse to replace an earlier demo run unless asked to: each run's folder is overwritten as it starts."""
+    earlier = [p.name for p in (*(output / task for task, *_ in RUNS), output / "summary.json") if p.exists()]
+    if earlier and not overwrite:
+        raise FileExistsError(
+            f"{output} holds an earlier demo run ({', '.join(earlier)}): pass --overwrite to replace it, or "
+            f"--output-dir <another folder> to keep it"
+        )

@@ -4,7 +4,7 @@ baselines) and loss curves read back from each run's CSV log."""
 from pathlib import Path
 
 from .callbacks import logged
-from .tasks import HEADLINE
+from .tasks import TASKS
 
 
 def _score(entries: list[dict], metric: str) -> float | None:
@@ -14,7 +14,8 @@ def _score(entries: list[dict], metric: str) -> float | None:
 def summary_rows(results: list[dict]) -> list[dict]:
     rows = []
     for result in results:
-        metric, higher_is_better = HEADLINE[result["task"]]
+        task = TASKS[result["task"]]
+        metric, higher_is_better = task.headline, task.higher_is_better
         candidates = [(b["name"], b["value"]) for b in result["baselines"] if b["metric"] == metric]
         best = (max if higher_is_better else min)(candidates, key=lambda c: c[1]) if candidates else (None, None)
         rows.append({

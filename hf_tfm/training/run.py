@@ -6,29 +6,36 @@ folder, preset name, damaged checkpoint) is checked before the first step. Check
 written next to the old one and swapped in, so a failed save never costs a good model.
 """
 
+import copy
+import difflib
 import json
 import math
 import os
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass, field
-from importlib.resources import files
+from dataclasses import fields
 from pathlib import Path
 
 import torch
 import transformers
 from accelerate import PartialState
+from huggingface_hub.errors import StrictDataclassError
 from transformers import (
     AutoConfig,
     AutoTokenizer,
     Seq2SeqTrainer,
     Seq2SeqTrainingArguments,
     Trainer,
+    TrainerState,
     TrainingArguments,
 )
+from transformers.trainer import TRAINER_STATE_NAME
 
-from ..hub.card import RUN_RECORD, write_card_from_run
+from hf_tfm_cli.spec import RunSpec
+
+from ..hub.card import RUN_RECORD, read_run_record, write_card_from_run
+from ..presets import preset_path
 from . import tokenizers
 from .callbacks import CSVLogCallback, RouterBiasCallback, RouterStatsCallback
 from .checkpoints import (
@@ -39,11 +46,12 @@ from .checkpoints import (
     load_saved,
     replace_folder,
     step_of,
+    write_json_atomic,
 )
-from .data import EMBEDDED_NAME, check_task, load_task_data
+from .data import EMBEDDED_NAME, load_task_data
 from .tasks import (
-    HEADLINE,
-    HEADS,
+    TASKS,
+    check_task,
     argmax_logits,
     baselines,
     collator,
@@ -55,52 +63,12 @@ from .tasks import (
 
 
 
-@dataclass
-class RunSpec:
-    """Everything `hf-tfm train` takes; the defaults train a small model on the embedded data in minutes."""
-
-    task: str
-    model: str = "llama-mini"  # a preset name, a config.json file, or a folder (a config, or a checkpoint to fine-tune)
-    output_dir: str = "runs/train"
-    data: str | None = None  # None = the embedded default; else a local file or a datasets name
-    validation_file: str | None = None
-    dataset_config: str | None = None
-    columns: dict[str, str] = field(default_factory=dict)  # the task's column name -> the data's
-    tokenizer: str | None = None  # a folder; default: the checkpoint's, else one trained on the data
-    vocab_size: int = 4096  # of a tokenizer trained here
-    max_length: int = 128
-    max_steps: int = 200
-    batch_size: int = 16
-    gradient_accumulation_steps: int = 1
-    learning_rate: float = 1e-3
-    lr_scheduler_type: str = "cosine"
-    warmup_ratio: float = 0.05
-    weight_decay: float = 0.01
-    eval_steps: int | None = None  # default: 4 evaluations per run
-    save_steps: int | None = None  # default: 4 checkpoints per run
-    keep_checkpoints: int = 2
-    logging_steps: int | None = None  # default: 20 logs per run
-    seed: int = 0
-    bf16: bool = False
-    gradient_checkpointing: bool = False
-    torch_compile: bool = False
-    report_to: list[str] = field(default_factory=list)  # e.g. ["tensorboard"]
-    resume: bool = False
-    overwrite: bool = False
-    evaluate_before: bool = True  # measure the untrained model too, for the before -> after summary
-    max_files: int | None = None  # embedded data: read only this many stdlib files (tests)
-    max_eval_samples: int | None = None
-    config_overrides: dict = field(default_factory=dict)  # applied to a fresh model's config
-    dropout: float | None = None  # overrides every dropout field of a fresh model's config
-    use_cpu: bool = False
-
+# files of a run's output folder besides checkpoints/, model/ and tokenizer/
+LOG = "log.csv"
+BEFORE_TRAINING = "before_training.json"  # the untrained model's scores, kept for a resumed run's record
+EXPERT_LOAD = "expert_load.png"  # MoE runs: the router load per layer and expert over training
 
 # ---------------------------------------------------------------- checks that run before anything is trained
-
-
-def presets() -> dict[str, Path]:
-    root = files("hf_tfm.presets")
-    return {entry.name: Path(str(entry)) for entry in root.iterdir() if entry.joinpath("config.json").is_file()}
 
 
 def resolve_model(model: str) -> tuple[Path, bool]:
@@ -112,25 +80,34 @@ def resolve_model(model: str) -> tuple[Path, bool]:
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"model folder {path} has no config.json")
         return path, any((path / name).is_file() for name in WEIGHT_FILES)
-    known = presets()
-    if model in known:
-        return known[model], False
-    raise ValueError(f"unknown model {model!r}: not a folder, a config.json file or a preset (presets: {', '.join(sorted(known))})")
+    try:
+        return preset_path(model), False
+    except ValueError as error:  # it names the presets, or the new name of a renamed one
+        raise ValueError(f"unknown model {model!r}: not a folder or a config.json file, and {error}") from None
 
 
 def load_config(path: Path):
     import hf_tfm  # noqa: F401  (registers the tfm model types with AutoConfig)
 
-    if path.is_file():
-        return AutoConfig.for_model(**json.loads(path.read_text()))
-    return AutoConfig.from_pretrained(path)
+    try:
+        if path.is_file():
+            return AutoConfig.for_model(**json.loads(path.read_text()))
+        return AutoConfig.from_pretrained(path)
+    except StrictDataclassError as error:  # a field of the wrong type: one line naming it, not a traceback
+        raise ValueError(f"{path}: {config_problem(error)}") from error
+
+
+def config_problem(error: Exception) -> str:
+    """The line of a config validation error that names the field (huggingface_hub's strict dataclasses put it
+    last, after a heading)."""
+    return str(error.__cause__ or error).strip().splitlines()[-1].strip()
 
 
 def check_head(task: str, config, model: str) -> None:
     available = getattr(config, "auto_classes", {})
-    if HEADS[task] not in available:
+    if TASKS[task].head.auto_class not in available:
         raise ValueError(
-            f"task {task} needs a {HEADS[task]} head, which model_type {config.model_type!r} ({model}) does not have; "
+            f"task {task} needs a {TASKS[task].head.auto_class} head, which model_type {config.model_type!r} ({model}) does not have; "
             f"its heads: {', '.join(available) or 'none (not an hf_tfm config)'}"
         )
 
@@ -149,7 +126,8 @@ def prepare_output_dir(spec: RunSpec) -> Path:
         raise FileExistsError(f"{earlier} holds checkpoints of an earlier run: pass --resume to continue it or --overwrite to start over")
     if spec.overwrite and not spec.resume and PartialState().is_main_process:
         shutil.rmtree(earlier, ignore_errors=True)
-        (output / "log.csv").unlink(missing_ok=True)
+        for name in (LOG, BEFORE_TRAINING, EXPERT_LOAD):
+            (output / name).unlink(missing_ok=True)
     PartialState().wait_for_everyone()
     return output
 
@@ -195,7 +173,28 @@ def fresh_config(spec: RunSpec, config, tokenizer, labels: list[str] | None):
     if spec.dropout is not None:
         updates.update({name: spec.dropout for name in ("hidden_dropout", "attention_dropout", "embedding_dropout") if hasattr(config, name)})
     updates.update(spec.config_overrides)
-    return AutoConfig.for_model(**{**config.to_dict(), **updates, **label_fields(labels)})
+    try:
+        return AutoConfig.for_model(**{**config.to_dict(), **updates, **label_fields(labels)})
+    except (StrictDataclassError, TypeError, ValueError) as error:  # the config's own validation names the field
+        if not spec.config_overrides:
+            raise
+        given = " ".join(f"--set {key}={value if isinstance(value, str) else json.dumps(value)}"
+                         for key, value in spec.config_overrides.items())
+        raise ValueError(f"{given}: {config_problem(error)}") from error
+
+
+def check_overrides(spec: RunSpec, config, pretrained: bool) -> None:
+    """`--set` may only name a field of the model's config class (a misspelled one would be kept and ignored), and
+    only for a fresh model."""
+    if pretrained and (spec.config_overrides or spec.dropout is not None):
+        raise ValueError(f"--set and --dropout change a fresh model's config; {spec.model} is a trained checkpoint")
+    config_class = type(config)
+    valid = {f.name for f in fields(config_class)} | set(getattr(config_class, "attribute_map", {}))
+    for key in spec.config_overrides:
+        if key not in valid:
+            nearest = difflib.get_close_matches(key, sorted(valid), n=1)
+            hint = f"; did you mean {nearest[0]!r}?" if nearest else ""
+            raise ValueError(f"--set {key}: {config_class.__name__} has no field {key!r}{hint}")
 
 
 def label_fields(labels: list[str] | None) -> dict:
@@ -205,7 +204,7 @@ def label_fields(labels: list[str] | None) -> dict:
 
 
 def build_model(spec: RunSpec, config_path: Path, pretrained: bool, tokenizer, labels):
-    auto_class = getattr(transformers, HEADS[spec.task])
+    auto_class = getattr(transformers, TASKS[spec.task].head.auto_class)
     if pretrained:
         return load_saved(config_path, auto_class, **label_fields(labels))
     torch.manual_seed(spec.seed)
@@ -241,13 +240,40 @@ def training_arguments(spec: RunSpec, output: Path) -> TrainingArguments:
         dataloader_num_workers=0,
         remove_unused_columns=True,
         save_only_model=False,
+        logging_nan_inf_filter=False,  # log the true loss; StopOnNonFiniteLoss stops at the first non-finite one
     )
 
 
+class NonFiniteLoss(ValueError):
+    def __init__(self, step: int, loss: float):
+        super().__init__(f"non-finite training loss {loss} at step {step}")
+        self.step, self.loss = step, loss
+
+
+class StopOnNonFiniteLoss:
+    """Trainer mixin: raise `NonFiniteLoss` at the first micro-batch whose loss is NaN or infinite, before the
+    optimizer applies its gradients, so neither the model in memory nor any later checkpoint holds NaN weights.
+    Costs one host sync per micro-batch, as Trainer's own `logging_nan_inf_filter` check (turned off here) does."""
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        if not torch.isfinite(loss):
+            raise NonFiniteLoss(self.state.global_step + 1, loss.item())
+        return loss
+
+
+class RunTrainer(StopOnNonFiniteLoss, Trainer):
+    pass
+
+
+class RunSeq2SeqTrainer(StopOnNonFiniteLoss, Seq2SeqTrainer):
+    pass
+
+
 def make_trainer(spec: RunSpec, model, tokenizer, features, labels, args, callbacks):
-    trainer_class = Seq2SeqTrainer if spec.task == "seq2seq" else Trainer
+    trainer_class = RunSeq2SeqTrainer if spec.task == "seq2seq" else RunTrainer
     classifying = spec.task in ("sequence-classification", "token-classification")
-    return trainer_class(
+    trainer = trainer_class(
         model=model,
         args=args,
         train_dataset=features["train"],
@@ -258,6 +284,11 @@ def make_trainer(spec: RunSpec, model, tokenizer, features, labels, args, callba
         preprocess_logits_for_metrics=argmax_logits if classifying else None,
         callbacks=callbacks,
     )
+    # router statistics are added to the logs in place: first, so report_to integrations and log.csv get them too
+    router_stats = trainer.pop_callback(RouterStatsCallback)
+    if router_stats is not None:
+        trainer.callback_handler.callbacks.insert(0, router_stats)
+    return trainer
 
 
 def final_metrics(trainer, task: str) -> dict[str, float]:
@@ -265,9 +296,13 @@ def final_metrics(trainer, task: str) -> dict[str, float]:
     if task == "seq2seq":  # generating is slow: only here, not in the evaluations during training
         trainer.args.predict_with_generate, trainer.args.generation_max_length = True, 32
         trainer.compute_metrics = compute_metrics_for(task, trainer.processing_class)
+        # Seq2SeqTrainer writes every generation default (max_length=20, ...) into the model's generation config,
+        # and a saved max_length makes every later generate(max_new_tokens=...) warn that both are set
+        generation_config = copy.deepcopy(trainer.model.generation_config)
     metrics = trainer.evaluate()
     if task == "seq2seq":
         trainer.args.predict_with_generate, trainer.compute_metrics = False, None
+        trainer.model.generation_config = generation_config
     scores = {key.removeprefix("eval_"): value for key, value in metrics.items() if key.startswith("eval_")}
     scores = {k: v for k, v in scores.items() if k not in ("runtime", "samples_per_second", "steps_per_second", "epoch", "model_preparation_time")}
     if task in ("causal-lm", "masked-lm", "seq2seq"):
@@ -287,6 +322,7 @@ def record(spec: RunSpec, trainer, before: dict | None, after: dict, baseline: l
         "task": spec.task,
         "model": spec.model,
         "dataset": spec.data or EMBEDDED_NAME,
+        "data": data_settings(spec),  # what `hf-tfm evaluate` reads to score the same validation split
         "training": training,
         "results": [{"split": "validation", "metric": k, "value": v} for k, v in after.items()],
         "before_training": [{"split": "validation", "metric": k, "value": v} for k, v in (before or {}).items()],
@@ -318,10 +354,9 @@ def train(spec: RunSpec) -> dict:
     config_path, pretrained = resolve_model(spec.model)
     config = load_config(config_path)
     check_head(spec.task, config, spec.model)
+    check_overrides(spec, config, pretrained)
 
-    data = load_task_data(spec.task, spec.data, spec.validation_file, spec.dataset_config, spec.columns, spec.max_files)
-    if spec.max_eval_samples:
-        data["validation"] = data["validation"].select(range(min(spec.max_eval_samples, len(data["validation"]))))
+    data = run_data(spec.task, data_settings(spec))
     labels = label_names(spec.task, data)
     tokenizer = run_tokenizer(spec, output, config_path, pretrained, data)
     if pretrained:
@@ -331,23 +366,87 @@ def train(spec: RunSpec) -> dict:
     with args.main_process_first(desc="tokenizing"):
         features = tokenize(spec.task, data, tokenizer, spec.max_length, labels)
 
-    csv_log = CSVLogCallback(output / "log.csv")
+    csv_log = CSVLogCallback(output / LOG)
     callbacks = [csv_log, ManifestCallback(spec.keep_checkpoints)]
-    if model.config.num_experts:
-        callbacks += [RouterBiasCallback(), RouterStatsCallback()]
+    router_stats = RouterStatsCallback() if model.config.num_experts else None
+    if router_stats:
+        callbacks += [RouterBiasCallback(), router_stats]
     trainer = make_trainer(spec, model, tokenizer, features, labels, args, callbacks)
-    before = None
     if resume_from is not None:
         csv_log.truncate_after(step_of(resume_from))
-    elif spec.evaluate_before:
-        before = final_metrics(trainer, spec.task)
-    trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+    before = before_training(spec, trainer, output, resume_from)
+    if resume_from is not None and step_of(resume_from) >= spec.max_steps:
+        # Trainer checks max_steps only after a step: resuming a finished run would train one step past it
+        trainer._load_from_checkpoint(str(resume_from))
+        trainer.state = TrainerState.load_from_json(str(resume_from / TRAINER_STATE_NAME))
+    else:
+        train_until_diverged(trainer, output, csv_log, resume_from)
     after = final_metrics(trainer, spec.task)
 
     run = record(spec, trainer, before, after, baselines(spec.task, data, len(tokenizer), labels), time.time() - started)
+    result = {"model_dir": str(output / "model"), "log": str(output / LOG)}
     if trainer.is_world_process_zero():
         save_final(output, trainer.model, tokenizer, run)
-    return {**run, "model_dir": str(output / "model"), "log": str(output / "log.csv")}
+        if router_stats and router_stats.history:  # a resumed run draws the steps since it resumed
+            router_stats.save_heatmap(output / EXPERT_LOAD)
+            result["expert_load"] = str(output / EXPERT_LOAD)
+    return {**run, **result}
+
+
+def before_training(spec: RunSpec, trainer, output: Path, resume_from: Path | None) -> dict | None:
+    """The untrained model's scores: measured by a fresh run and kept in the output folder, so that a resumed run,
+    whose model is no longer untrained, records the same before -> after as an uninterrupted one."""
+    kept = output / BEFORE_TRAINING
+    if resume_from is not None:
+        return json.loads(kept.read_text()) if kept.is_file() else None
+    if not spec.evaluate_before:
+        return None
+    before = final_metrics(trainer, spec.task)
+    if trainer.is_world_process_zero():
+        write_json_atomic(kept, before)
+    return before
+
+
+def train_until_diverged(trainer, output: Path, csv_log, resume_from: Path | None) -> None:
+    """`trainer.train()`, stopped at the first non-finite loss with the step, the value (also in log.csv, as is)
+    and the newest checkpoint to go back to, all saved before the divergence."""
+    try:
+        trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+    except NonFiniteLoss as diverged:
+        if trainer.is_world_process_zero():
+            csv_log.write(diverged.step, trainer.state.epoch, {"loss": diverged.loss})
+        good, _ = last_good_checkpoint(output / "checkpoints")
+        back = f"the last good checkpoint is {good} (--resume continues from it)" if good else "none was saved"
+        raise ValueError(
+            f"training diverged: the loss was {diverged.loss} at step {diverged.step}; stopped before applying "
+            f"that step, so no checkpoint holds its weights, and {back}. Try a lower --learning-rate."
+        ) from None
+
+
+DATA_SETTINGS = ("data", "validation_file", "dataset_config", "columns", "max_files", "max_length", "max_eval_samples",
+                 "seed")
+SOURCE_SETTINGS = ("validation_file", "dataset_config", "columns", "max_files")  # belong to one `data` source
+
+
+def data_settings(spec: RunSpec) -> dict:
+    """The RunSpec fields that decide which examples a run trains and is scored on (kept in its run record)."""
+    return {name: getattr(spec, name) for name in DATA_SETTINGS}
+
+
+def run_data(task: str, settings: dict):
+    """Train and validation splits as `data_settings` describe them: the same for `train` and `evaluate`."""
+    data = load_task_data(task, settings["data"], settings["validation_file"], settings["dataset_config"],
+                          settings["columns"], settings["max_files"])
+    sizes = {split: len(data[split]) for split in ("train", "validation")}
+    if not all(sizes.values()):
+        rows = f"{sizes['train']} training and {sizes['validation']} validation rows; both splits need rows"
+        if settings["max_files"]:
+            raise ValueError(f"--max-files {settings['max_files']}: the embedded {task} data of that many stdlib "
+                             f"files has {rows}: raise --max-files")
+        raise ValueError(f"the {task} data {settings['data'] or EMBEDDED_NAME} has {rows}")
+    if settings["max_eval_samples"]:
+        data["validation"] = data["validation"].select(range(min(settings["max_eval_samples"], sizes["validation"])))
+    return data
 
 
 def run_tokenizer(spec: RunSpec, output: Path, config_path: Path, pretrained: bool, data):
@@ -363,7 +462,7 @@ def run_tokenizer(spec: RunSpec, output: Path, config_path: Path, pretrained: bo
             tokenizer = load_tokenizer(config_path)
         else:
             texts = training_texts(spec.task, data["train"])
-            tokenizer = tokenizers.train_tokenizer(texts, tokenizers.DEFAULT_TOKENIZER[spec.task], spec.vocab_size)
+            tokenizer = tokenizers.train_tokenizer(texts, TASKS[spec.task].tokenizer, spec.vocab_size)
         tokenizer.save_pretrained(saved)
     return tokenizer
 
@@ -376,20 +475,33 @@ def training_texts(task: str, train) -> list[str]:
     return list(train["text"])
 
 
-def evaluate_saved(folder: str, data: str | None = None, validation_file: str | None = None, columns=None,
-                   max_files: int | None = None, batch_size: int = 16, max_length: int = 128) -> dict:
-    """Scores of a saved model on the validation split of its task's data (the embedded default unless given)."""
+def evaluate_saved(folder: str, data: str | None = None, validation_file: str | None = None,
+                   dataset_config: str | None = None, columns: dict | None = None, max_files: int | None = None,
+                   max_eval_samples: int | None = None, batch_size: int | None = None,
+                   max_length: int | None = None) -> dict:
+    """Scores of a saved model on a validation split: by default the very split its training run was scored on
+    (the data settings in its run record), else the embedded default; arguments given replace those settings."""
     model = load_saved(folder)
     task = task_for_architecture(model.config.architectures[0])
     tokenizer = load_tokenizer(folder)
     check_vocabulary(tokenizer, model.config, folder)
-    dataset = load_task_data(task, data, validation_file, columns=columns, max_files=max_files)
+    run = read_run_record(folder)
+    recorded = dict(run.data) if run else {}
+    if data is not None and data != recorded.get("data"):  # other data: the run's file-specific settings do not apply
+        recorded = {k: v for k, v in recorded.items() if k not in SOURCE_SETTINGS}
+    given = {"data": data, "validation_file": validation_file, "dataset_config": dataset_config, "columns": columns,
+             "max_files": max_files, "max_eval_samples": max_eval_samples, "max_length": max_length}
+    defaults = data_settings(RunSpec(task=task))
+    settings = {**defaults, **recorded, **{k: v for k, v in given.items() if v is not None}}
+    batch_size = batch_size or (run.training.get("per_device_train_batch_size") if run else None) or RunSpec.batch_size
+    dataset = run_data(task, settings)
     labels = [model.config.id2label[i] for i in range(model.config.num_labels)] if task.endswith("classification") else None
-    features = tokenize(task, dataset, tokenizer, max_length, labels)
+    features = tokenize(task, dataset, tokenizer, settings["max_length"], labels)
     spec = RunSpec(task=task, model=folder, batch_size=batch_size)
     with tempfile.TemporaryDirectory() as scratch:  # Trainer wants an output folder; evaluation writes nothing there
         trainer = make_trainer(spec, model, tokenizer, features, labels, training_arguments(spec, Path(scratch)), callbacks=[])
         scores = final_metrics(trainer, task)
-    return {"task": task, "model": folder, "metrics": scores, "headline": HEADLINE[task][0]}
-
-
+    scored = {**settings, "data": settings["data"] or EMBEDDED_NAME, "split": "validation",
+              "rows": len(dataset["validation"]), "batch_size": batch_size,
+              "settings_from": f"{RUN_RECORD if recorded else 'the defaults'} and the options given"}
+    return {"task": task, "model": folder, "metrics": scores, "headline": TASKS[task].headline, "scored_on": scored}

@@ -1,0 +1,187 @@
+"""`hf-tfm` command line: the main job (`demo`), training and evaluation, generation, conversion, upcycling,
+model cards and pushes to the Hub. Every subcommand's `--help` ends with examples.
+
+This package never imports torch, transformers or datasets: `--help` and argument errors answer at once, and only
+a command that runs imports `hf_tfm` (whose command handlers live in `hf_tfm.cli`).
+"""
+
+import argparse
+import json
+from dataclasses import MISSING, fields
+
+from .spec import TASKS, RunSpec, describe, fraction, number, positive_float, positive_int, value_kind
+
+__all__ = ["TASKS", "RunSpec", "build_parser", "main", "spec_from_args"]
+
+EXAMPLES = {
+    "demo": """examples:
+  hf-tfm demo                                        # all three paradigms on the embedded data, summary + loss curves
+  hf-tfm demo --output-dir runs/demo --scale 0.5     # half the steps
+  hf-tfm demo --overwrite                            # replace an earlier demo run in runs/demo""",
+    "train": """examples:
+  hf-tfm train --task causal-lm --model llama-1.3m --max-steps 600          # embedded stdlib docstrings
+  hf-tfm train --task masked-lm --model bert-1.4m --output-dir runs/mlm
+  hf-tfm train --task sequence-classification --model runs/mlm/model      # fine-tune a checkpoint
+  hf-tfm train --task seq2seq --model t5-1.9m --data pairs.jsonl --column source=question --column target=answer
+  hf-tfm train --task causal-lm --model configs/llama-1.3m/config.json --set num_experts=8 --bf16
+  hf-tfm train --task causal-lm --output-dir runs/train --resume          # continue a killed run
+  accelerate launch --config_file configs/accelerate/multi_gpu_ddp.yaml -m hf_tfm.cli train --task causal-lm""",
+    "evaluate": """examples:
+  hf-tfm evaluate runs/train/model                   # the validation split its training run used
+  hf-tfm evaluate runs/cls/model --data test.csv --column text=sentence""",
+    "generate": """examples:
+  hf-tfm generate runs/train/model "Return the"
+  hf-tfm generate runs/s2s/model "Return the number of items." --num-beams 4
+  hf-tfm generate runs/mlm/model "Return the [MASK] of items."      # masked LMs fill masks""",
+    "convert": """examples:
+  hf-tfm convert path/to/gpt2 runs/tfm-from-gpt2      # GPT-2, Llama, Mixtral, BERT, T5 or BART folder -> hf_tfm
+  hf-tfm convert runs/tfm-from-gpt2 runs/back --to gpt2""",
+    "upcycle": """examples:
+  hf-tfm upcycle runs/demo/causal-lm/model runs/demo-moe --num-experts 8 --top-k 2""",
+    "card": """examples:
+  hf-tfm card runs/train/model                       # (re)write README.md from the model and its run record""",
+    "push": """examples:
+  hf-tfm push runs/train/model me/tfm-small
+  hf-tfm push runs/train/model me/tfm-small --private --revision v1 --commit-message "600 steps"
+""",
+}
+
+# (source model_type, --to) -> "module.function" of the converter in hf_tfm
+CONVERTERS = {
+    ("gpt2", None): "convert_gpt2.gpt2_to_tfm",
+    ("llama", None): "convert_llama.llama_to_tfm",
+    ("mixtral", None): "convert_mixtral.mixtral_to_tfm",
+    ("bert", None): "convert_bert.bert_to_tfm",
+    ("t5", None): "convert_t5.t5_to_tfm",
+    ("bart", None): "convert_bart.bart_to_tfm",
+    ("tfm_decoder", "gpt2"): "convert_gpt2.tfm_to_gpt2",
+    ("tfm_decoder", "llama"): "convert_llama.tfm_to_llama",
+    ("tfm_decoder", "mixtral"): "convert_mixtral.tfm_to_mixtral",
+    ("tfm_encoder", "bert"): "convert_bert.tfm_to_bert",
+    ("tfm_encoder_decoder", "t5"): "convert_t5.tfm_to_t5",
+    ("tfm_encoder_decoder", "bart"): "convert_bart.tfm_to_bart",
+}
+
+
+def key_value(text: str) -> tuple[str, str]:
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    key, value = text.split("=", 1)
+    return key, value
+
+
+def config_value(text: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text  # a bare string such as rmsnorm
+
+
+def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
+    """One option per `RunSpec` field, from its type, default and metadata: a new field is a new option."""
+    groups = {"run": parser}
+    for spec_field in fields(RunSpec):
+        meta = spec_field.metadata
+        if not meta["cli"]:
+            continue
+        group = groups.get(meta["group"]) or groups.setdefault(meta["group"], parser.add_argument_group(meta["group"]))
+        kind = value_kind(spec_field)
+        arguments = {"dest": spec_field.name, "help": meta["help"] or None}
+        if kind is bool:
+            arguments["action"] = "store_true"
+        elif kind in (dict, list):  # repeated options: NAME=VALUE pairs (a dict) or plain values (a list)
+            arguments.update(action="append", default=[], metavar=meta["metavar"])
+            if kind is dict:
+                arguments["type"] = key_value
+        else:
+            bounded = meta["low"] is not None or meta["high"] is not None
+            arguments.update(choices=meta["choices"], metavar=meta["metavar"], required=spec_field.default is MISSING)
+            arguments["type"] = number(kind, meta["low"], meta["high"], meta["low_open"]) if bounded else kind
+            if spec_field.default is not MISSING:
+                arguments["default"] = spec_field.default
+            if bounded:  # the accepted range, in the words the error message uses
+                arguments["help"] = f"{meta['help']} ({describe(kind, meta['low'], meta['high'], meta['low_open'])})"
+        group.add_argument(meta["flag"] or "--" + spec_field.name.replace("_", "-"), **arguments)
+
+
+def spec_from_args(args: argparse.Namespace) -> RunSpec:
+    """The RunSpec a parsed `hf-tfm train` command line describes (NAME=VALUE options become dicts)."""
+    given = {f.name: getattr(args, f.name) for f in fields(RunSpec) if f.metadata["cli"]}
+    given["columns"] = dict(given["columns"])
+    given["config_overrides"] = {key: config_value(value) for key, value in given["config_overrides"]}
+    return RunSpec(**given)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hf-tfm", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        return commands.add_parser(name, help=help, description=help, epilog=EXAMPLES[name],
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+
+    demo = command("demo", "the main job: train, evaluate and save a decoder, an encoder and an encoder-decoder on "
+                           "the embedded data")
+    demo.add_argument("--output-dir", default="runs/demo")
+    demo.add_argument("--scale", type=positive_float, default=1.0,
+                      help="multiply every run's steps (0.05 for a smoke run)")
+    demo.add_argument("--max-files", type=positive_int, help="read only this many stdlib files (smoke runs)")
+    demo.add_argument("--seed", type=number(int, 0), default=0)
+    demo.add_argument("--overwrite", action="store_true", help="replace an earlier demo run in --output-dir")
+    train = command("train", "train a model for a task (causal-lm, masked-lm, seq2seq, sequence- or "
+                             "token-classification)")
+    train.usage = "%(prog)s --task TASK [options]   (all options: hf-tfm train --help)"
+    add_spec_arguments(train)
+    evaluate = command("evaluate", "score a saved model on the validation split its training run used (its run "
+                                   "record's data settings), or on other data")
+    evaluate.add_argument("model_dir")
+    evaluate.add_argument("--data", help="other data to score on (default: the training run's)")
+    evaluate.add_argument("--validation-file")
+    evaluate.add_argument("--dataset-config")
+    evaluate.add_argument("--column", action="append", type=key_value, metavar="TASK_COLUMN=YOURS")
+    evaluate.add_argument("--max-files", type=positive_int)
+    evaluate.add_argument("--max-eval-samples", type=positive_int)
+    evaluate.add_argument("--batch-size", type=positive_int)
+    evaluate.add_argument("--max-length", type=number(int, 2))
+    generate = command("generate", "continue prompts with a saved decoder or encoder-decoder (or fill [MASK] with a "
+                                   "masked LM)")
+    generate.add_argument("model_dir")
+    generate.add_argument("prompt", nargs="+")
+    generate.add_argument("--max-new-tokens", type=positive_int, default=32)
+    generate.add_argument("--num-beams", type=positive_int, default=1)
+    generate.add_argument("--do-sample", action="store_true")
+    generate.add_argument("--temperature", type=positive_float, default=1.0)
+    generate.add_argument("--top-p", type=number(float, 0, 1, low_open=True), default=1.0)
+    generate.add_argument("--seed", type=number(int, 0), default=0)
+    convert = command("convert", "convert GPT-2/Llama/Mixtral/BERT/T5/BART checkpoints to hf_tfm and back, exactly")
+    convert.add_argument("source", help="a saved model folder: gpt2, llama, mixtral, bert, t5, bart or hf_tfm")
+    convert.add_argument("destination", help="folder to write the converted model to")
+    convert.add_argument("--to", choices=sorted({t for _, t in CONVERTERS if t}),
+                         help="target when converting an hf_tfm model back")
+    upcycle = command("upcycle", "turn a dense GLU checkpoint into an MoE one (experts = copies of the FFN)")
+    upcycle.add_argument("source", help="a saved dense hf_tfm model folder (ffn_type=glu, no mlp bias)")
+    upcycle.add_argument("destination")
+    upcycle.add_argument("--num-experts", type=number(int, 2), default=8, help="(an integer >= 2)")
+    upcycle.add_argument("--top-k", type=positive_int, default=2)
+    card = command("card", "write or refresh the model card (README.md) of a saved model folder")
+    card.add_argument("folder")
+    push = command("push", "push a saved model folder to the Hub (HF_ENDPOINT and HF_TOKEN are honoured)")
+    push.add_argument("folder")
+    push.add_argument("repo_id")
+    push.add_argument("--private", action="store_true")
+    push.add_argument("--revision", help="a branch; created if missing")
+    push.add_argument("--commit-message")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    if args.command == "train":
+        try:  # RunSpec's own checks (the parser's types already enforce each bound)
+            args.spec = spec_from_args(args)
+        except ValueError as error:
+            raise SystemExit(f"error: {error}") from error
+    from hf_tfm.cli import run_command  # torch, transformers and datasets load here, once a command runs
+
+    run_command(args)

@@ -1,0 +1,5 @@
+"""`python -m hf_tfm_cli ...`, the same as `hf-tfm ...`."""
+
+from . import main
+
+main()
