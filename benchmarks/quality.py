@@ -30,7 +30,7 @@ from hf_tfm.training.callbacks import logged
 from hf_tfm.training.checkpoints import load_saved
 from hf_tfm.training.data import load_task_data
 from hf_tfm.training.run import RunSpec, load_tokenizer, train, training_texts
-from hf_tfm.training.tasks import MLM_PROBABILITY, tokenize
+from hf_tfm.training.tasks import MLM_PROBABILITY, TASKS, tokenize
 
 from benchmarks.pairs import parameter_count
 from benchmarks.record import header, write
@@ -158,7 +158,7 @@ def shared_tokenizer(task: str, folder: Path, vocab_size: int, max_files: int | 
     if not (folder / "tokenizer.json").is_file():
         data = load_task_data(task, max_files=max_files)
         texts = training_texts(task, data["train"])
-        tokenizers.train_tokenizer(texts, tokenizers.DEFAULT_TOKENIZER[task], vocab_size).save_pretrained(folder)
+        tokenizers.train_tokenizer(texts, TASKS[task].tokenizer, vocab_size).save_pretrained(folder)
     return str(folder)
 
 

@@ -10,8 +10,8 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
+from hf_tfm.training.tasks import TASKS
 from hf_tfm.training.tokenizers import (
-    DEFAULT_TOKENIZER,
     TOKENIZER_KINDS,
     train_byte_level_bpe,
     train_tokenizer,
@@ -88,14 +88,13 @@ def reloaded(trained, tmp_path_factory):
 
 def test_kinds_and_defaults():
     assert TOKENIZER_KINDS == KINDS
-    assert DEFAULT_TOKENIZER == {
+    assert {name: task.tokenizer for name, task in TASKS.items()} == {
         "causal-lm": "bpe",
         "masked-lm": "wordpiece",
         "sequence-classification": "wordpiece",
         "token-classification": "wordpiece",
         "seq2seq": "unigram",
     }
-    assert set(DEFAULT_TOKENIZER.values()) <= set(TOKENIZER_KINDS)
 
 
 @pytest.mark.parametrize("kind", ["BPE", "sentencepiece", "", "wordlevel"])

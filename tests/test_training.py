@@ -71,7 +71,8 @@ def accumulation_run(tmp_path, data, batch_size, accumulation, make_model=lambda
 def test_gradient_accumulation_matches_full_batch(tmp_path):
     """Batch 2 x 4 accumulation steps equals batch 8 in one step, although micro-batches hold different token counts.
 
-    This holds only if the loss is normalized by Trainer's num_items_in_batch (HF_V5_NOTES trap 5)."""
+    This holds only if the loss is normalized by Trainer's num_items_in_batch: a forward that takes **kwargs gets it
+    from Trainer, which then no longer divides the loss by the accumulation steps itself."""
     torch.manual_seed(0)
     rows = []
     for valid in [6, 5, 2, 6, 4, 3, 6, 2]:  # real labels per row: micro-batches of 2 hold 9, 6, 5 and 6 targets

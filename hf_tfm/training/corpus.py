@@ -1,8 +1,9 @@
-"""The embedded default corpus: docstrings of the Python standard library, read offline from its source files.
+"""The embedded default corpus: docstrings and function signatures of the Python standard library, read offline
+from its source files.
 
 Sources are parsed with `ast`, never imported (some stdlib modules act on import). Each docstring comes with
-what it documents (module, class or function; its name, package and parameters), which the embedded tasks in
-`tasks.py` turn into labels.
+what it documents (module, class or function; its name, package and parameters), and each function definition with
+its signature as written, which the embedded tasks in `data.py` turn into labels.
 """
 
 import ast
@@ -27,10 +28,16 @@ def _parameters(node: ast.AST) -> list[str]:
     return [a.arg for a in named if a is not None and a.arg not in ("self", "cls")]
 
 
-def _records(path: Path, root: Path) -> list[dict]:
+def _parse(path: Path) -> ast.Module | None:
     try:
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        return ast.parse(path.read_text(encoding="utf-8"))
     except (SyntaxError, UnicodeDecodeError, ValueError):
+        return None
+
+
+def _records(path: Path, root: Path) -> list[dict]:
+    tree = _parse(path)
+    if tree is None:
         return []
     relative = path.relative_to(root)
     package = relative.parts[0].removesuffix(".py")
@@ -61,6 +68,21 @@ def stdlib_records(max_files: int | None = None) -> tuple[dict, ...]:
     if not files:
         raise FileNotFoundError(f"no Python source files under the standard library folder {root}")
     return tuple(record for path in files for record in _records(path, root))
+
+
+@functools.lru_cache(maxsize=4)
+def stdlib_signatures(max_files: int | None = None) -> tuple[dict, ...]:
+    """Every function definition of the standard library, documented or not: its name, its file and its signature as
+    written, less `def` and the colon (`get(self, key, default=None)`), in file order."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    signatures = []
+    for path in _source_files(root)[:max_files]:
+        tree = _parse(path)
+        for node in ast.walk(tree) if tree is not None else ():
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                signature = f"{node.name}({ast.unparse(node.args)})"
+                signatures.append({"path": str(path.relative_to(root)), "name": node.name, "signature": signature})
+    return tuple(signatures)
 
 
 def stdlib_docstrings(max_files: int | None = None) -> dict[str, list[str]]:

@@ -1,8 +1,10 @@
-"""Training data for the five tasks: the embedded default (derived offline from stdlib docstrings), a local
-text/JSON/CSV/Parquet file, or a `datasets` dataset name. Every source ends as a `DatasetDict` with `train` and
-`validation` splits whose columns carry the task's standard names, checked before any training starts.
+"""Training data for the five tasks: the embedded default (derived offline from the standard library's docstrings
+and function signatures), a local text/JSON/CSV/Parquet file, or a `datasets` dataset name. Every source ends as a
+`DatasetDict` with `train` and `validation` splits whose columns carry the task's standard names (`Task.columns`),
+checked before any training starts.
 """
 
+import ast
 import re
 from collections import Counter
 from pathlib import Path
@@ -17,26 +19,14 @@ from datasets import (
     load_dataset,
 )
 
-from .corpus import in_validation, stdlib_records
+from .corpus import in_validation, stdlib_records, stdlib_signatures
+from .tasks import TASKS, check_task
 
-# the columns each task reads, under their standard names (`--column standard=yours` renames)
-TASK_COLUMNS = {
-    "causal-lm": ("text",),
-    "masked-lm": ("text",),
-    "seq2seq": ("source", "target"),
-    "sequence-classification": ("text", "label"),
-    "token-classification": ("tokens", "tags"),
-}
-TASKS = tuple(TASK_COLUMNS)
 FILE_BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 EMBEDDED_NAME = "python-stdlib-docstrings"
 TOPIC_CLASSES = 8  # the packages with the most docstrings become the classification labels
 MAX_WORDS = 64  # token classification: words per docstring paragraph
-
-
-def check_task(task: str) -> None:
-    if task not in TASK_COLUMNS:
-        raise ValueError(f"unknown task {task!r}; choose one of: {', '.join(TASKS)}")
+MAX_SIGNATURE_CHARS = 100  # seq2seq: longer signatures would not fit the demo's 64 tokens
 
 
 def _first_paragraph(docstring: str) -> str:
@@ -61,21 +51,34 @@ def _embedded_text(records) -> DatasetDict:
     return _dataset_dict(train, validation, Features(text=Value("string")))
 
 
-def identifier_words(name: str) -> str:
-    """`getOptionalRelease` / `_wake_up_first` -> "get optional release" / "wake up first"."""
-    return " ".join(part.lower() for part in re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", name).replace("_", " ").split())
+def arity(signature: str) -> str:
+    """How many arguments a call of the function passes, read off its signature: `get(self, key, default=None)` ->
+    "1 to 2", `close(self)` -> "0", `replace(self, /, *, name)` -> "1", `run(*args, check=False, **kwargs)` -> "0 or
+    more". A leading `self` or `cls` is the bound object, not an argument; keyword-only parameters count too."""
+    arguments = ast.parse(f"def {signature}: pass").body[0].args
+    positional = [a.arg for a in (*arguments.posonlyargs, *arguments.args)]
+    if positional[:1] in (["self"], ["cls"]):
+        positional = positional[1:]
+    keyword_only_required = sum(default is None for default in arguments.kw_defaults)
+    fewest = max(len(positional) - len(arguments.defaults), 0) + keyword_only_required
+    most = len(positional) + len(arguments.kwonlyargs)
+    if arguments.vararg or arguments.kwarg:
+        return f"{fewest} or more"
+    return str(fewest) if fewest == most else f"{fewest} to {most}"
 
 
-def _embedded_seq2seq(records) -> DatasetDict:
-    """A function's docstring summary -> its name as words ("acquire a lock." -> "acquire", "return the number of
-    ..." -> "count"), both lowercased so that names built from the summary's words can be copied token for token."""
-    pairs = {}
-    for r in records:
-        name = identifier_words(r["name"])
-        if r["kind"] == "function" and name:
-            pairs[(_first_paragraph(r["docstring"])[:300].lower(), name)] = r["path"]
-    rows = [{"source": source, "target": name, "path": path} for (source, name), path in pairs.items()]
-    train, validation = _split(rows, key=lambda r: r["path"])
+def _embedded_seq2seq(signatures) -> DatasetDict:
+    """A function's signature as written -> how many arguments a call passes (`arity`), for every function of the
+    standard library whose signature fits on a short line.
+
+    Split by function name, so no validation function was seen in training under any signature."""
+    rows = {}
+    for s in signatures:
+        if len(s["signature"]) <= MAX_SIGNATURE_CHARS:
+            rows.setdefault(s["signature"], {"source": s["signature"], "name": s["name"]})
+    for row in rows.values():
+        row["target"] = arity(row["source"])
+    train, validation = _split(list(rows.values()), key=lambda r: r["name"])
     return _dataset_dict(train, validation, Features(source=Value("string"), target=Value("string")))
 
 
@@ -111,6 +114,7 @@ def _embedded_parameter_tags(records) -> DatasetDict:
     return _dataset_dict(train, validation, features)
 
 
+# each task's embedded data (tests check that every task in TASKS has one)
 EMBEDDED = {
     "causal-lm": _embedded_text,
     "masked-lm": _embedded_text,
@@ -123,7 +127,7 @@ EMBEDDED = {
 def embedded_dataset(task: str, max_files: int | None = None) -> DatasetDict:
     """The task's default data, built offline from the running interpreter's standard library in seconds."""
     check_task(task)
-    return EMBEDDED[task](stdlib_records(max_files))
+    return EMBEDDED[task](stdlib_signatures(max_files) if task == "seq2seq" else stdlib_records(max_files))
 
 
 def _load_source(source: str, validation_file: str | None, dataset_config: str | None) -> DatasetDict:
@@ -167,7 +171,7 @@ def _ensure_validation(data: DatasetDict, source: str) -> DatasetDict:
 
 def check_columns(data: DatasetDict, task: str, source: str) -> None:
     for split, dataset in data.items():
-        missing = [c for c in TASK_COLUMNS[task] if c not in dataset.column_names]
+        missing = [c for c in TASKS[task].columns if c not in dataset.column_names]
         if missing:
             raise ValueError(
                 f"dataset {source} ({split} split) has no column {missing[0]!r}, which task {task} needs "
@@ -192,10 +196,10 @@ def load_task_data(
     else:
         data = _ensure_validation(_load_source(source, validation_file, dataset_config), source)
     for standard, theirs in (columns or {}).items():
-        if standard not in TASK_COLUMNS[task]:
-            raise ValueError(f"--column {standard}={theirs}: task {task} reads only {', '.join(TASK_COLUMNS[task])}")
+        if standard not in TASKS[task].columns:
+            raise ValueError(f"--column {standard}={theirs}: task {task} reads only {', '.join(TASKS[task].columns)}")
         if theirs not in data["train"].column_names:
             raise ValueError(f"dataset {source} has no column {theirs!r} (columns: {', '.join(data['train'].column_names)})")
         data = data.rename_column(theirs, standard)
     check_columns(data, task, source)
-    return data.select_columns(list(TASK_COLUMNS[task]))
+    return data.select_columns(list(TASKS[task].columns))

@@ -1,11 +1,17 @@
-"""What each task trains: the head, how its columns become model inputs, how batches are collated, how it is
-scored, and the trivial baselines its scores must beat."""
+"""The training tasks, one `Task` record each in `TASKS`: the head it trains, the columns it reads, the tokenizer a
+fresh model gets, its collator and scores, and the trivial baselines its scores must beat. Every other module (data,
+run, report, checkpoints, model cards) reads these records instead of keeping its own table.
+
+Importable without `datasets` or `evaluate` (model cards read the records in a core install): those are imported
+inside the functions that use them.
+"""
 
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
-from datasets import Dataset, DatasetDict
 from transformers import (
     DataCollatorForLanguageModeling,
     DataCollatorForSeq2Seq,
@@ -13,55 +19,149 @@ from transformers import (
     DataCollatorWithPadding,
 )
 
-from .data import TASK_COLUMNS
 from .metrics import classification_metrics, classification_scores, generation_metrics, generation_scores
 
-HEADS = {
-    "causal-lm": "AutoModelForCausalLM",
-    "masked-lm": "AutoModelForMaskedLM",
-    "seq2seq": "AutoModelForSeq2SeqLM",
-    "sequence-classification": "AutoModelForSequenceClassification",
-    "token-classification": "AutoModelForTokenClassification",
-}
-# the task a saved head was trained for, read off its `architectures` entry
-TASK_BY_HEAD_SUFFIX = {
-    "ForCausalLM": "causal-lm",
-    "ForMaskedLM": "masked-lm",
-    "ForConditionalGeneration": "seq2seq",
-    "ForSequenceClassification": "sequence-classification",
-    "ForTokenClassification": "token-classification",
-}
-# the metric each task's summary leads with, and whether higher is better
-HEADLINE = {
-    "causal-lm": ("perplexity", False),
-    "masked-lm": ("perplexity", False),
-    "seq2seq": ("exact_match", True),
-    "sequence-classification": ("accuracy", True),
-    "token-classification": ("f1", True),
-}
 MLM_PROBABILITY = 0.15
 
 
+@dataclass(frozen=True)
+class Head:
+    """A kind of model head, known by how its class name ends (`TfmEncoderForMaskedLM` -> "ForMaskedLM")."""
+
+    suffix: str
+    auto_class: str  # the transformers Auto class that loads it
+    pipeline_tag: str  # the Hub pipeline it serves
+
+
+# hf_tfm's heads, and the converters' sources (GPT-2's "LMHeadModel"); a base model ("...Model") extracts features
+HEADS = {
+    head.suffix: head
+    for head in (
+        Head("ForCausalLM", "AutoModelForCausalLM", "text-generation"),
+        Head("LMHeadModel", "AutoModelForCausalLM", "text-generation"),
+        Head("ForMaskedLM", "AutoModelForMaskedLM", "fill-mask"),
+        Head("ForConditionalGeneration", "AutoModelForSeq2SeqLM", "text2text-generation"),
+        Head("ForSequenceClassification", "AutoModelForSequenceClassification", "text-classification"),
+        Head("ForTokenClassification", "AutoModelForTokenClassification", "token-classification"),
+        Head("ForQuestionAnswering", "AutoModelForQuestionAnswering", "question-answering"),
+        Head("Model", "AutoModel", "feature-extraction"),
+    )
+}
+
+
+def head_for_architecture(architecture: str) -> Head | None:
+    """The head a class name (a config's `architectures` entry) ends with; the longest suffix wins."""
+    suffix = max((s for s in HEADS if architecture.endswith(s)), key=len, default=None)
+    return HEADS.get(suffix)
+
+
+@dataclass(frozen=True)
+class Task:
+    """Everything training knows about one task."""
+
+    name: str
+    head: Head
+    columns: tuple[str, ...]  # the columns it reads, under their standard names (`--column standard=yours` renames)
+    tokenizer: str  # the kind trained for a fresh model: "bpe", "wordpiece" or "unigram" (see tokenizers.py)
+    headline: str  # the metric its summary leads with
+    higher_is_better: bool
+    collator: Callable  # (tokenizer, model) -> the Trainer's data collator
+    metrics: Callable | None  # the Trainer's `compute_metrics` before binding; None: perplexity, from the eval loss
+    label_column: str | None = None  # classification: the column whose values name the classes
+
+
+TASKS = {
+    task.name: task
+    for task in (
+        Task(
+            name="causal-lm",
+            head=HEADS["ForCausalLM"],
+            columns=("text",),
+            tokenizer="bpe",
+            headline="perplexity",
+            higher_is_better=False,
+            collator=lambda tokenizer, model: DataCollatorForLanguageModeling(tokenizer, mlm=False),
+            metrics=None,
+        ),
+        Task(
+            name="masked-lm",
+            head=HEADS["ForMaskedLM"],
+            columns=("text",),
+            tokenizer="wordpiece",
+            headline="perplexity",
+            higher_is_better=False,
+            collator=lambda tokenizer, model: DataCollatorForLanguageModeling(
+                tokenizer, mlm=True, mlm_probability=MLM_PROBABILITY
+            ),
+            metrics=None,
+        ),
+        Task(
+            name="seq2seq",
+            head=HEADS["ForConditionalGeneration"],
+            columns=("source", "target"),
+            tokenizer="unigram",
+            headline="exact_match",
+            higher_is_better=True,
+            collator=lambda tokenizer, model: DataCollatorForSeq2Seq(tokenizer, model=model),
+            metrics=generation_metrics,
+        ),
+        Task(
+            name="sequence-classification",
+            head=HEADS["ForSequenceClassification"],
+            columns=("text", "label"),
+            tokenizer="wordpiece",
+            headline="accuracy",
+            higher_is_better=True,
+            collator=lambda tokenizer, model: DataCollatorWithPadding(tokenizer),
+            metrics=classification_metrics,
+            label_column="label",
+        ),
+        Task(
+            name="token-classification",
+            head=HEADS["ForTokenClassification"],
+            columns=("tokens", "tags"),
+            tokenizer="wordpiece",
+            headline="f1",
+            higher_is_better=True,
+            collator=lambda tokenizer, model: DataCollatorForTokenClassification(tokenizer),
+            metrics=classification_metrics,
+            label_column="tags",
+        ),
+    )
+}
+
+
+def check_task(task: str) -> Task:
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; choose one of: {', '.join(TASKS)}")
+    return TASKS[task]
+
+
 def task_for_architecture(architecture: str) -> str:
-    for suffix, task in TASK_BY_HEAD_SUFFIX.items():
-        if architecture.endswith(suffix):
-            return task
-    raise ValueError(f"no training task uses the head {architecture!r}; heads: {', '.join(TASK_BY_HEAD_SUFFIX)}")
+    """The task a saved head was trained for, read off its `architectures` entry."""
+    head = head_for_architecture(architecture)
+    for task in TASKS.values():
+        if task.head == head:
+            return task.name
+    heads = ", ".join(task.head.suffix for task in TASKS.values())
+    raise ValueError(f"no training task uses the head {architecture!r}; heads: {heads}")
 
 
-def label_names(task: str, data: DatasetDict) -> list[str] | None:
+def label_names(task: str, data) -> list[str] | None:
     """Class names of a classification task, from the ClassLabel feature (or the sorted values seen in train)."""
-    if task == "sequence-classification":
-        feature = data["train"].features["label"]
-        return list(feature.names) if hasattr(feature, "names") else sorted({str(v) for v in data["train"]["label"]})
-    if task == "token-classification":
-        feature = data["train"].features["tags"].feature
-        return list(feature.names) if hasattr(feature, "names") else sorted({str(t) for row in data["train"]["tags"] for t in row})
-    return None
+    column = TASKS[task].label_column
+    if column is None:
+        return None
+    feature, values = data["train"].features[column], data["train"][column]
+    if hasattr(feature, "feature"):  # token tags: a sequence of labels per row
+        feature, values = feature.feature, [value for row in values for value in row]
+    return list(feature.names) if hasattr(feature, "names") else sorted({str(v) for v in values})
 
 
-def lm_blocks(tokenizer, texts: list[str], block_size: int) -> Dataset:
-    """Concatenate the documents (each ended by EOS) and cut fixed-length training blocks."""
+def lm_blocks(tokenizer, texts: list[str], block_size: int):
+    """Concatenate the documents (each ended by EOS) and cut fixed-length training blocks, as a `datasets.Dataset`."""
+    from datasets import Dataset
+
     ids = [token for row in tokenizer(texts)["input_ids"] for token in (*row, tokenizer.eos_token_id)]
     usable = len(ids) // block_size * block_size
     return Dataset.from_dict({"input_ids": [ids[i : i + block_size] for i in range(0, usable, block_size)]})
@@ -88,8 +188,10 @@ def _aligned_tags(encoding, row: int, tags: list[int]) -> list[int]:
     return labels
 
 
-def tokenize(task: str, data: DatasetDict, tokenizer, max_length: int, labels: list[str] | None = None) -> DatasetDict:
+def tokenize(task: str, data, tokenizer, max_length: int, labels: list[str] | None = None):
     """Model inputs for every split: input ids (plus labels where the task has them), truncated to `max_length`."""
+    from datasets import DatasetDict
+
     if task == "causal-lm":
         return DatasetDict({split: lm_blocks(tokenizer, list(rows["text"]), max_length) for split, rows in data.items()})
 
@@ -106,19 +208,11 @@ def tokenize(task: str, data: DatasetDict, tokenizer, max_length: int, labels: l
         encoding["labels"] = [_aligned_tags(encoding, i, _label_ids(tags, labels)) for i, tags in enumerate(batch["tags"])]
         return encoding
 
-    return data.map(encode, batched=True, remove_columns=list(TASK_COLUMNS[task]))
+    return data.map(encode, batched=True, remove_columns=list(TASKS[task].columns))
 
 
 def collator(task: str, tokenizer, model=None):
-    if task == "causal-lm":
-        return DataCollatorForLanguageModeling(tokenizer, mlm=False)
-    if task == "masked-lm":
-        return DataCollatorForLanguageModeling(tokenizer, mlm=True, mlm_probability=MLM_PROBABILITY)
-    if task == "seq2seq":
-        return DataCollatorForSeq2Seq(tokenizer, model=model)
-    if task == "token-classification":
-        return DataCollatorForTokenClassification(tokenizer)
-    return DataCollatorWithPadding(tokenizer)
+    return TASKS[task].collator(tokenizer, model)
 
 
 def argmax_logits(logits, labels):
@@ -133,14 +227,15 @@ def f1_average(task: str, labels: list[str]) -> str:
 
 def compute_metrics_for(task: str, tokenizer, labels: list[str] | None = None):
     """The `compute_metrics` a Trainer gets for `task` (None for the LM tasks: their metric is exp(eval_loss))."""
-    if task in ("sequence-classification", "token-classification"):
-        return partial(classification_metrics, average=f1_average(task, labels))
-    if task == "seq2seq":
-        return partial(generation_metrics, tokenizer=tokenizer)
-    return None
+    record = TASKS[task]
+    if record.metrics is None:
+        return None
+    if record.label_column is not None:
+        return partial(record.metrics, average=f1_average(task, labels))
+    return partial(record.metrics, tokenizer=tokenizer)
 
 
-def baselines(task: str, data: DatasetDict, vocab_size: int, labels: list[str] | None) -> list[dict]:
+def baselines(task: str, data, vocab_size: int, labels: list[str] | None) -> list[dict]:
     """Scores of trivial predictors on the validation split: what training has to beat."""
     validation, train = data["validation"].to_dict(), data["train"].to_dict()  # columns as plain lists
     uniform = [{"name": "uniform over the vocabulary", "metric": "perplexity", "value": float(vocab_size)}]

@@ -1,6 +1,6 @@
 """Train a tokenizer from text with `tokenizers` and wrap it as a `PreTrainedTokenizerFast` that saves with a model.
 
-Three kinds, one per family of models (`DEFAULT_TOKENIZER` maps a task to its kind):
+Three kinds, one per family of models (each task's record, `tasks.TASKS[task].tokenizer`, names its kind):
 
 - `"bpe"`, `train_byte_level_bpe`: GPT-2 style byte-level BPE for causal LMs; every string encodes, no unknown token.
 - `"wordpiece"`, `train_wordpiece`: BERT style, `[CLS] A [SEP] B [SEP]` with token types, `[MASK]` for masked LM.
@@ -41,13 +41,6 @@ UNIGRAM_SPECIAL_TOKENS = (UNIGRAM_PAD, UNIGRAM_EOS, UNIGRAM_UNK)
 METASPACE = "\u2581"  # "▁", SentencePiece's word-boundary mark
 
 TOKENIZER_KINDS = ("bpe", "wordpiece", "unigram")
-DEFAULT_TOKENIZER = {
-    "causal-lm": "bpe",
-    "masked-lm": "wordpiece",
-    "sequence-classification": "wordpiece",
-    "token-classification": "wordpiece",
-    "seq2seq": "unigram",
-}
 
 
 def train_byte_level_bpe(texts: Iterable[str], vocab_size: int = 2048) -> PreTrainedTokenizerFast:
@@ -202,7 +195,7 @@ _TRAINERS = {"bpe": train_byte_level_bpe, "wordpiece": train_wordpiece, "unigram
 
 
 def train_tokenizer(texts: Iterable[str], kind: str, vocab_size: int = 2048) -> PreTrainedTokenizerFast:
-    """Train a tokenizer of `kind` ("bpe", "wordpiece" or "unigram"; see `DEFAULT_TOKENIZER` for each task's)."""
+    """Train a tokenizer of `kind` ("bpe", "wordpiece" or "unigram"; `tasks.TASKS[task].tokenizer` is each task's)."""
     if kind not in _TRAINERS:
         raise ValueError(f"unknown tokenizer kind {kind!r}; choose one of {', '.join(TOKENIZER_KINDS)}")
     return _TRAINERS[kind](texts, vocab_size=vocab_size)
