@@ -13,11 +13,10 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoTokenizer, TrainingArguments, set_seed
 
-import hf_tfm  # noqa: F401  (registers tfm_decoder / tfm_encoder / tfm_encoder_decoder with the Auto classes)
+import hf_tfm  # registers tfm_decoder / tfm_encoder / tfm_encoder_decoder with the Auto classes; the presets
 from hf_tfm.training.data import load_task_data
 from hf_tfm.training.tokenizers import train_tokenizer
 
-PRESETS = Path(__file__).resolve().parent.parent / "configs"
 # The model a script builds when --config is not given: small enough to train on a laptop CPU in minutes.
 SMALL = {"hidden_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4, "intermediate_size": 512}
 
@@ -26,7 +25,8 @@ def parser(doc: str, output_dir: str, config: str | None = None) -> argparse.Arg
     """The options every script takes; a script adds its own before `parse_args()`."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     model = p.add_argument_group("model")
-    model.add_argument("--config", default=config, help=f"a config folder or a preset name ({PRESETS}/<name>)")
+    presets = ", ".join(hf_tfm.preset_names())
+    model.add_argument("--config", default=config, help=f"a config folder or a preset ({presets})")
     model.add_argument("--hidden-size", type=int, help="resize the model (head_dim and feed-forward width follow)")
     model.add_argument("--num-layers", type=int, help="resize the model: layers per stack")
     model.add_argument("--num-heads", type=int, help="resize the model: attention heads (they must divide the width)")
@@ -95,7 +95,7 @@ def model_config(args, tokenizer, model_type: str, **fields):
     """--config (a folder or a preset name), or else a SMALL `model_type`; then `fields`, the tokenizer's vocabulary
     and special tokens, and --hidden-size / --num-layers; validated as one new config."""
     if args.config:
-        folder = Path(args.config) if Path(args.config).exists() else PRESETS / args.config
+        folder = Path(args.config) if Path(args.config).exists() else hf_tfm.preset_path(args.config)
         base = json.loads((folder / "config.json").read_text())
     else:
         base = {"model_type": model_type, **SMALL}
@@ -120,11 +120,6 @@ def model_config(args, tokenizer, model_type: str, **fields):
 def label_maps(names: list[str]) -> dict:
     """The config fields that name a classifier's labels (saved with the model, used by pipelines)."""
     return {"id2label": dict(enumerate(names)), "label2id": {name: i for i, name in enumerate(names)}}
-
-
-def logits(prediction):
-    """The logits in a Trainer `EvalPrediction` (the first of the model's outputs when it returns several)."""
-    return prediction.predictions[0] if isinstance(prediction.predictions, tuple) else prediction.predictions
 
 
 def train(trainer) -> None:

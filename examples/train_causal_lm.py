@@ -4,8 +4,8 @@ The documents are tokenized with a byte-level BPE (trained on the train split un
 with EOS and cut into blocks of --max-length tokens. Prints and saves the evaluation loss and perplexity; saves
 the model and tokenizer to --output-dir for `AutoModelForCausalLM.from_pretrained`.
 
-    python examples/train_causal_lm.py --config llama-tiny --max-steps 200
-    python examples/train_causal_lm.py --config llama-tiny --num-experts 8    # MoE: also writes expert_load.png
+    python examples/train_causal_lm.py --config llama-19m --max-steps 200
+    python examples/train_causal_lm.py --config llama-19m --num-experts 8    # MoE: also writes expert_load.png
     python examples/train_causal_lm.py --train-file corpus.txt --config configs/gpt2-124m
     accelerate launch --config_file configs/accelerate/multi_gpu_ddp.yaml examples/train_causal_lm.py
     accelerate launch --config_file configs/accelerate/fsdp.yaml examples/train_causal_lm.py --config gpt2-124m
@@ -21,7 +21,7 @@ from hf_tfm.training.callbacks import RouterBiasCallback, RouterStatsCallback
 
 
 def main() -> None:
-    parser = common.parser(__doc__, output_dir="runs/causal-lm", config="llama-tiny")
+    parser = common.parser(__doc__, output_dir="runs/causal-lm", config="llama-19m")
     parser.add_argument("--num-experts", type=int, help="Mixture of Experts: routed experts per feed-forward layer")
     args = parser.parse_args()
     training_args = common.training_arguments(args)

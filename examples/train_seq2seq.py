@@ -1,14 +1,14 @@
 """Seq2seq training of an hf_tfm encoder-decoder (T5-style) with a plain `Seq2SeqTrainer`; `accelerate launch` runs it
 unchanged.
 
-Columns `source` -> `target`; the embedded data maps a standard-library function's docstring summary to its name
-("Return the number of ..." -> "count"). A Unigram tokenizer (T5's: <pad>=0, </s>=1, <unk>=2, every text ends
-with </s>) is trained on both columns unless --tokenizer is given; the decoder starts from <pad>. The final
-evaluation generates (greedy) and scores exact match against the target. Saves the model and tokenizer to
---output-dir for `AutoModelForSeq2SeqLM.from_pretrained`.
+Columns `source` -> `target`; the embedded data maps a standard-library function's signature to how many
+arguments a call passes ("get(self, key, default=None)" -> "1 to 2"). A Unigram tokenizer (T5's: <pad>=0, </s>=1,
+<unk>=2, every text ends with </s>) is trained on both columns unless --tokenizer is given; the decoder starts from
+<pad>. The final evaluation generates (greedy) and scores exact match against the target. Saves the model and
+tokenizer to --output-dir for `AutoModelForSeq2SeqLM.from_pretrained`.
 
     python examples/train_seq2seq.py --max-steps 500
-    python examples/train_seq2seq.py --config configs/t5-mini --train-file pairs.jsonl
+    python examples/train_seq2seq.py --config configs/t5-1.9m --train-file pairs.jsonl
     accelerate launch --config_file configs/accelerate/multi_gpu_ddp.yaml examples/train_seq2seq.py
 """
 

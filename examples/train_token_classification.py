@@ -19,6 +19,8 @@ from transformers import (
     Trainer,
 )
 
+from hf_tfm.training.metrics import load_metric
+
 
 def main() -> None:
     args = common.parser(__doc__, output_dir="runs/token-classification").parse_args()
@@ -29,7 +31,7 @@ def main() -> None:
         names = sorted({str(tag) for tags in data["train"]["tags"] for tag in tags})
         data = data.cast_column("tags", List(Value("string"))).cast_column("tags", List(ClassLabel(names=names)))
     names = data["train"].features["tags"].feature.names
-    outside = names.index("O") if "O" in names else -1  # the "no entity" tag, left out of the F1
+    entities = [i for i, name in enumerate(names) if name != "O"]  # the F1 leaves out the "no entity" tag
     texts = [" ".join(words) for words in data["train"]["tokens"]]
     tokenizer = common.tokenizer(args, training_args, texts, kind="wordpiece")
     config = common.model_config(args, tokenizer, "tfm_encoder", **common.label_maps(names))
@@ -49,14 +51,18 @@ def main() -> None:
     with training_args.main_process_first(desc="tokenizing"):
         data = data.map(tokenize_and_align, batched=True, remove_columns=["tokens", "tags"])
 
+    # the evaluate modules hf_tfm ships (evaluate.load("accuracy") would need the Hub), over scikit-learn
+    accuracy, f1 = load_metric("accuracy"), load_metric("f1")
+
     def word_metrics(prediction):  # over labelled positions only: one per word
+        logits = prediction.predictions[0] if isinstance(prediction.predictions, tuple) else prediction.predictions
         labelled = prediction.label_ids != -100
-        predicted, expected = common.logits(prediction).argmax(-1)[labelled], prediction.label_ids[labelled]
-        hits = ((predicted == expected) & (expected != outside)).sum()
-        precision = hits / max((predicted != outside).sum(), 1)
-        recall = hits / max((expected != outside).sum(), 1)
-        f1 = 2 * precision * recall / (precision + recall) if hits else 0.0
-        return {"accuracy": float((predicted == expected).mean()), "f1": float(f1)}
+        predicted, expected = logits.argmax(-1)[labelled], prediction.label_ids[labelled]
+        return {
+            **accuracy.compute(predictions=predicted, references=expected),
+            # micro F1 over the entity tags: from the words tagged, or that should be, with an entity tag
+            **f1.compute(predictions=predicted, references=expected, labels=entities, average="micro"),
+        }
 
     trainer = Trainer(
         model=model,

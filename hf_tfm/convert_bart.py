@@ -6,12 +6,10 @@ a buffer) as `lm_head.bias`. Weights are renamed only. BART's training-only regu
 (`activation_dropout`, layerdrop) are not carried over; inference is exact.
 """
 
-import copy
-
 from transformers import BartConfig, BartForConditionalGeneration
 
 from .configuration_tfm import TfmEncoderDecoderConfig
-from .convert_common import load_exact, renamed_fields, require_compatible, require_one_token_table
+from .convert_common import inverted, load_exact, renamed_fields, require_compatible, require_one_token_table
 from .modeling_tfm import TfmEncoderDecoderForConditionalGeneration
 
 # BartConfig field -> TfmEncoderDecoderConfig field, for every field with a direct counterpart
@@ -96,9 +94,8 @@ def tfm_config_to_bart(config: TfmEncoderDecoderConfig) -> BartConfig:
             "attention_multiplier": config.attention_multiplier not in (None, config.head_dim**-0.5),
         },
     )
-    names = {ours: theirs for theirs, ours in _CONFIG_NAMES.items()}
     return BartConfig(
-        **renamed_fields(config, names),
+        **renamed_fields(config, inverted(_CONFIG_NAMES)),
         decoder_attention_heads=config.num_attention_heads,
         decoder_ffn_dim=config.intermediate_size,
         dropout=config.hidden_dropout,
@@ -129,9 +126,8 @@ def bart_to_tfm(model: BartForConditionalGeneration) -> TfmEncoderDecoderForCond
     pairs = _key_pairs(config.num_hidden_layers, config.decoder_layers)
     state = {ours: source[theirs] for theirs, ours in pairs}
     state["lm_head.bias"] = source["final_logits_bias"][0]
-    target = load_exact(TfmEncoderDecoderForConditionalGeneration(config), state)
-    target.generation_config = copy.deepcopy(model.generation_config)
-    return target
+    target = TfmEncoderDecoderForConditionalGeneration(config)
+    return load_exact(target, state, generation_config=model.generation_config)
 
 
 def tfm_to_bart(model: TfmEncoderDecoderForConditionalGeneration) -> BartForConditionalGeneration:
@@ -142,6 +138,4 @@ def tfm_to_bart(model: TfmEncoderDecoderForConditionalGeneration) -> BartForCond
     state = {theirs: source[ours] for theirs, ours in pairs}
     state.update(dict.fromkeys(_TOKEN_TABLE_COPIES, source["model.shared.weight"]))
     state["final_logits_bias"] = source["lm_head.bias"][None]
-    target = load_exact(BartForConditionalGeneration(config), state)
-    target.generation_config = copy.deepcopy(model.generation_config)
-    return target
+    return load_exact(BartForConditionalGeneration(config), state, generation_config=model.generation_config)

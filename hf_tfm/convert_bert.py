@@ -12,7 +12,7 @@ import torch
 from transformers import BertConfig, BertForMaskedLM, BertModel
 
 from .configuration_tfm import TfmEncoderConfig
-from .convert_common import load_exact, renamed_fields, require_compatible
+from .convert_common import inverted, load_exact, renamed_fields, require_compatible
 from .modeling_tfm import TfmEncoderForMaskedLM, TfmEncoderModel
 
 # BertConfig field -> TfmEncoderConfig field, for every field with a direct counterpart
@@ -106,8 +106,7 @@ def tfm_config_to_bert(config: TfmEncoderConfig) -> BertConfig:
             "embedding_dropout": config.embedding_dropout != config.hidden_dropout,
         },
     )
-    names = {ours: theirs for theirs, ours in _CONFIG_NAMES.items()}
-    return BertConfig(**renamed_fields(config, names))
+    return BertConfig(**renamed_fields(config, inverted(_CONFIG_NAMES)))
 
 
 def _module_names(num_layers: int, mlm: bool, pooler: bool) -> dict[str, str]:
@@ -160,9 +159,8 @@ def tfm_to_bert(model: TfmEncoderModel | TfmEncoderForMaskedLM) -> BertModel | B
         raise TypeError(f"tfm_to_bert converts TfmEncoderModel or TfmEncoderForMaskedLM, got {type(model).__name__}")
     config = tfm_config_to_bert(model.config)
     pooler = not mlm and model.pooler is not None
-    names = {ours: theirs for theirs, ours in _module_names(config.num_hidden_layers, mlm, pooler).items()}
     source = model.state_dict()
-    state = _rename(source, names)
+    state = _rename(source, inverted(_module_names(config.num_hidden_layers, mlm, pooler)))
     if mlm:
         state["cls.predictions.bias"] = source["lm_head.decoder.bias"]
         target = BertForMaskedLM(config)

@@ -1,4 +1,7 @@
-"""What every exact-parity converter shares: refuse configs that cannot be expressed, and load weights strictly."""
+"""What every exact-parity converter shares: refuse configs that cannot be expressed, rename fields and weights, and
+load weights strictly."""
+
+import copy
 
 import torch
 from torch import nn
@@ -33,6 +36,11 @@ def renamed_fields(config, names: dict[str, str]) -> dict[str, object]:
     return {target: getattr(config, source) for source, target in names.items()}
 
 
+def inverted(names: dict[str, str]) -> dict[str, str]:
+    """A `{source name: target name}` table read the other way, for the converter back."""
+    return {target: source for source, target in names.items()}
+
+
 def renamed_keys(state: dict[str, torch.Tensor], renames: dict[str, str]) -> dict[str, torch.Tensor]:
     """The state dict with every key's substrings replaced per `renames` (for layouts that differ only in names)."""
     renamed = {}
@@ -53,13 +61,20 @@ def require_one_token_table(state: dict[str, torch.Tensor], shared: str, copies:
             )
 
 
-def load_exact(model: nn.Module, state_dict: dict[str, torch.Tensor], tie: bool = True) -> nn.Module:
+def load_exact(
+    model: nn.Module,
+    state_dict: dict[str, torch.Tensor],
+    tie: bool = True,
+    generation_config=None,
+    may_miss: frozenset[str] = frozenset(),
+) -> nn.Module:
     """Load a converted state dict; any missing or unexpected key is a converter bug, never silently ignored.
     With `tie`, a head tied by the config may be absent and is re-tied after loading; without, every tensor
-    is loaded as given (for a target whose config claims a tie its weights do not have: T5)."""
+    is loaded as given (for a target whose config claims a tie its weights do not have: T5). `generation_config`
+    (the source model's) is copied onto the model; `may_miss` names weights the caller sets itself."""
     result = model.load_state_dict(state_dict, strict=False)
     tied = {"lm_head.weight"} if tie and getattr(model.config, "tie_word_embeddings", False) else set()
-    missing = set(result.missing_keys) - tied
+    missing = set(result.missing_keys) - tied - may_miss
     if missing or result.unexpected_keys:
         raise ValueError(
             f"Converted weights do not fit {type(model).__name__}: missing {sorted(missing)}, "
@@ -67,4 +82,11 @@ def load_exact(model: nn.Module, state_dict: dict[str, torch.Tensor], tie: bool 
         )
     if tied:
         model.tie_weights()
+    if generation_config is not None:
+        model.generation_config = copy.deepcopy(generation_config)
     return model.eval()
+
+
+def renamed_model(model: nn.Module, target: nn.Module, renames: dict[str, str]) -> nn.Module:
+    """`target` loaded with `model`'s weights, for layouts that differ only in names (`renames`: as `renamed_keys`)."""
+    return load_exact(target, renamed_keys(model.state_dict(), renames))

@@ -8,7 +8,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from .configuration_tfm import TfmDecoderConfig
-from .convert_common import PLAIN_LM_HEAD, load_exact, renamed_fields, require_compatible
+from .convert_common import PLAIN_LM_HEAD, inverted, load_exact, renamed_fields, require_compatible
 from .modeling_tfm import TfmDecoderForCausalLM
 
 # per-layer renames whose tensors need only a transpose (Conv1D -> Linear) or nothing (norms)
@@ -79,8 +79,7 @@ def tfm_config_to_gpt2(config: TfmDecoderConfig) -> GPT2Config:
         },
         unsupported={"head_dim": config.head_dim * config.num_attention_heads != config.hidden_size},
     )
-    names = {ours: theirs for theirs, ours in _CONFIG_NAMES.items()}
-    return GPT2Config(**renamed_fields(config, names), n_inner=config.intermediate_size)
+    return GPT2Config(**renamed_fields(config, inverted(_CONFIG_NAMES)), n_inner=config.intermediate_size)
 
 
 def gpt2_to_tfm(model: GPT2LMHeadModel) -> TfmDecoderForCausalLM:

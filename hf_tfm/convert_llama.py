@@ -1,19 +1,19 @@
 """Exact conversion between transformers' `LlamaForCausalLM` and `TfmDecoderForCausalLM`, both directions.
 
-The layouts agree except for the two per-layer norm names, so conversion is a rename plus a config mapping.
+The layouts agree except for the two per-layer norm names, so conversion is a rename plus a config mapping. The
+Llama-family pieces (names, architecture, the config mapping) serve `convert_mixtral` too.
 """
 
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from .configuration_tfm import TfmDecoderConfig
-from .convert_common import LLAMA_FAMILY_STACK, load_exact, renamed_fields, renamed_keys, require_compatible
+from .convert_common import LLAMA_FAMILY_STACK, inverted, renamed_fields, renamed_model, require_compatible
 from .modeling_tfm import TfmDecoderForCausalLM
 
 LLAMA_RENAMES = {".input_layernorm.": ".attn_norm.", ".post_attention_layernorm.": ".ffn_norm."}
 
-
-# LlamaConfig field -> TfmDecoderConfig field, for every field with a direct counterpart
-_CONFIG_NAMES = {
+# Llama-family config field -> TfmDecoderConfig field, for the fields Llama and Mixtral both have
+LLAMA_FAMILY_NAMES = {
     name: name
     for name in (
         "vocab_size",
@@ -22,10 +22,7 @@ _CONFIG_NAMES = {
         "num_attention_heads",
         "num_key_value_heads",
         "head_dim",
-        "intermediate_size",
         "hidden_act",
-        "mlp_bias",
-        "attention_bias",
         "max_position_embeddings",
         "tie_word_embeddings",
         "initializer_range",
@@ -34,45 +31,52 @@ _CONFIG_NAMES = {
         "pad_token_id",
     )
 } | {"rms_norm_eps": "layer_norm_eps"}
+_CONFIG_NAMES = LLAMA_FAMILY_NAMES | {name: name for name in ("intermediate_size", "mlp_bias", "attention_bias")}
 # what Llama always is, in TfmConfig terms
 LLAMA_ARCHITECTURE = dict(position_embedding_type="rope", norm_type="rmsnorm", norm_position="pre", ffn_type="glu")
 
 
-def llama_config_to_tfm(config: LlamaConfig) -> TfmDecoderConfig:
-    require_compatible(config, "TfmDecoderConfig", {}, unsupported={"pretraining_tp": config.pretraining_tp not in (None, 1)})
+def llama_family_config_to_tfm(config, names: dict[str, str], architecture: dict, **fields) -> TfmDecoderConfig:
+    """A Llama-family config (`names` its field table, `architecture` what it always is) as a `TfmDecoderConfig`."""
     return TfmDecoderConfig(
-        **renamed_fields(config, _CONFIG_NAMES),
-        **LLAMA_ARCHITECTURE,
+        **renamed_fields(config, names),
+        **architecture,
+        **fields,
         rope_parameters=dict(config.rope_parameters),
         attention_dropout=float(config.attention_dropout),  # Llama allows an int 0
     )
+
+
+def tfm_config_to_llama_family(config: TfmDecoderConfig, config_class, names: dict[str, str]):
+    """The inverse of `llama_family_config_to_tfm`, once the caller has refused what `config_class` cannot express."""
+    return config_class(
+        **renamed_fields(config, inverted(names)),
+        rope_parameters=dict(config.rope_parameters),
+        attention_dropout=config.attention_dropout,
+    )
+
+
+def llama_config_to_tfm(config: LlamaConfig) -> TfmDecoderConfig:
+    unsupported = {"pretraining_tp": config.pretraining_tp not in (None, 1)}
+    require_compatible(config, "TfmDecoderConfig", {}, unsupported=unsupported)
+    return llama_family_config_to_tfm(config, _CONFIG_NAMES, LLAMA_ARCHITECTURE)
 
 
 def tfm_config_to_llama(config: TfmDecoderConfig) -> LlamaConfig:
     require_compatible(
         config,
         "LlamaConfig",
-        {
-            **LLAMA_ARCHITECTURE,
-            **LLAMA_FAMILY_STACK,
-        },
+        {**LLAMA_ARCHITECTURE, **LLAMA_FAMILY_STACK},
         unsupported={"mlp_bias": config.mlp_bias != config.attention_bias},  # Llama may set them apart; one flag each
     )
-    names = {ours: theirs for theirs, ours in _CONFIG_NAMES.items()}
-    return LlamaConfig(
-        **renamed_fields(config, names),
-        rope_parameters=dict(config.rope_parameters),
-        attention_dropout=config.attention_dropout,
-    )
+    return tfm_config_to_llama_family(config, LlamaConfig, _CONFIG_NAMES)
 
 
 def llama_to_tfm(model: LlamaForCausalLM) -> TfmDecoderForCausalLM:
     """Convert a `LlamaForCausalLM` into a `TfmDecoderForCausalLM` with identical outputs."""
-    target = TfmDecoderForCausalLM(llama_config_to_tfm(model.config))
-    return load_exact(target, renamed_keys(model.state_dict(), LLAMA_RENAMES))
+    return renamed_model(model, TfmDecoderForCausalLM(llama_config_to_tfm(model.config)), LLAMA_RENAMES)
 
 
 def tfm_to_llama(model: TfmDecoderForCausalLM) -> LlamaForCausalLM:
     """Convert a Llama-shaped `TfmDecoderForCausalLM` back into a `LlamaForCausalLM` with identical outputs."""
-    target = LlamaForCausalLM(tfm_config_to_llama(model.config))
-    return load_exact(target, renamed_keys(model.state_dict(), {new: old for old, new in LLAMA_RENAMES.items()}))
+    return renamed_model(model, LlamaForCausalLM(tfm_config_to_llama(model.config)), inverted(LLAMA_RENAMES))

@@ -6,35 +6,25 @@ layout hf_tfm uses too; conversion is a rename plus a config mapping.
 
 from transformers import MixtralConfig, MixtralForCausalLM
 
+from .convert_common import LLAMA_FAMILY_STACK, inverted, renamed_model, require_compatible
+from .convert_llama import (
+    LLAMA_ARCHITECTURE,
+    LLAMA_FAMILY_NAMES,
+    LLAMA_RENAMES,
+    llama_family_config_to_tfm,
+    tfm_config_to_llama_family,
+)
 from .configuration_tfm import TfmDecoderConfig
-from .convert_llama import LLAMA_ARCHITECTURE, LLAMA_RENAMES
-from .convert_common import LLAMA_FAMILY_STACK, load_exact, renamed_fields, renamed_keys, require_compatible
 from .modeling_tfm import TfmDecoderForCausalLM
 
 _RENAMES = {**LLAMA_RENAMES, ".mlp.gate.weight": ".mlp.router.weight"}
 # MixtralConfig field -> TfmDecoderConfig field, for every field with a direct counterpart
-_CONFIG_NAMES = {
-    name: name
-    for name in (
-        "vocab_size",
-        "hidden_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "num_key_value_heads",
-        "head_dim",
-        "hidden_act",
-        "max_position_embeddings",
-        "tie_word_embeddings",
-        "initializer_range",
-        "bos_token_id",
-        "eos_token_id",
-        "pad_token_id",
-        "num_experts_per_tok",
-        "router_aux_loss_coef",
-        "router_jitter_noise",
-        "output_router_logits",
-    )
-} | {"rms_norm_eps": "layer_norm_eps", "num_local_experts": "num_experts", "intermediate_size": "moe_intermediate_size"}
+_CONFIG_NAMES = (
+    LLAMA_FAMILY_NAMES
+    | {name: name for name in ("num_experts_per_tok", "router_aux_loss_coef", "router_jitter_noise")}
+    | {"output_router_logits": "output_router_logits"}
+    | {"num_local_experts": "num_experts", "intermediate_size": "moe_intermediate_size"}
+)
 # what Mixtral always is, in TfmConfig terms
 _MIXTRAL_ARCHITECTURE = dict(
     **LLAMA_ARCHITECTURE,
@@ -53,13 +43,8 @@ _MIXTRAL_ARCHITECTURE = dict(
 
 def mixtral_config_to_tfm(config: MixtralConfig) -> TfmDecoderConfig:
     require_compatible(config, "TfmDecoderConfig", {"sliding_window": None})
-    return TfmDecoderConfig(
-        **renamed_fields(config, _CONFIG_NAMES),
-        **_MIXTRAL_ARCHITECTURE,
-        mlp_bias=False,
-        intermediate_size=config.intermediate_size,
-        rope_parameters=dict(config.rope_parameters),
-        attention_dropout=float(config.attention_dropout),
+    return llama_family_config_to_tfm(
+        config, _CONFIG_NAMES, _MIXTRAL_ARCHITECTURE, mlp_bias=False, intermediate_size=config.intermediate_size
     )
 
 
@@ -67,27 +52,17 @@ def tfm_config_to_mixtral(config: TfmDecoderConfig) -> MixtralConfig:
     require_compatible(
         config,
         "MixtralConfig",
-        {
-            **_MIXTRAL_ARCHITECTURE,
-            **LLAMA_FAMILY_STACK,
-        },
+        {**_MIXTRAL_ARCHITECTURE, **LLAMA_FAMILY_STACK},
         unsupported={"num_experts": config.num_experts == 0},
     )
-    names = {ours: theirs for theirs, ours in _CONFIG_NAMES.items()}
-    return MixtralConfig(
-        **renamed_fields(config, names),
-        rope_parameters=dict(config.rope_parameters),
-        attention_dropout=config.attention_dropout,
-    )
+    return tfm_config_to_llama_family(config, MixtralConfig, _CONFIG_NAMES)
 
 
 def mixtral_to_tfm(model: MixtralForCausalLM) -> TfmDecoderForCausalLM:
     """Convert a `MixtralForCausalLM` into an MoE `TfmDecoderForCausalLM` with identical outputs and aux loss."""
-    target = TfmDecoderForCausalLM(mixtral_config_to_tfm(model.config))
-    return load_exact(target, renamed_keys(model.state_dict(), _RENAMES))
+    return renamed_model(model, TfmDecoderForCausalLM(mixtral_config_to_tfm(model.config)), _RENAMES)
 
 
 def tfm_to_mixtral(model: TfmDecoderForCausalLM) -> MixtralForCausalLM:
     """Convert a Mixtral-shaped MoE `TfmDecoderForCausalLM` back into a `MixtralForCausalLM`."""
-    target = MixtralForCausalLM(tfm_config_to_mixtral(model.config))
-    return load_exact(target, renamed_keys(model.state_dict(), {new: old for old, new in _RENAMES.items()}))
+    return renamed_model(model, MixtralForCausalLM(tfm_config_to_mixtral(model.config)), inverted(_RENAMES))

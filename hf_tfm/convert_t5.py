@@ -11,14 +11,12 @@ scaling from `scale_decoder_outputs`. Every linear layer matches, so weights are
 placement differs slightly (T5 also drops inside the FFN and after the final norm).
 """
 
-import copy
-
 import torch
 from torch import nn
 from transformers import T5Config, T5ForConditionalGeneration
 
 from .configuration_tfm import TfmEncoderDecoderConfig
-from .convert_common import load_exact, renamed_fields, require_compatible, require_one_token_table
+from .convert_common import inverted, load_exact, renamed_fields, require_compatible, require_one_token_table
 from .modeling_tfm import TfmEncoderDecoderForConditionalGeneration
 
 # T5Config field -> TfmEncoderDecoderConfig field, for every field with a direct counterpart
@@ -80,12 +78,11 @@ def tfm_config_to_t5(config: TfmEncoderDecoderConfig) -> T5Config:
             "embedding_dropout": config.hidden_dropout,
         },
     )
-    names = {ours: theirs for theirs, ours in _CONFIG_NAMES.items()}
     gated = config.ffn_type == "glu"
     # T5 spells the GELU-tanh gate "gated-gelu"; every other activation by its own name
     activation = "gelu" if gated and config.hidden_act == "gelu_new" else config.hidden_act
     t5_config = T5Config(
-        **renamed_fields(config, names),
+        **renamed_fields(config, inverted(_CONFIG_NAMES)),
         bos_token_id=config.bos_token_id,
         feed_forward_proj=f"gated-{activation}" if gated else activation,
         dropout_rate=config.hidden_dropout,
@@ -127,9 +124,8 @@ def t5_to_tfm(model: T5ForConditionalGeneration) -> TfmEncoderDecoderForConditio
     config = t5_config_to_tfm(model.config, tie_word_embeddings=model.lm_head.weight is model.shared.weight)
     pairs = _key_pairs(config.num_hidden_layers, config.decoder_layers, config.ffn_type == "glu")
     state = {ours: source[theirs] for theirs, ours in pairs}
-    target = load_exact(TfmEncoderDecoderForConditionalGeneration(config), state)
-    target.generation_config = copy.deepcopy(model.generation_config)
-    return target
+    target = TfmEncoderDecoderForConditionalGeneration(config)
+    return load_exact(target, state, generation_config=model.generation_config)
 
 
 def tfm_to_t5(model: TfmEncoderDecoderForConditionalGeneration) -> T5ForConditionalGeneration:
@@ -143,6 +139,4 @@ def tfm_to_t5(model: TfmEncoderDecoderForConditionalGeneration) -> T5ForConditio
     if not model.config.tie_word_embeddings:  # untie, as from_pretrained does for a checkpoint with its own lm_head
         target.lm_head.weight = nn.Parameter(torch.empty_like(target.lm_head.weight))
         target.all_tied_weights_keys.pop("lm_head.weight", None)
-    target = load_exact(target, state, tie=False)
-    target.generation_config = copy.deepcopy(model.generation_config)
-    return target
+    return load_exact(target, state, tie=False, generation_config=model.generation_config)

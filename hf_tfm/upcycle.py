@@ -7,7 +7,7 @@ did, so training resumes from the dense model's quality and the experts diverge 
 
 import torch
 
-from .convert_common import require_compatible
+from .convert_common import load_exact, require_compatible
 from .modeling_tfm_layers import TfmMoE
 from .modeling_tfm_stack import TfmPreTrainedModel
 
@@ -28,6 +28,7 @@ def upcycle(model: TfmPreTrainedModel, num_experts: int, num_experts_per_tok: in
     }
     upcycled = type(model)(type(config).from_dict(fields))
     state = model.state_dict()
+    moe_keys = set()  # experts copied here and fresh routers: not in `state`
     with torch.no_grad():
         for name, moe in upcycled.named_modules():
             if not isinstance(moe, TfmMoE):
@@ -38,10 +39,5 @@ def upcycle(model: TfmPreTrainedModel, num_experts: int, num_experts_per_tok: in
             moe.experts.down_proj.copy_(dense.down_proj.weight.expand_as(moe.experts.down_proj))
             for key in dense.state_dict():
                 del state[f"{name}.{key}"]
-    result = upcycled.load_state_dict(state, strict=False)
-    moe_keys = {f"{name}.{key}" for name, m in upcycled.named_modules() if isinstance(m, TfmMoE) for key in m.state_dict()}
-    tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
-    missing = set(result.missing_keys) - moe_keys - tied
-    if missing or result.unexpected_keys:
-        raise ValueError(f"upcycling left weights behind: missing {sorted(missing)}, unexpected {sorted(result.unexpected_keys)}")
-    return upcycled.train(model.training)
+            moe_keys.update(f"{name}.{key}" for key in moe.state_dict())
+    return load_exact(upcycled, state, may_miss=frozenset(moe_keys)).train(model.training)

@@ -139,14 +139,16 @@ def test_every_script_documents_python_and_accelerate_usage():
 
 
 @pytest.fixture
-def common():
-    sys.path.insert(0, str(EXAMPLES))
+def common(tmp_path):
+    """examples/common.py as a user who copied it out of the repository imports it: presets still load by name."""
+    (tmp_path / "common.py").write_text((EXAMPLES / "common.py").read_text())
+    sys.path.insert(0, str(tmp_path))
     try:
         import common
 
         yield common
     finally:
-        sys.path.remove(str(EXAMPLES))
+        sys.path.remove(str(tmp_path))
         sys.modules.pop("common", None)
 
 
@@ -159,7 +161,7 @@ def test_model_config_resizes_a_preset_into_a_valid_config(common):
         def __len__(self):
             return 300
 
-    args = Namespace(config="llama-tiny", hidden_size=32, num_layers=2, num_heads=None)
+    args = Namespace(config="llama-19m", hidden_size=32, num_layers=2, num_heads=None)
     config = common.model_config(args, Tokenizer(), "tfm_decoder")
     assert type(config).__name__ == "TfmDecoderConfig"
     assert (config.hidden_size, config.num_hidden_layers, config.vocab_size) == (32, 2, 300)

@@ -37,6 +37,22 @@ def test_shipped_layout():
         source = script.read_text()
         assert "evaluate.Metric" in source and "from evaluate import" not in source
         assert "Apache License" in source
+        # shared code comes from the installed package by absolute import: evaluate copies only the script itself
+        assert "from hf_tfm.training.metrics import shared\n" in source and "from ." not in source
+
+
+def test_documented_examples_run(metrics):
+    """The Examples in each module's inputs description (what `help(metric.compute)` shows) give what they say."""
+    import doctest
+
+    import hf_tfm.training.metrics
+
+    for name, metric in metrics.items():
+        test = doctest.DocTestParser().get_doctest(metric.inputs_description, {"hf_tfm": hf_tfm}, name, None, 0)
+        assert test.examples, name
+        runner = doctest.DocTestRunner(optionflags=doctest.NORMALIZE_WHITESPACE)
+        runner.run(test)
+        assert runner.summarize(verbose=False).failed == 0, name
 
 
 def test_modules(metrics):
@@ -212,6 +228,10 @@ def test_f1_invalid(metrics):
         f1.compute(predictions=[0, 1], references=[0])
     with pytest.raises(ValueError, match="sample_weight"):
         f1.compute(predictions=[0, 1], references=[0, 1], sample_weight=[1.0, 2.0, 3.0])
+    with pytest.raises(ValueError, match="sample_weight"):
+        f1.compute(predictions=[0, 1], references=[0, 1], sample_weight=[1.0, -2.0])
+    with pytest.raises(ValueError, match="labels"):  # scikit-learn alone returns nan
+        f1.compute(predictions=[0, 1], references=[0, 1], average="macro", labels=[])
 
 
 # exact_match --------------------------------------------------------------------------------------------------------

@@ -14,6 +14,9 @@ Notes on `evaluate` (0.4.x) and these modules:
   with `keep_in_memory=True`; `load_metric` makes that the default (for `num_process=1`), so computing writes nothing.
 - A metric script must use `import evaluate` and subclass `evaluate.Metric`, not `from evaluate import Metric`:
   `evaluate` takes the first `EvaluationModule` subclass it finds in the script's namespace as the metric.
+- The scripts are thin wrappers over the libraries that score (scikit-learn, sacrebleu, rouge_score); what they share
+  (their `MetricInfo`, features, input checks) is in `shared.py`, imported by its absolute name because `evaluate`
+  copies only the script into its cache.
 """
 
 from __future__ import annotations
@@ -74,7 +77,8 @@ def classification_scores(predictions: list[int], references: list[int], average
 def classification_metrics(eval_pred: EvalPrediction, average: str = "macro") -> dict[str, float]:
     """Accuracy and F1 (macro by default) for a `Trainer`'s `compute_metrics`, for sequence classification (logits
     (N, C), labels (N,)) and token classification (logits (N, T, C), labels (N, T), flattened; positions labelled -100
-    are left out). Predictions already reduced to class ids (by `preprocess_logits_for_metrics`) are used as they are."""
+    are left out). Predictions already reduced to class ids (by `preprocess_logits_for_metrics`) are used as they
+    are."""
     predictions = _predictions(eval_pred)
     labels = np.asarray(eval_pred.label_ids)
     if not (predictions.ndim == labels.ndim and np.issubdtype(predictions.dtype, np.integer)):

@@ -17,9 +17,10 @@ import re
 import string
 import unicodedata
 
-import datasets
 import evaluate
 import numpy as np
+
+from hf_tfm.training.metrics import shared
 
 _DESCRIPTION = """
 Exact match is the fraction of predictions that are, character for character, the same string as their reference,
@@ -87,29 +88,11 @@ def normalize(text, regexes_to_ignore=None, ignore_case=False, ignore_punctuatio
     return text
 
 
-@evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
+@shared.with_info(_DESCRIPTION, _KWARGS_DESCRIPTION, _CITATION, shared.TEXTS)
 class ExactMatch(evaluate.Metric):
-    def _info(self):
-        return evaluate.MetricInfo(
-            description=_DESCRIPTION,
-            citation=_CITATION,
-            inputs_description=_KWARGS_DESCRIPTION,
-            features=datasets.Features(
-                {
-                    "predictions": datasets.Value("string", id="sequence"),
-                    "references": datasets.Value("string", id="sequence"),
-                }
-            ),
-            license="Apache-2.0",
-            reference_urls=[],
-        )
-
     def _compute(self, predictions, references, regexes_to_ignore=None, ignore_case=False, ignore_punctuation=False,
                  ignore_numbers=False, strip=False):
-        if len(predictions) != len(references):
-            raise ValueError(f"{len(predictions)} predictions but {len(references)} references")
-        if len(predictions) == 0:
-            raise ValueError("exact_match needs at least one prediction")
+        shared.check_pairs("exact_match", predictions, references)
         if any(text is None for text in (*predictions, *references)):
             raise ValueError("exact_match compares strings, got None")
         if isinstance(regexes_to_ignore, str):

@@ -22,6 +22,8 @@ import datasets
 import evaluate
 import numpy as np
 
+from hf_tfm.training.metrics import shared
+
 _DESCRIPTION = """
 Perplexity (PPL) is the exponential of the mean negative log-likelihood (NLL) per token:
 
@@ -74,18 +76,12 @@ _CITATION = """
 _TOLERANCE = 1e-6
 
 
-@evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
-class Perplexity(evaluate.Metric):
-    def _info(self):
-        return evaluate.MetricInfo(
-            description=_DESCRIPTION,
-            citation=_CITATION,
-            inputs_description=_KWARGS_DESCRIPTION,
-            features=datasets.Features({"losses": datasets.Sequence(datasets.Value("float64"))}),
-            license="Apache-2.0",
-            reference_urls=["https://huggingface.co/docs/transformers/perplexity"],
-        )
+_FEATURES = datasets.Features({"losses": datasets.Sequence(datasets.Value("float64"))})
+_URL = "https://huggingface.co/docs/transformers/perplexity"
 
+
+@shared.with_info(_DESCRIPTION, _KWARGS_DESCRIPTION, _CITATION, _FEATURES, reference_urls=[_URL])
+class Perplexity(evaluate.Metric):
     def _compute(self, losses):
         if len(losses) == 0:
             raise ValueError("perplexity needs at least one sequence of losses")

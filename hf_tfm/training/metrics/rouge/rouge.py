@@ -13,10 +13,11 @@
 # limitations under the License.
 """ROUGE F-measures with Google's `rouge_score` package. An `evaluate` metric module."""
 
-import datasets
 import evaluate
 import numpy as np
 from rouge_score import rouge_scorer
+
+from hf_tfm.training.metrics import shared
 
 _DESCRIPTION = """
 ROUGE (Recall-Oriented Understudy for Gisting Evaluation, Lin 2004) compares a generated text with one or more
@@ -24,10 +25,10 @@ references: `rouge1` and `rouge2` from overlapping unigrams and bigrams, `rougeL
 of the whole texts, and `rougeLsum` from the summary-level LCS over sentences separated by newlines ("\\n"): put one
 sentence per line for `rougeLsum` (this module does not split sentences, which would need nltk's punkt data).
 
-Scores are F-measures from 0 to 1, computed by `rouge_score.rouge_scorer.RougeScorer`. With several references, each
-prediction takes the reference with the best F-measure (`RougeScorer.score_multi`). The aggregate is the plain mean over
-the examples, deterministic and exact; the Hub's `rouge` reports the median of bootstrap resamples of that mean
-(`BootstrapAggregator`'s mid), which differs from it slightly.
+Scores are F-measures from 0 to 1, computed by `rouge_score.rouge_scorer.RougeScorer`. With several references,
+each prediction takes the reference with the best F-measure (`RougeScorer.score_multi`). The aggregate is the plain
+mean over the examples, deterministic and exact; the Hub's `rouge` reports the median of bootstrap resamples of that
+mean (`BootstrapAggregator`'s mid), which differs from it slightly.
 
 The default tokenizer of `rouge_score` lowercases and keeps only the ASCII letters and digits [a-z0-9]: text in
 another script scores 0. Pass `tokenizer` (a callable from a string to a list of tokens) for such text.
@@ -37,8 +38,8 @@ _KWARGS_DESCRIPTION = """
 Args:
     predictions (`list` of `str`): the generated texts.
     references (`list` of `str`, or `list` of `list` of `str`): one or several references per prediction.
-    rouge_types (`list` of `str` or `str`, defaults to `["rouge1", "rouge2", "rougeL", "rougeLsum"]`): any of `rouge1` ...
-        `rouge9`, `rougeL`, `rougeLsum`.
+    rouge_types (`list` of `str` or `str`, defaults to `["rouge1", "rouge2", "rougeL", "rougeLsum"]`): any of
+        `rouge1` ... `rouge9`, `rougeL`, `rougeLsum`.
     use_aggregator (`bool`, defaults to `True`): return the mean F-measure of each type; with `False`, the list of the
         per-example F-measures.
     use_stemmer (`bool`, defaults to `False`): apply the Porter stemmer to the words of more than 3 letters (default
@@ -88,38 +89,17 @@ def _check_rouge_type(rouge_type):
     raise ValueError(f"unknown ROUGE type {rouge_type!r}: use rouge1 ... rouge9, rougeL or rougeLsum")
 
 
-@evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
-class Rouge(evaluate.Metric):
-    def _info(self):
-        return evaluate.MetricInfo(
-            description=_DESCRIPTION,
-            citation=_CITATION,
-            inputs_description=_KWARGS_DESCRIPTION,
-            features=[
-                datasets.Features(
-                    {
-                        "predictions": datasets.Value("string", id="sequence"),
-                        "references": datasets.Sequence(datasets.Value("string", id="sequence")),
-                    }
-                ),
-                datasets.Features(
-                    {
-                        "predictions": datasets.Value("string", id="sequence"),
-                        "references": datasets.Value("string", id="sequence"),
-                    }
-                ),
-            ],
-            license="Apache-2.0",
-            codebase_urls=["https://github.com/google-research/google-research/tree/master/rouge"],
-            reference_urls=["https://aclanthology.org/W04-1013/"],
-        )
+_URLS = {
+    "codebase_urls": ["https://github.com/google-research/google-research/tree/master/rouge"],
+    "reference_urls": ["https://aclanthology.org/W04-1013/"],
+}
 
+
+@shared.with_info(_DESCRIPTION, _KWARGS_DESCRIPTION, _CITATION, shared.TEXTS_WITH_REFERENCES, **_URLS)
+class Rouge(evaluate.Metric):
     def _compute(self, predictions, references, rouge_types=None, use_aggregator=True, use_stemmer=False,
                  tokenizer=None):
-        if len(predictions) != len(references):
-            raise ValueError(f"{len(predictions)} predictions but {len(references)} references")
-        if len(predictions) == 0:
-            raise ValueError("rouge needs at least one prediction")
+        references = shared.reference_lists("rouge", predictions, references)
         if rouge_types is None:
             rouge_types = DEFAULT_ROUGE_TYPES
         elif isinstance(rouge_types, str):
@@ -129,11 +109,6 @@ class Rouge(evaluate.Metric):
             raise ValueError("rouge_types must name at least one ROUGE type")
         for rouge_type in rouge_types:
             _check_rouge_type(rouge_type)
-        references = [[ref] if isinstance(ref, str) else list(ref) for ref in references]
-        if any(not refs for refs in references):
-            raise ValueError("every prediction needs at least one reference")
-        if any(text is None for text in predictions) or any(text is None for refs in references for text in refs):
-            raise ValueError("rouge scores strings, got None")
 
         scorer = rouge_scorer.RougeScorer(
             rouge_types=rouge_types,

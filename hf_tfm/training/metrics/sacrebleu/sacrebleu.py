@@ -13,9 +13,10 @@
 # limitations under the License.
 """Corpus BLEU and chrF with the `sacrebleu` library. An `evaluate` metric module."""
 
-import datasets
 import evaluate
 import sacrebleu as scb
+
+from hf_tfm.training.metrics import shared
 
 _DESCRIPTION = """
 Corpus-level BLEU (Papineni et al., 2002) and chrF (Popović, 2015) computed by SacreBLEU (Post, 2018), which tokenizes
@@ -75,45 +76,21 @@ _CITATION = """
 """
 
 
-@evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
-class Sacrebleu(evaluate.Metric):
-    def _info(self):
-        return evaluate.MetricInfo(
-            description=_DESCRIPTION,
-            citation=_CITATION,
-            homepage="https://github.com/mjpost/sacreBLEU",
-            inputs_description=_KWARGS_DESCRIPTION,
-            features=[
-                datasets.Features(
-                    {
-                        "predictions": datasets.Value("string", id="sequence"),
-                        "references": datasets.Sequence(datasets.Value("string", id="sequence"), id="references"),
-                    }
-                ),
-                datasets.Features(
-                    {
-                        "predictions": datasets.Value("string", id="sequence"),
-                        "references": datasets.Value("string", id="sequence"),
-                    }
-                ),
-            ],
-            license="Apache-2.0",
-            codebase_urls=["https://github.com/mjpost/sacreBLEU"],
-            reference_urls=["https://aclanthology.org/W18-6319/"],
-        )
+_URLS = {
+    "homepage": "https://github.com/mjpost/sacreBLEU",
+    "codebase_urls": ["https://github.com/mjpost/sacreBLEU"],
+    "reference_urls": ["https://aclanthology.org/W18-6319/"],
+}
 
+
+@shared.with_info(_DESCRIPTION, _KWARGS_DESCRIPTION, _CITATION, shared.TEXTS_WITH_REFERENCES, **_URLS)
+class Sacrebleu(evaluate.Metric):
     def _compute(self, predictions, references, smooth_method="exp", smooth_value=None, tokenize=None,
                  lowercase=False, force=False, use_effective_order=False, chrf_word_order=0):
-        if len(predictions) != len(references):
-            raise ValueError(f"{len(predictions)} predictions but {len(references)} references")
-        if len(predictions) == 0:
-            raise ValueError("sacrebleu needs at least one prediction")
-        references = [[ref] if isinstance(ref, str) else list(ref) for ref in references]
+        references = shared.reference_lists("sacrebleu", predictions, references)
         num_refs = {len(refs) for refs in references}
-        if len(num_refs) != 1 or 0 in num_refs:
-            raise ValueError(f"every prediction needs the same number (>= 1) of references, got {sorted(num_refs)}")
-        if any(text is None for text in predictions) or any(text is None for refs in references for text in refs):
-            raise ValueError("sacrebleu scores strings, got None")
+        if len(num_refs) != 1:
+            raise ValueError(f"every prediction needs the same number of references, got {sorted(num_refs)}")
         # sacrebleu wants one stream per reference position: streams[i][j] is the i-th reference of prediction j.
         streams = [list(stream) for stream in zip(*references)]
         bleu = scb.BLEU(lowercase=lowercase, force=force, tokenize=tokenize, smooth_method=smooth_method,
