@@ -1,23 +1,53 @@
 # Two entry points: `make run` (set up, then the main job) and `make test` (set up, then the suite).
+# Checks beside them (CI runs them too): `make lint`, `make test-lean` (a core-only install works), `make test-min`
+# (the lowest supported versions pass the model tests).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# Pinned: a CPU wheel on these machines, PyPI's build elsewhere. An unpinned torch pulls gigabytes.
+TORCH := torch==2.13.0
+# pyproject.toml's lower bounds, installed by `make test-min` (tests/test_packaging.py keeps the two in step)
+MIN_VERSIONS := transformers==5.17.0 huggingface_hub==1.5.0 safetensors==0.8.0 jinja2==3.1.0
+# the model tests: no training, data or metrics packages needed
+MODEL_TESTS := tests/test_config.py tests/test_modeling.py tests/test_parity.py tests/test_generation.py \
+	tests/test_save_load.py tests/test_encoder_decoder.py tests/test_t5_bart_parity.py tests/test_upcycle.py
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup run test
+.PHONY: setup run test lint test-lean test-min
 
 $(BIN)/hf-tfm: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	# Pinned: a CPU wheel on these machines, PyPI's build elsewhere. An unpinned torch pulls gigabytes.
-	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[test]"
+	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q -e ".[dev]"
 	touch $@
 
 setup: $(BIN)/hf-tfm
 
+# A second `make run` refuses to replace runs/demo: `make run DEMO_ARGS=--overwrite` replaces it.
 run: setup
-	$(BIN)/hf-tfm demo --output-dir runs/demo
+	$(BIN)/hf-tfm demo --output-dir runs/demo $(DEMO_ARGS)
 
 test: setup
 	$(BIN)/python -m pytest -n 2 -q tests
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+# Fresh venvs under build/, rebuilt every time: what a user's `pip install` gets, not what this checkout has.
+# Core only (`pip install .`, no extras): import, build, save, load and generate without any training package.
+test-lean:
+	rm -rf build/venv-lean build/lib  # build/lib: setuptools' staging copy, where deleted files would linger
+	$(PYTHON) -m venv build/venv-lean
+	build/venv-lean/bin/pip install -q $(TORCH)
+	build/venv-lean/bin/pip install -q .
+	cd build && venv-lean/bin/python ../tests/lean_install.py
+
+# The lowest supported versions of torch, transformers and the core packages, then the model tests.
+test-min:
+	rm -rf build/venv-min
+	$(PYTHON) -m venv build/venv-min
+	build/venv-min/bin/pip install -q $(TORCH)
+	build/venv-min/bin/pip install -q -e . $(MIN_VERSIONS) pytest pytest-xdist
+	build/venv-min/bin/python -m pytest -n 2 -q -p no:cacheprovider $(MODEL_TESTS)
