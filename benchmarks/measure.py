@@ -6,7 +6,7 @@ Each `*_work` function returns a zero-argument callable doing one unit of work, 
 
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -17,8 +17,9 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def alternating_medians(work: dict[str, Callable[[], object]], warmup: int, repeats: int,
-                        device: torch.device) -> dict[str, dict[str, float]]:
+def alternating_medians(
+    work: dict[str, Callable[[], object]], warmup: int, repeats: int, device: torch.device
+) -> dict[str, dict[str, float]]:
     """Seconds per call of each callable: median, and the lowest and highest of the repeats (the spread)."""
     names = list(work)
     for name in names:
@@ -32,8 +33,10 @@ def alternating_medians(work: dict[str, Callable[[], object]], warmup: int, repe
             work[name]()
             synchronize(device)
             seconds[name].append(time.perf_counter() - start)
-    return {name: {"median_s": statistics.median(values), "min_s": min(values), "max_s": max(values)}
-            for name, values in seconds.items()}
+    return {
+        name: {"median_s": statistics.median(values), "min_s": min(values), "max_s": max(values)}
+        for name, values in seconds.items()
+    }
 
 
 def peak_bytes(work: Callable[[], object], device: torch.device) -> int:
@@ -48,8 +51,9 @@ def peak_bytes(work: Callable[[], object], device: torch.device) -> int:
         return torch.cuda.max_memory_allocated(device) - baseline
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as recorded:
         work()
-    events = sorted((e for e in recorded.profiler.kineto_results.events() if e.name() == "[memory]"),
-                    key=lambda e: e.start_ns())
+    events = sorted(
+        (e for e in recorded.profiler.kineto_results.events() if e.name() == "[memory]"), key=lambda e: e.start_ns()
+    )
     live = peak = 0
     for event in events:
         live += event.nbytes()  # frees are negative
@@ -57,8 +61,9 @@ def peak_bytes(work: Callable[[], object], device: torch.device) -> int:
     return peak
 
 
-def training_batch(task: str, vocab_size: int, batch: int, length: int, target_length: int | None,
-                   device: torch.device, seed: int = 0) -> dict[str, torch.Tensor]:
+def training_batch(
+    task: str, vocab_size: int, batch: int, length: int, target_length: int | None, device: torch.device, seed: int = 0
+) -> dict[str, torch.Tensor]:
     """Random token ids (never special ids 0-2) and labels; masked LM scores 15% of positions."""
     generator = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, vocab_size, (batch, length), generator=generator)

@@ -36,8 +36,22 @@ def main() -> None:
     )
     ours = mixtral_to_tfm(mixtral)
     dense = TfmDecoderForCausalLM(  # same attention, one GLU as wide as the TOP_K active experts together
-        TfmDecoderConfig(**SHAPE, **{k: ours.config.to_dict()[k] for k in ("position_embedding_type", "norm_type", "ffn_type", "hidden_act", "attention_bias", "tie_word_embeddings")},
-                         mlp_bias=False, intermediate_size=TOP_K * EXPERT_WIDTH)
+        TfmDecoderConfig(
+            **SHAPE,
+            **{
+                k: ours.config.to_dict()[k]
+                for k in (
+                    "position_embedding_type",
+                    "norm_type",
+                    "ffn_type",
+                    "hidden_act",
+                    "attention_bias",
+                    "tie_word_embeddings",
+                )
+            },
+            mlp_bias=False,
+            intermediate_size=TOP_K * EXPERT_WIDTH,
+        )
     )
     models = {"mixtral": mixtral, "ours": ours, "dense": dense}
     ids = torch.randint(0, SHAPE["vocab_size"], (BATCH, LENGTH))
@@ -46,7 +60,7 @@ def main() -> None:
         for name in ("mixtral", "ours"):
             models[name].set_experts_implementation(backend)
         times = {name: [] for name in models}
-        for name, model in models.items():
+        for _name, model in models.items():
             model.train()
             train_step_seconds(model, ids)  # warm-up
         for _ in range(REPEATS):
@@ -58,16 +72,25 @@ def main() -> None:
             "ours_over_mixtral": median["ours"] / median["mixtral"],
             "ours_moe_over_dense_same_active": median["ours"] / median["dense"],
         }
-        print(f"{backend:10s} step ms: mixtral {median['mixtral'] * 1e3:.1f}  ours {median['ours'] * 1e3:.1f}  "
-              f"dense {median['dense'] * 1e3:.1f}  | ours/mixtral {results[backend]['ours_over_mixtral']:.3f}  "
-              f"ours/dense {results[backend]['ours_moe_over_dense_same_active']:.3f}")
+        print(
+            f"{backend:10s} step ms: mixtral {median['mixtral'] * 1e3:.1f}  ours {median['ours'] * 1e3:.1f}  "
+            f"dense {median['dense'] * 1e3:.1f}  | ours/mixtral {results[backend]['ours_over_mixtral']:.3f}  "
+            f"ours/dense {results[backend]['ours_moe_over_dense_same_active']:.3f}"
+        )
     today = datetime.date.today().isoformat()
     record = {
         "command": "python benchmarks/moe_cpu.py",
         "date": today,
         "device": f"cpu ({platform.machine()}, {torch.get_num_threads()} threads), fp32",
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
-        "shape": {**SHAPE, "experts": EXPERTS, "top_k": TOP_K, "expert_width": EXPERT_WIDTH, "batch": BATCH, "length": LENGTH},
+        "shape": {
+            **SHAPE,
+            "experts": EXPERTS,
+            "top_k": TOP_K,
+            "expert_width": EXPERT_WIDTH,
+            "batch": BATCH,
+            "length": LENGTH,
+        },
         "results": results,
     }
     out = Path(__file__).parent / "results" / f"moe-cpu-{today}.json"

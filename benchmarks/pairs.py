@@ -5,8 +5,8 @@ A profile is plain data: per pair, the reference config's fields and the batch s
 sized for the 2-core CI machines (fp32), `gpu` for an H100 (bf16, the shapes named in issue 7), `smoke` for tests.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from transformers import (
@@ -46,9 +46,17 @@ KINDS = {
     "gpt2": PairKind("GPT2LMHeadModel", GPT2Config, GPT2LMHeadModel, gpt2_to_tfm, "causal"),
     "bert": PairKind("BertForMaskedLM", BertConfig, BertForMaskedLM, bert_to_tfm, "masked"),
     "llama": PairKind("LlamaForCausalLM", LlamaConfig, LlamaForCausalLM, llama_to_tfm, "causal"),
-    "mixtral": PairKind("MixtralForCausalLM (grouped_mm)", MixtralConfig, MixtralForCausalLM, mixtral_to_tfm, "causal"),
-    "t5": PairKind("T5ForConditionalGeneration", T5Config, T5ForConditionalGeneration, t5_to_tfm, "seq2seq",
-                   (("decoder_start_token_id", 0),)),
+    "mixtral": PairKind(
+        "MixtralForCausalLM (grouped_mm)", MixtralConfig, MixtralForCausalLM, mixtral_to_tfm, "causal"
+    ),
+    "t5": PairKind(
+        "T5ForConditionalGeneration",
+        T5Config,
+        T5ForConditionalGeneration,
+        t5_to_tfm,
+        "seq2seq",
+        (("decoder_start_token_id", 0),),
+    ),
     "bart": PairKind("BartForConditionalGeneration", BartConfig, BartForConditionalGeneration, bart_to_tfm, "seq2seq"),
 }
 
@@ -57,69 +65,217 @@ def _profile(shapes: dict, **timing) -> dict:
     return {"pairs": shapes, **timing}
 
 
-_CPU_DECODER = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, vocab_size=8192, max_position_embeddings=512)
-_GPU_DECODER = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, vocab_size=32000, max_position_embeddings=2048)
+_CPU_DECODER = dict(
+    hidden_size=256, num_hidden_layers=4, num_attention_heads=4, vocab_size=8192, max_position_embeddings=512
+)
+_GPU_DECODER = dict(
+    hidden_size=768, num_hidden_layers=12, num_attention_heads=12, vocab_size=32000, max_position_embeddings=2048
+)
 
 PROFILES = {
     # 2-core CPU, fp32, eager: small shapes, so that all six pairs run in a few minutes
     "cpu": _profile(
         {
-            "gpt2": dict(config=dict(n_embd=256, n_layer=4, n_head=4, vocab_size=8192, n_positions=512), batch=8, length=128),
-            "bert": dict(config=dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024,
-                                     vocab_size=8192), batch=8, length=128),
-            "llama": dict(config=dict(_CPU_DECODER, num_key_value_heads=2, intermediate_size=688), batch=8, length=128),
+            "gpt2": dict(
+                config=dict(n_embd=256, n_layer=4, n_head=4, vocab_size=8192, n_positions=512), batch=8, length=128
+            ),
+            "bert": dict(
+                config=dict(
+                    hidden_size=256,
+                    num_hidden_layers=4,
+                    num_attention_heads=4,
+                    intermediate_size=1024,
+                    vocab_size=8192,
+                ),
+                batch=8,
+                length=128,
+            ),
+            "llama": dict(
+                config=dict(_CPU_DECODER, num_key_value_heads=2, intermediate_size=688), batch=8, length=128
+            ),
             # the MoE issue's CPU shape (benchmarks/moe_cpu.py)
-            "mixtral": dict(config=dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                                        vocab_size=4096, intermediate_size=256, num_local_experts=8, num_experts_per_tok=2),
-                            batch=8, length=128),
-            "t5": dict(config=dict(d_model=256, d_kv=64, d_ff=1024, num_layers=4, num_heads=4, vocab_size=8192),
-                       batch=8, length=128, target_length=32),
-            "bart": dict(config=dict(d_model=256, encoder_layers=4, decoder_layers=4, encoder_attention_heads=4,
-                                     decoder_attention_heads=4, encoder_ffn_dim=1024, decoder_ffn_dim=1024, vocab_size=8192,
-                                     max_position_embeddings=512), batch=8, length=128, target_length=32),
+            "mixtral": dict(
+                config=dict(
+                    hidden_size=128,
+                    num_hidden_layers=4,
+                    num_attention_heads=4,
+                    num_key_value_heads=2,
+                    vocab_size=4096,
+                    intermediate_size=256,
+                    num_local_experts=8,
+                    num_experts_per_tok=2,
+                ),
+                batch=8,
+                length=128,
+            ),
+            "t5": dict(
+                config=dict(d_model=256, d_kv=64, d_ff=1024, num_layers=4, num_heads=4, vocab_size=8192),
+                batch=8,
+                length=128,
+                target_length=32,
+            ),
+            "bart": dict(
+                config=dict(
+                    d_model=256,
+                    encoder_layers=4,
+                    decoder_layers=4,
+                    encoder_attention_heads=4,
+                    decoder_attention_heads=4,
+                    encoder_ffn_dim=1024,
+                    decoder_ffn_dim=1024,
+                    vocab_size=8192,
+                    max_position_embeddings=512,
+                ),
+                batch=8,
+                length=128,
+                target_length=32,
+            ),
         },
-        device="cpu", dtype="float32", compile=False, warmup=2, repeats=20, generate_warmup=1, generate_repeats=9,
-        prompt_length=16, new_tokens=32, generate_batches=[1, 64],
+        device="cpu",
+        dtype="float32",
+        compile=False,
+        warmup=2,
+        repeats=20,
+        generate_warmup=1,
+        generate_repeats=9,
+        prompt_length=16,
+        new_tokens=32,
+        generate_batches=[1, 64],
     ),
     # H100, bf16: GPT-2 124M at 16 x 1024, BERT-base at 32 x 512, the MoE issue's shape; eager and compiled
     "gpu": _profile(
         {
             "gpt2": dict(config=dict(), batch=16, length=1024),  # GPT2Config() is GPT-2 124M
             "bert": dict(config=dict(), batch=32, length=512),  # BertConfig() is BERT-base
-            "llama": dict(config=dict(_GPU_DECODER, num_key_value_heads=4, intermediate_size=2048), batch=16, length=1024),
+            "llama": dict(
+                config=dict(_GPU_DECODER, num_key_value_heads=4, intermediate_size=2048), batch=16, length=1024
+            ),
             # trains with bf16 weights: grouped_mm is not covered by autocast
-            "mixtral": dict(config=dict(_GPU_DECODER, num_hidden_layers=8, num_key_value_heads=4, intermediate_size=2048,
-                                        num_local_experts=8, num_experts_per_tok=2), batch=16, length=1024,
-                            train_weights="bfloat16"),
-            "t5": dict(config=dict(d_model=768, d_kv=64, d_ff=3072, num_layers=12, num_heads=12), batch=16, length=512,
-                       target_length=128),  # t5-base
-            "bart": dict(config=dict(d_model=768, encoder_layers=6, decoder_layers=6, encoder_attention_heads=12,
-                                     decoder_attention_heads=12, encoder_ffn_dim=3072, decoder_ffn_dim=3072),
-                         batch=16, length=512, target_length=128),  # bart-base
+            "mixtral": dict(
+                config=dict(
+                    _GPU_DECODER,
+                    num_hidden_layers=8,
+                    num_key_value_heads=4,
+                    intermediate_size=2048,
+                    num_local_experts=8,
+                    num_experts_per_tok=2,
+                ),
+                batch=16,
+                length=1024,
+                train_weights="bfloat16",
+            ),
+            "t5": dict(
+                config=dict(d_model=768, d_kv=64, d_ff=3072, num_layers=12, num_heads=12),
+                batch=16,
+                length=512,
+                target_length=128,
+            ),  # t5-base
+            "bart": dict(
+                config=dict(
+                    d_model=768,
+                    encoder_layers=6,
+                    decoder_layers=6,
+                    encoder_attention_heads=12,
+                    decoder_attention_heads=12,
+                    encoder_ffn_dim=3072,
+                    decoder_ffn_dim=3072,
+                ),
+                batch=16,
+                length=512,
+                target_length=128,
+            ),  # bart-base
         },
         # static-cache generation auto-compiles on CUDA (CUDA graphs): warm-ups compile and record the graphs
-        device="cuda", dtype="bfloat16", compile=True, warmup=3, repeats=10, generate_warmup=3, generate_repeats=3,
-        prompt_length=128, new_tokens=128, generate_batches=[1, 64],
+        device="cuda",
+        dtype="bfloat16",
+        compile=True,
+        warmup=3,
+        repeats=10,
+        generate_warmup=3,
+        generate_repeats=3,
+        prompt_length=128,
+        new_tokens=128,
+        generate_batches=[1, 64],
     ),
     # for tests: every code path at a toy shape, in seconds
     "smoke": _profile(
         {
-            "gpt2": dict(config=dict(n_embd=32, n_layer=2, n_head=4, vocab_size=97, n_positions=64), batch=2, length=8),
-            "bert": dict(config=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                                     vocab_size=97, max_position_embeddings=64), batch=2, length=8),
-            "llama": dict(config=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                      intermediate_size=64, vocab_size=97, max_position_embeddings=64), batch=2, length=8),
-            "mixtral": dict(config=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                        intermediate_size=64, vocab_size=97, max_position_embeddings=64,
-                                        num_local_experts=4, num_experts_per_tok=2), batch=2, length=8),
-            "t5": dict(config=dict(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, vocab_size=97),
-                       batch=2, length=8, target_length=4),
-            "bart": dict(config=dict(d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-                                     decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, vocab_size=97,
-                                     max_position_embeddings=64), batch=2, length=8, target_length=4),
+            "gpt2": dict(
+                config=dict(n_embd=32, n_layer=2, n_head=4, vocab_size=97, n_positions=64), batch=2, length=8
+            ),
+            "bert": dict(
+                config=dict(
+                    hidden_size=32,
+                    num_hidden_layers=2,
+                    num_attention_heads=4,
+                    intermediate_size=64,
+                    vocab_size=97,
+                    max_position_embeddings=64,
+                ),
+                batch=2,
+                length=8,
+            ),
+            "llama": dict(
+                config=dict(
+                    hidden_size=32,
+                    num_hidden_layers=2,
+                    num_attention_heads=4,
+                    num_key_value_heads=2,
+                    intermediate_size=64,
+                    vocab_size=97,
+                    max_position_embeddings=64,
+                ),
+                batch=2,
+                length=8,
+            ),
+            "mixtral": dict(
+                config=dict(
+                    hidden_size=32,
+                    num_hidden_layers=2,
+                    num_attention_heads=4,
+                    num_key_value_heads=2,
+                    intermediate_size=64,
+                    vocab_size=97,
+                    max_position_embeddings=64,
+                    num_local_experts=4,
+                    num_experts_per_tok=2,
+                ),
+                batch=2,
+                length=8,
+            ),
+            "t5": dict(
+                config=dict(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, vocab_size=97),
+                batch=2,
+                length=8,
+                target_length=4,
+            ),
+            "bart": dict(
+                config=dict(
+                    d_model=32,
+                    encoder_layers=2,
+                    decoder_layers=2,
+                    encoder_attention_heads=4,
+                    decoder_attention_heads=4,
+                    encoder_ffn_dim=64,
+                    decoder_ffn_dim=64,
+                    vocab_size=97,
+                    max_position_embeddings=64,
+                ),
+                batch=2,
+                length=8,
+                target_length=4,
+            ),
         },
-        device="cpu", dtype="float32", compile=False, warmup=1, repeats=2, generate_warmup=1, generate_repeats=1,
-        prompt_length=4, new_tokens=3, generate_batches=[1, 2],
+        device="cpu",
+        dtype="float32",
+        compile=False,
+        warmup=1,
+        repeats=2,
+        generate_warmup=1,
+        generate_repeats=1,
+        prompt_length=4,
+        new_tokens=3,
+        generate_batches=[1, 2],
     ),
 }
 

@@ -58,15 +58,34 @@ def batch(seq2seq: bool):
 
 def tiny_references():
     torch.manual_seed(0)
-    yield "GPT2LMHeadModel", GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=VOCAB, n_positions=64)), gpt2_to_tfm
+    yield (
+        "GPT2LMHeadModel",
+        GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=VOCAB, n_positions=64)),
+        gpt2_to_tfm,
+    )
     llama = LlamaConfig(vocab_size=VOCAB, num_key_value_heads=2, max_position_embeddings=64, **SMALL)
     yield "LlamaForCausalLM (GQA)", LlamaForCausalLM(llama), llama_to_tfm
-    yield "BertForMaskedLM", BertForMaskedLM(BertConfig(vocab_size=VOCAB, max_position_embeddings=64, **SMALL)), bert_to_tfm
+    yield (
+        "BertForMaskedLM",
+        BertForMaskedLM(BertConfig(vocab_size=VOCAB, max_position_embeddings=64, **SMALL)),
+        bert_to_tfm,
+    )
     for name, ffn in (("T5 v1.0 (relu)", "relu"), ("T5 v1.1 (gated-gelu)", "gated-gelu")):
-        config = T5Config(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, feed_forward_proj=ffn)
+        config = T5Config(
+            vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, feed_forward_proj=ffn
+        )
         yield name, T5ForConditionalGeneration(config), t5_to_tfm
-    bart = BartConfig(vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=3, encoder_attention_heads=4,
-                      decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64)
+    bart = BartConfig(
+        vocab_size=VOCAB,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=3,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=64,
+    )
     yield "BartForConditionalGeneration", BartForConditionalGeneration(bart), bart_to_tfm
 
 
@@ -79,8 +98,12 @@ def tiny_rows():
             expected, actual = reference(**inputs).logits, ours(**inputs).logits
         if "decoder_input_ids" not in inputs:
             expected, actual = expected[real], actual[real]  # real tokens only
-        yield {"reference": name, "output": "logits", "max_abs_diff": (expected - actual).abs().max().item(),
-               "max_abs_value": expected.abs().max().item()}
+        yield {
+            "reference": name,
+            "output": "logits",
+            "max_abs_diff": (expected - actual).abs().max().item(),
+            "max_abs_value": expected.abs().max().item(),
+        }
 
 
 def minilm_row():
@@ -89,13 +112,21 @@ def minilm_row():
     tokenizer = AutoTokenizer.from_pretrained(folder)
     reference = AutoModel.from_pretrained(folder).eval()
     ours = bert_to_tfm(reference)
-    sentences = ["A man is playing a guitar.", "Someone plays an instrument on stage.", "The stock market fell sharply today."]
+    sentences = [
+        "A man is playing a guitar.",
+        "Someone plays an instrument on stage.",
+        "The stock market fell sharply today.",
+    ]
     inputs = tokenizer(sentences, padding=True, return_tensors="pt")
     with torch.no_grad():
         expected, actual = reference(**inputs).last_hidden_state, ours(**inputs).last_hidden_state
     real = inputs["attention_mask"].bool()
-    return {"reference": "all-MiniLM-L6-v2 (real checkpoint, BertModel)", "output": "last hidden state",
-            "max_abs_diff": (expected[real] - actual[real]).abs().max().item(), "max_abs_value": expected.abs().max().item()}
+    return {
+        "reference": "all-MiniLM-L6-v2 (real checkpoint, BertModel)",
+        "output": "last hidden state",
+        "max_abs_diff": (expected[real] - actual[real]).abs().max().item(),
+        "max_abs_value": expected.abs().max().item(),
+    }
 
 
 def main() -> None:
@@ -108,7 +139,11 @@ def main() -> None:
         "command": "python benchmarks/parity_report.py",
         "date": today,
         "device": f"cpu ({platform.processor() or platform.machine()}), fp32",
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version()},
+        "versions": {
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "python": platform.python_version(),
+        },
         "rows": rows,
     }
     out = Path(__file__).parent / "results" / f"parity-{today}.json"

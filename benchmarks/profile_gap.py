@@ -76,21 +76,35 @@ def profile_pair(name: str, profile_name: str) -> dict:
     row = {"pair": name, "reference_class": KINDS[name].reference}
     for key, step in steps.items():
         operators, inside, profiled = operator_time(step)
-        row[key] = {"step_us": timed[key]["median_s"] * 1e6, "python_calls": python_calls(step), "aten_ops": operators,
-                    "profiled_step_us": profiled, "operator_us": inside, "overhead_us": profiled - inside}
+        row[key] = {
+            "step_us": timed[key]["median_s"] * 1e6,
+            "python_calls": python_calls(step),
+            "aten_ops": operators,
+            "profiled_step_us": profiled,
+            "operator_us": inside,
+            "overhead_us": profiled - inside,
+        }
     row["time_ratio"] = row["ours"]["step_us"] / row["reference"]["step_us"]
     return row
 
 
 def main(profile_name: str = "cpu", output: Path | None = None) -> dict:
     rows = [profile_pair(name, profile_name) for name, kind in KINDS.items() if kind.task == "causal"]
-    record = {**header(profile_name, "python -m benchmarks.profile_gap", torch.device("cpu")),
-              "prompt_length": PROMPT, "steps": STEPS, "rows": rows}
+    record = {
+        **header(profile_name, "python -m benchmarks.profile_gap", torch.device("cpu")),
+        "prompt_length": PROMPT,
+        "steps": STEPS,
+        "rows": rows,
+    }
     for row in rows:
         ref, ours = row["reference"], row["ours"]
-        print(f"{row['pair']:8s} step us {ref['step_us']:7.0f} -> {ours['step_us']:7.0f} (ratio {row['time_ratio']:.3f})  "
-              f"python calls {ref['python_calls']:6.0f} -> {ours['python_calls']:6.0f}  aten ops {ref['aten_ops']:5.0f} -> "
-              f"{ours['aten_ops']:5.0f}  overhead us {ref['overhead_us']:6.0f} -> {ours['overhead_us']:6.0f}")
+        print(
+            f"{row['pair']:8s} step us {ref['step_us']:7.0f} -> {ours['step_us']:7.0f} "
+            f"(ratio {row['time_ratio']:.3f})  "
+            f"python calls {ref['python_calls']:6.0f} -> {ours['python_calls']:6.0f}  "
+            f"aten ops {ref['aten_ops']:5.0f} -> "
+            f"{ours['aten_ops']:5.0f}  overhead us {ref['overhead_us']:6.0f} -> {ours['overhead_us']:6.0f}"
+        )
     write(record, f"profile-{profile_name}", output)
     return record
 

@@ -1,6 +1,6 @@
 """Quality at equal compute: GPT-2-style vs modern vs MoE decoders, BERT-style vs modern encoders.
 
-    python -m benchmarks.quality --profile cpu     # writes benchmarks/results/quality-cpu-<date>.json (~35 min, 2 cores)
+    python -m benchmarks.quality --profile cpu  # writes benchmarks/results/quality-cpu-<date>.json (~35 min, 2 cores)
 
 Within a study every model sees the same tokenizer, the same training blocks (batch x length x steps tokens), the
 same learning-rate schedule and the same seeds; parameter counts are matched (the MoE decoder matches the dense ones
@@ -24,6 +24,8 @@ from pathlib import Path
 import torch
 from transformers import DataCollatorForLanguageModeling
 
+from benchmarks.pairs import parameter_count
+from benchmarks.record import header, write
 from hf_tfm.hub.card import RUN_RECORD
 from hf_tfm.training import tokenizers
 from hf_tfm.training.callbacks import logged
@@ -32,19 +34,43 @@ from hf_tfm.training.data import load_task_data
 from hf_tfm.training.run import RunSpec, load_tokenizer, train, training_texts
 from hf_tfm.training.tasks import MLM_PROBABILITY, TASKS, tokenize
 
-from benchmarks.pairs import parameter_count
-from benchmarks.record import header, write
-
 # 4 layers of width 128 with 4 heads. The classic models' learned position table, biases and wider heads for K/V
 # are matched by the modern models' wider SwiGLU (400: parameters equal to within 1%); the MoE decoder's two active
 # experts of 200 equal that one SwiGLU. (Widths are multiples of 4 floats: CPU grouped_mm needs 16-byte strides.)
-_BODY = dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, tie_word_embeddings=True, vocab_size=4096,
-             hidden_dropout=0.0, attention_dropout=0.0, embedding_dropout=0.0)
-_CLASSIC = dict(_BODY, position_embedding_type="learned", max_position_embeddings=128, norm_type="layernorm",
-                attention_bias=True, mlp_bias=True, ffn_type="mlp", intermediate_size=512)
-_MODERN = dict(_BODY, position_embedding_type="rope", rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-               max_position_embeddings=128, norm_type="rmsnorm", norm_bias=False, attention_bias=False,
-               mlp_bias=False, ffn_type="glu", hidden_act="silu", num_key_value_heads=2, intermediate_size=400)
+_BODY = dict(
+    hidden_size=128,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    tie_word_embeddings=True,
+    vocab_size=4096,
+    hidden_dropout=0.0,
+    attention_dropout=0.0,
+    embedding_dropout=0.0,
+)
+_CLASSIC = dict(
+    _BODY,
+    position_embedding_type="learned",
+    max_position_embeddings=128,
+    norm_type="layernorm",
+    attention_bias=True,
+    mlp_bias=True,
+    ffn_type="mlp",
+    intermediate_size=512,
+)
+_MODERN = dict(
+    _BODY,
+    position_embedding_type="rope",
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    max_position_embeddings=128,
+    norm_type="rmsnorm",
+    norm_bias=False,
+    attention_bias=False,
+    mlp_bias=False,
+    ffn_type="glu",
+    hidden_act="silu",
+    num_key_value_heads=2,
+    intermediate_size=400,
+)
 
 STUDIES = {
     "decoders": {
@@ -53,16 +79,30 @@ STUDIES = {
         "models": {
             "gpt2-style": dict(_CLASSIC, model_type="tfm_decoder", norm_position="pre", hidden_act="gelu_new"),
             "modern": dict(_MODERN, model_type="tfm_decoder", norm_position="pre"),
-            "moe (same active)": dict(_MODERN, model_type="tfm_decoder", norm_position="pre", num_experts=8,
-                                      num_experts_per_tok=2, moe_intermediate_size=200, router_aux_loss_coef=0.01),
+            "moe (same active)": dict(
+                _MODERN,
+                model_type="tfm_decoder",
+                norm_position="pre",
+                num_experts=8,
+                num_experts_per_tok=2,
+                moe_intermediate_size=200,
+                router_aux_loss_coef=0.01,
+            ),
         },
     },
     "encoders": {
         "task": "masked-lm",
         "learning_rate": 1e-3,
         "models": {
-            "bert-style": dict(_CLASSIC, model_type="tfm_encoder", norm_position="post", embedding_norm=True,
-                               final_norm=False, hidden_act="gelu", type_vocab_size=2),
+            "bert-style": dict(
+                _CLASSIC,
+                model_type="tfm_encoder",
+                norm_position="post",
+                embedding_norm=True,
+                final_norm=False,
+                hidden_act="gelu",
+                type_vocab_size=2,
+            ),
             "modern": dict(_MODERN, model_type="tfm_encoder", norm_position="pre", final_norm=True),
         },
     },
@@ -70,14 +110,44 @@ STUDIES = {
 
 PROFILES = {
     # 2 CPU cores, one single-threaded run per core
-    "cpu": dict(steps=500, batch_size=16, max_length=128, seeds=[0, 1, 2], workers=2, threads=1, max_files=None,
-                max_eval_samples=512, bf16=False, scale={}),
+    "cpu": dict(
+        steps=500,
+        batch_size=16,
+        max_length=128,
+        seeds=[0, 1, 2],
+        workers=2,
+        threads=1,
+        max_files=None,
+        max_eval_samples=512,
+        bf16=False,
+        scale={},
+    ),
     # an H100: wider and deeper models, 4x the tokens
-    "gpu": dict(steps=2000, batch_size=32, max_length=128, seeds=[0, 1, 2], workers=1, threads=None, max_files=None,
-                max_eval_samples=None, bf16=True, scale=dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8)),
+    "gpu": dict(
+        steps=2000,
+        batch_size=32,
+        max_length=128,
+        seeds=[0, 1, 2],
+        workers=1,
+        threads=None,
+        max_files=None,
+        max_eval_samples=None,
+        bf16=True,
+        scale=dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8),
+    ),
     # for tests: every code path in seconds
-    "smoke": dict(steps=3, batch_size=4, max_length=32, seeds=[0, 1], workers=1, threads=1, max_files=40,
-                  max_eval_samples=8, bf16=False, scale={}),
+    "smoke": dict(
+        steps=3,
+        batch_size=4,
+        max_length=32,
+        seeds=[0, 1],
+        workers=1,
+        threads=1,
+        max_files=40,
+        max_eval_samples=8,
+        bf16=False,
+        scale={},
+    ),
 }
 
 
@@ -107,8 +177,9 @@ def validation_loss(model, tokenizer, task: str, features, batch_size: int = 32)
             logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
             labels = batch["labels"] if mlm else batch["labels"][:, 1:]
             logits = logits if mlm else logits[:, :-1]
-            total += torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100,
-                                                       reduction="sum").item()
+            total += torch.nn.functional.cross_entropy(
+                logits.flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="sum"
+            ).item()
             count += int((labels != -100).sum())
     return total / count
 
@@ -125,10 +196,14 @@ def one_run(job: dict) -> dict:
     features = tokenize(spec.task, data, tokenizer, spec.max_length)["validation"]
     model = load_saved(result["model_dir"])
     return {
-        "study": job["study"], "model": job["model"], "seed": spec.seed,
+        "study": job["study"],
+        "model": job["model"],
+        "seed": spec.seed,
         "validation_loss": validation_loss(model, tokenizer, spec.task, features),
-        "parameters": parameter_count(model, active=False), "active_parameters": parameter_count(model, active=True),
-        "curve": logged(result["log"], "eval_loss"), "train_curve": logged(result["log"], "loss"),
+        "parameters": parameter_count(model, active=False),
+        "active_parameters": parameter_count(model, active=True),
+        "curve": logged(result["log"], "eval_loss"),
+        "train_curve": logged(result["log"], "loss"),
         "seconds": result["seconds"],
     }
 
@@ -166,20 +241,34 @@ def jobs(profile: dict, work: Path, studies: list[str]) -> list[dict]:
     planned = []
     for study_name in studies:
         study = STUDIES[study_name]
-        tokenizer = shared_tokenizer(study["task"], work / study_name / "tokenizer", _BODY["vocab_size"],
-                                     profile["max_files"])
+        tokenizer = shared_tokenizer(
+            study["task"], work / study_name / "tokenizer", _BODY["vocab_size"], profile["max_files"]
+        )
         for model_name, config in study["models"].items():
             config_file = work / study_name / f"{model_name.split()[0]}.json"
             config_file.write_text(json.dumps(scaled(config, profile["scale"]), indent=2))
             for seed in profile["seeds"]:
                 spec = dict(
-                    task=study["task"], model=str(config_file), tokenizer=tokenizer,
+                    task=study["task"],
+                    model=str(config_file),
+                    tokenizer=tokenizer,
                     output_dir=str(work / study_name / f"{model_name.split()[0]}-seed{seed}"),
-                    max_steps=profile["steps"], batch_size=profile["batch_size"], max_length=profile["max_length"],
-                    learning_rate=study["learning_rate"], lr_scheduler_type="cosine", warmup_ratio=0.05,
-                    weight_decay=0.1, seed=seed, eval_steps=max(1, profile["steps"] // 10), save_steps=profile["steps"],
-                    keep_checkpoints=1, evaluate_before=False, overwrite=True, max_files=profile["max_files"],
-                    max_eval_samples=profile["max_eval_samples"], bf16=profile["bf16"],
+                    max_steps=profile["steps"],
+                    batch_size=profile["batch_size"],
+                    max_length=profile["max_length"],
+                    learning_rate=study["learning_rate"],
+                    lr_scheduler_type="cosine",
+                    warmup_ratio=0.05,
+                    weight_decay=0.1,
+                    seed=seed,
+                    eval_steps=max(1, profile["steps"] // 10),
+                    save_steps=profile["steps"],
+                    keep_checkpoints=1,
+                    evaluate_before=False,
+                    overwrite=True,
+                    max_files=profile["max_files"],
+                    max_eval_samples=profile["max_eval_samples"],
+                    bf16=profile["bf16"],
                     use_cpu=not torch.cuda.is_available(),
                 )
                 planned.append({"study": study_name, "model": model_name, "spec": spec, "threads": profile["threads"]})
@@ -194,17 +283,30 @@ def summarise(runs: list[dict]) -> list[dict]:
             losses = [r["validation_loss"] for r in runs if r["study"] == study and r["model"] == model]
             mean = statistics.fmean(losses)
             first = next(r for r in runs if r["study"] == study and r["model"] == model)
-            rows.append({
-                "study": study, "model": model, "seeds": len(losses), "mean_loss": mean,
-                "std_loss": statistics.stdev(losses) if len(losses) > 1 else 0.0,
-                "min_loss": min(losses), "max_loss": max(losses), "perplexity": math.exp(mean),
-                "parameters": first["parameters"], "active_parameters": first["active_parameters"],
-            })
+            rows.append(
+                {
+                    "study": study,
+                    "model": model,
+                    "seeds": len(losses),
+                    "mean_loss": mean,
+                    "std_loss": statistics.stdev(losses) if len(losses) > 1 else 0.0,
+                    "min_loss": min(losses),
+                    "max_loss": max(losses),
+                    "perplexity": math.exp(mean),
+                    "parameters": first["parameters"],
+                    "active_parameters": first["active_parameters"],
+                }
+            )
     return rows
 
 
-def run(profile_name: str, studies: list[str] | None = None, work: Path | None = None, output: Path | None = None,
-        command: str | None = None) -> dict:
+def run(
+    profile_name: str,
+    studies: list[str] | None = None,
+    work: Path | None = None,
+    output: Path | None = None,
+    command: str | None = None,
+) -> dict:
     profile = PROFILES[profile_name]
     studies = studies or list(STUDIES)
     work = work or Path("runs") / f"quality-{profile_name}"
@@ -221,9 +323,14 @@ def run(profile_name: str, studies: list[str] | None = None, work: Path | None =
     record = {
         **header(profile_name, command, torch.device("cuda" if torch.cuda.is_available() else "cpu")),
         "settings": {key: value for key, value in profile.items()},
-        "studies": {name: {"task": STUDIES[name]["task"], "learning_rate": STUDIES[name]["learning_rate"],
-                           "configs": {m: scaled(c, profile["scale"]) for m, c in STUDIES[name]["models"].items()}}
-                    for name in studies},
+        "studies": {
+            name: {
+                "task": STUDIES[name]["task"],
+                "learning_rate": STUDIES[name]["learning_rate"],
+                "configs": {m: scaled(c, profile["scale"]) for m, c in STUDIES[name]["models"].items()},
+            }
+            for name in studies
+        },
         "tokens_per_run": profile["steps"] * profile["batch_size"] * profile["max_length"],
         "summary": summarise(runs),
         "runs": runs,
@@ -231,9 +338,11 @@ def run(profile_name: str, studies: list[str] | None = None, work: Path | None =
     print("| study | model | params (active) | validation loss, mean +- std (min-max) over seeds | perplexity |")
     print("|---|---|---|---|---|")
     for row in record["summary"]:
-        print(f"| {row['study']} | {row['model']} | {row['parameters']:,} ({row['active_parameters']:,}) | "
-              f"{row['mean_loss']:.3f} +- {row['std_loss']:.3f} ({row['min_loss']:.3f}-{row['max_loss']:.3f}) | "
-              f"{row['perplexity']:.1f} |")
+        print(
+            f"| {row['study']} | {row['model']} | {row['parameters']:,} ({row['active_parameters']:,}) | "
+            f"{row['mean_loss']:.3f} +- {row['std_loss']:.3f} ({row['min_loss']:.3f}-{row['max_loss']:.3f}) | "
+            f"{row['perplexity']:.1f} |"
+        )
     write(record, f"quality-{profile_name}", output)
     return record
 
@@ -245,8 +354,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--work-dir", type=Path, help="where the runs are written (default runs/quality-<profile>)")
     parser.add_argument("--output", type=Path, help="default: benchmarks/results/quality-<profile>-<date>.json")
     args = parser.parse_args(argv)
-    run(args.profile, args.studies, args.work_dir, args.output,
-        command="python -m benchmarks.quality " + " ".join(argv or sys.argv[1:]))
+    run(
+        args.profile,
+        args.studies,
+        args.work_dir,
+        args.output,
+        command="python -m benchmarks.quality " + " ".join(argv or sys.argv[1:]),
+    )
 
 
 if __name__ == "__main__":

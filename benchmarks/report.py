@@ -1,6 +1,6 @@
 """Turn the latest results files into benchmarks/REPORT.md and its PNG charts (benchmarks/charts/).
 
-    python -m benchmarks.report          # reads benchmarks/results/{cpu,gpu,quality-cpu,quality-gpu}-<latest date>.json
+    python -m benchmarks.report        # reads benchmarks/results/{cpu,gpu,quality-cpu,quality-gpu}-<latest date>.json
 
 Every number in the report is read from a results file; the report names the file and the command that wrote it.
 """
@@ -42,9 +42,17 @@ def compared(pair: dict) -> list[dict]:
 
 
 def logit_line(record: dict) -> str:
-    parts = [f"{name} {row['ours']:.1e} (of {row['reference']:.1f})" for name, pair in record["pairs"].items()
-             for row in pair["rows"] if row["measure"] == "max logit difference"]
-    return "- Same function: largest |logit difference| on the measured batch, hf_tfm vs reference: " + ", ".join(parts) + "."
+    parts = [
+        f"{name} {row['ours']:.1e} (of {row['reference']:.1f})"
+        for name, pair in record["pairs"].items()
+        for row in pair["rows"]
+        if row["measure"] == "max logit difference"
+    ]
+    return (
+        "- Same function: largest |logit difference| on the measured batch, hf_tfm vs reference: "
+        + ", ".join(parts)
+        + "."
+    )
 
 
 def ratio_of(row: dict) -> float:
@@ -66,11 +74,14 @@ def speed_section(record: dict, source: Path, charts: Path, report: Path) -> lis
         f"## Speed and memory: {record['profile']} profile",
         "",
         f"- Results: `{shown(source)}`, written by "
-        + " and ".join(f"`{c}`" for c in record.get("commands", [record["command"]])) + f" on {record['date']}.",
+        + " and ".join(f"`{c}`" for c in record.get("commands", [record["command"]]))
+        + f" on {record['date']}.",
         f"- Device: {record['device']}; " + ", ".join(f"{k} {v}" for k, v in record["versions"].items()) + ".",
         f"- Settings: {record['settings']['dtype']}, warm-up {record['settings']['warmup']}, median of "
-        f"{record['settings']['repeats']} alternating repeats ({record['settings']['generate_repeats']} for generation); "
-        f"generation: prompt {record['settings']['prompt_length']}, {record['settings']['new_tokens']} new tokens, greedy.",
+        f"{record['settings']['repeats']} alternating repeats "
+        f"({record['settings']['generate_repeats']} for generation); "
+        f"generation: prompt {record['settings']['prompt_length']}, "
+        f"{record['settings']['new_tokens']} new tokens, greedy.",
         "- **ratio** = ours / reference in seconds (speed rows) or bytes (memory rows): below 1.0, hf_tfm is faster "
         "or smaller. Throughputs are tokens/s, latency ms, memory MiB above what was allocated before the step.",
         "",
@@ -90,8 +101,10 @@ def speed_section(record: dict, source: Path, charts: Path, report: Path) -> lis
             above = round(ratio, 3) > 1.0  # as printed: 1.0004 is parity, not a gap
             flag = (" **(slower)**" if "time_ratio" in row else " **(larger)**") if above else ""
             same = "" if row.get("same_tokens", True) else " (tokens differ)"
-            lines.append(f"| {name} | {pair['reference']} | {label_of(row)}{same} | {row['reference']:,.1f} | "
-                         f"{row['ours']:,.1f} | {row['unit']} | {ratio:.3f}{flag} | {spread_of(row)} |")
+            lines.append(
+                f"| {name} | {pair['reference']} | {label_of(row)}{same} | {row['reference']:,.1f} | "
+                f"{row['ours']:,.1f} | {row['unit']} | {ratio:.3f}{flag} | {spread_of(row)} |"
+            )
         for error in pair["errors"]:
             lines.append(f"| {name} | {pair['reference']} | error: {error} | | | | | |")
     slower = [w for w in worst if round(w[0], 3) > 1.0]
@@ -106,7 +119,9 @@ def speed_section(record: dict, source: Path, charts: Path, report: Path) -> lis
         "Largest gaps (hf_tfm slower or larger):",
         "",
     ]
-    lines += [f"- {name}, {label}: {ratio:.3f}" for ratio, name, label in sorted(slower, reverse=True)[:8]] or ["- none"]
+    lines += [f"- {name}, {label}: {ratio:.3f}" for ratio, name, label in sorted(slower, reverse=True)[:8]] or [
+        "- none"
+    ]
     chart = charts / f"{source.stem}-ratios.png"
     ratio_chart(record, chart)
     lines += ["", f"![ours / reference ratios]({os.path.relpath(chart, report.parent)})", ""]
@@ -151,9 +166,11 @@ def quality_section(record: dict, source: Path, charts: Path, report: Path) -> l
         "|---|---|---|---|---|",
     ]
     for row in record["summary"]:
-        lines.append(f"| {row['study']} | {row['model']} | {row['parameters']:,} ({row['active_parameters']:,}) | "
-                     f"{row['mean_loss']:.3f} +- {row['std_loss']:.3f} ({row['min_loss']:.3f}-{row['max_loss']:.3f}) | "
-                     f"{row['perplexity']:.1f} |")
+        lines.append(
+            f"| {row['study']} | {row['model']} | {row['parameters']:,} ({row['active_parameters']:,}) | "
+            f"{row['mean_loss']:.3f} +- {row['std_loss']:.3f} ({row['min_loss']:.3f}-{row['max_loss']:.3f}) | "
+            f"{row['perplexity']:.1f} |"
+        )
     chart = charts / f"{source.stem}-curves.png"
     curves_chart(record, chart)
     lines += ["", f"![validation loss during training]({os.path.relpath(chart, report.parent)})", ""]
@@ -183,7 +200,9 @@ def curves_chart(record: dict, path: Path) -> None:
 def find_row(record: dict | None, pair: str, measure: str, variant: str | None = None) -> dict | None:
     if record is None or pair not in record["pairs"]:
         return None
-    return next((r for r in record["pairs"][pair]["rows"] if r["measure"] == measure and r.get("variant") == variant), None)
+    return next(
+        (r for r in record["pairs"][pair]["rows"] if r["measure"] == measure and r.get("variant") == variant), None
+    )
 
 
 def speedup(row: dict | None) -> str:
@@ -199,22 +218,36 @@ def targets_section(cpu: dict | None, gpu: dict | None) -> list[str]:
         larger = [r for r in rows if "memory_ratio" in r and round(r["memory_ratio"], 3) > 1.0]
         timed = sum("time_ratio" in r for r in rows)
         worst = max((r["time_ratio"] for r in rows if "time_ratio" in r), default=float("nan"))
-        lines.append(f"| CPU: no pair slower than its reference (ratio <= 1.0) | {timed - len(slower)} of {timed} timed rows "
-                     f"at or below 1.0; worst {worst:.3f} |")
+        lines.append(
+            f"| CPU: no pair slower than its reference (ratio <= 1.0) | {timed - len(slower)} of {timed} timed rows "
+            f"at or below 1.0; worst {worst:.3f} |"
+        )
         lines.append(f"| CPU: peak memory no higher | {len(larger)} of {len(rows) - timed} memory rows higher |")
     gpt2 = find_row(gpu, "gpt2", "train", "compiled")
-    mfu = "not measured" if gpt2 is None or "mfu" not in gpt2 else f"{gpt2['mfu']['ours']:.1%} (reference {gpt2['mfu']['reference']:.1%})"
+    mfu = (
+        "not measured"
+        if gpt2 is None or "mfu" not in gpt2
+        else f"{gpt2['mfu']['ours']:.1%} (reference {gpt2['mfu']['reference']:.1%})"
+    )
     lines += [
         f"| GPU: GPT-2 124M training, compiled, >= 1.5x the compiled reference | {speedup(gpt2)} |",
         f"| GPU: GPT-2 124M training MFU >= 40% | {mfu} |",
-        f"| GPU: BERT-base MLM, compiled, >= 1.5x the compiled reference | {speedup(find_row(gpu, 'bert', 'train', 'compiled'))} |",
-        f"| GPU: MoE training >= 1.5x MixtralForCausalLM (grouped_mm) | {speedup(find_row(gpu, 'mixtral', 'train', 'eager'))} eager, "
+        f"| GPU: BERT-base MLM, compiled, >= 1.5x the compiled reference "
+        f"| {speedup(find_row(gpu, 'bert', 'train', 'compiled'))} |",
+        f"| GPU: MoE training >= 1.5x MixtralForCausalLM (grouped_mm) "
+        f"| {speedup(find_row(gpu, 'mixtral', 'train', 'eager'))} eager, "
         f"{speedup(find_row(gpu, 'mixtral', 'train', 'compiled'))} compiled |",
     ]
     decode = find_row(gpu, "gpt2", "generate batch 1", "static cache")
-    lines.append("| GPU: GPT-2 124M batch-1 greedy >= 1,500 tokens/s | "
-                 + ("not measured" if decode is None else f"{decode['ours']:,.0f} tokens/s static cache "
-                    f"(reference {decode['reference']:,.0f})") + " |")
+    lines.append(
+        "| GPU: GPT-2 124M batch-1 greedy >= 1,500 tokens/s | "
+        + (
+            "not measured"
+            if decode is None
+            else f"{decode['ours']:,.0f} tokens/s static cache (reference {decode['reference']:,.0f})"
+        )
+        + " |"
+    )
     return lines + [""]
 
 
@@ -235,10 +268,15 @@ def gap_section(record: dict, source: Path) -> list[str]:
     ]
     for row in record["rows"]:
         ref, ours = row["reference"], row["ours"]
-        cells = [f"{ref[k]:,.0f} -> {ours[k]:,.0f}" for k in
-                 ("python_calls", "aten_ops", "profiled_step_us", "operator_us", "overhead_us")]
-        lines.append(f"| {row['pair']} | {ref['step_us']:,.0f} -> {ours['step_us']:,.0f} | {row['time_ratio']:.3f} | "
-                     + " | ".join(cells) + " |")
+        cells = [
+            f"{ref[k]:,.0f} -> {ours[k]:,.0f}"
+            for k in ("python_calls", "aten_ops", "profiled_step_us", "operator_us", "overhead_us")
+        ]
+        lines.append(
+            f"| {row['pair']} | {ref['step_us']:,.0f} -> {ours['step_us']:,.0f} | {row['time_ratio']:.3f} | "
+            + " | ".join(cells)
+            + " |"
+        )
     return lines + [""]
 
 
@@ -247,8 +285,10 @@ def build(results: Path = RESULTS, report: Path = REPORT) -> str:
     lines = [
         "# hf_tfm benchmarks",
         "",
-        "Generated by `python -m benchmarks.report` from the newest results file of each profile; do not edit by hand.",
-        "Speed: `python -m benchmarks.speed --profile cpu|gpu`. Quality: `python -m benchmarks.quality --profile cpu|gpu`.",
+        "Generated by `python -m benchmarks.report` from the newest results file of each profile; "
+        "do not edit by hand.",
+        "Speed: `python -m benchmarks.speed --profile cpu|gpu`. "
+        "Quality: `python -m benchmarks.quality --profile cpu|gpu`.",
         "Every pair holds identical weights (hf_tfm's converters) and identical configurations, dropout included.",
         "",
     ]
@@ -266,8 +306,12 @@ def build(results: Path = RESULTS, report: Path = REPORT) -> str:
     for profile in QUALITY_PROFILES:
         source = latest(profile, results)
         if source is None:
-            lines += [f"## Quality at equal compute: {profile.removeprefix('quality-')} profile", "",
-                      "Not measured yet: no results file.", ""]
+            lines += [
+                f"## Quality at equal compute: {profile.removeprefix('quality-')} profile",
+                "",
+                "Not measured yet: no results file.",
+                "",
+            ]
             continue
         lines += quality_section(json.loads(source.read_text()), source, charts, report)
     text = "\n".join(lines)

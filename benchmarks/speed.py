@@ -27,6 +27,7 @@ from benchmarks.measure import (
 )
 from benchmarks.pairs import KINDS, PROFILES, build_pair, parameter_count, train_flops_per_token
 from benchmarks.record import RESULTS, header, write
+
 # peak dense bf16 flop/s by device name, for MFU (NVIDIA data sheets); unknown devices get no MFU
 PEAK_BF16_FLOPS = {"H100 PCIe": 756e12, "H100": 989e12, "H200": 989e12}
 
@@ -43,14 +44,25 @@ def timed_row(measure: str, work: dict, profile: dict, device, variant: str, tok
     timed = alternating_medians(work, profile["warmup"], profile["repeats"], device)
     medians = {key: timed[key]["median_s"] for key in ("reference", "ours")}
     shown = {key: tokens_per_call / seconds if tokens_per_call else seconds * 1e3 for key, seconds in medians.items()}
-    return {"measure": measure, "variant": variant, "unit": "tokens/s" if tokens_per_call else "ms", **shown,
-            "time_ratio": medians["ours"] / medians["reference"], "seconds": timed}
+    return {
+        "measure": measure,
+        "variant": variant,
+        "unit": "tokens/s" if tokens_per_call else "ms",
+        **shown,
+        "time_ratio": medians["ours"] / medians["reference"],
+        "seconds": timed,
+    }
 
 
 def memory_row(measure: str, work: dict, device) -> dict:
     peaks = {name: peak_bytes(fn, device) for name, fn in work.items()}
-    return {"measure": measure, "unit": "MiB", "reference": peaks["reference"] / 2**20, "ours": peaks["ours"] / 2**20,
-            "memory_ratio": peaks["ours"] / peaks["reference"]}
+    return {
+        "measure": measure,
+        "unit": "MiB",
+        "reference": peaks["reference"] / 2**20,
+        "ours": peaks["ours"] / 2**20,
+        "memory_ratio": peaks["ours"] / peaks["reference"],
+    }
 
 
 def maybe_compiled(models: dict, compiled: bool) -> dict:
@@ -61,19 +73,23 @@ def inference_rows(name: str, spec: dict, profile: dict, device, dtype, errors: 
     task = KINDS[name].task
     reference, ours = build_pair(name, spec["config"])
     models = {"reference": reference.to(device, dtype), "ours": ours.to(device, dtype)}
-    inputs = training_batch(task, reference.config.vocab_size, spec["batch"], spec["length"], spec.get("target_length"),
-                            device)
+    inputs = training_batch(
+        task, reference.config.vocab_size, spec["batch"], spec["length"], spec.get("target_length"), device
+    )
     rows = [logit_difference(models, inputs)]
     for variant in ("eager", "compiled") if profile["compile"] else ("eager",):
-        work = {key: forward_work(model, inputs) for key, model in maybe_compiled(models, variant == "compiled").items()}
+        work = {
+            key: forward_work(model, inputs) for key, model in maybe_compiled(models, variant == "compiled").items()
+        }
         rows.append(timed_row("forward latency", work, profile, device, variant, tokens_per_call=None))
         if variant == "eager":
             rows.append(memory_row("forward peak memory", work, device))
     if task == "masked":
         return rows
     for batch in profile["generate_batches"]:
-        prompt = training_batch("causal", reference.config.vocab_size, batch, profile["prompt_length"], None, device,
-                                seed=1)["input_ids"]
+        prompt = training_batch(
+            "causal", reference.config.vocab_size, batch, profile["prompt_length"], None, device, seed=1
+        )["input_ids"]
         for cache in ("dynamic", "static"):
             try:  # one failing configuration (e.g. a CUDA-graph crash) must not hide the others
                 rows.append(generation_row(models, prompt, cache, profile, device))
@@ -89,18 +105,29 @@ def logit_difference(models: dict, inputs: dict) -> dict:
         features["decoder_input_ids"] = inputs["labels"]
     with torch.inference_mode():
         logits = {key: model(**features).logits.float() for key, model in models.items()}
-    return {"measure": "max logit difference", "unit": "abs",
-            "reference": logits["reference"].abs().max().item(),
-            "ours": (logits["ours"] - logits["reference"]).abs().max().item()}
+    return {
+        "measure": "max logit difference",
+        "unit": "abs",
+        "reference": logits["reference"].abs().max().item(),
+        "ours": (logits["ours"] - logits["reference"]).abs().max().item(),
+    }
 
 
 def generation_row(models: dict, prompt, cache: str, profile: dict, device) -> dict:
     outputs = {"reference": [], "ours": []}
-    work = {key: generate_work(model, prompt, profile["new_tokens"], cache, outputs[key]) for key, model in models.items()}
+    work = {
+        key: generate_work(model, prompt, profile["new_tokens"], cache, outputs[key]) for key, model in models.items()
+    }
     batch = prompt.shape[0]
     generation_profile = dict(profile, warmup=profile["generate_warmup"], repeats=profile["generate_repeats"])
-    row = timed_row(f"generate batch {batch}", work, generation_profile, device, f"{cache} cache",
-                    tokens_per_call=batch * profile["new_tokens"])
+    row = timed_row(
+        f"generate batch {batch}",
+        work,
+        generation_profile,
+        device,
+        f"{cache} cache",
+        tokens_per_call=batch * profile["new_tokens"],
+    )
     row["same_tokens"] = bool(torch.equal(outputs["reference"][-1], outputs["ours"][-1]))
     return row
 
@@ -118,8 +145,9 @@ def training_rows(name: str, spec: dict, profile: dict, device, autocast_dtype) 
     weights = getattr(torch, spec["train_weights"]) if "train_weights" in spec else torch.float32
     autocast_dtype = None if weights != torch.float32 else autocast_dtype
     models = {"reference": reference.to(device, weights).train(), "ours": ours.to(device, weights).train()}
-    inputs = training_batch(task, reference.config.vocab_size, spec["batch"], spec["length"], spec.get("target_length"),
-                            device)
+    inputs = training_batch(
+        task, reference.config.vocab_size, spec["batch"], spec["length"], spec.get("target_length"), device
+    )
     tokens = inputs["input_ids"].numel() + (inputs["labels"].numel() if task == "seq2seq" else 0)
     fused = {"fused": True} if device.type == "cuda" else {}
     optimizers = {key: torch.optim.AdamW(model.parameters(), lr=1e-4, **fused) for key, model in models.items()}
@@ -163,22 +191,30 @@ def run_pair(name: str, profile: dict, device) -> dict:
     return result
 
 
-def run(profile_name: str, pairs: list[str] | None = None, output: Path | None = None, command: str | None = None) -> dict:
+def run(
+    profile_name: str, pairs: list[str] | None = None, output: Path | None = None, command: str | None = None
+) -> dict:
     profile = PROFILES[profile_name]
     device = torch.device(profile["device"])
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     command = command or f"python -m benchmarks.speed --profile {profile_name}"
-    record = {**header(profile_name, command, device),
-              "settings": {key: value for key, value in profile.items() if key != "pairs"}, "pairs": {}}
+    record = {
+        **header(profile_name, command, device),
+        "settings": {key: value for key, value in profile.items() if key != "pairs"},
+        "pairs": {},
+    }
     path = results_path(record, output)
     for name in pairs or list(profile["pairs"]):
         record["pairs"][name] = run_pair(name, profile, device)
         for row in record["pairs"][name]["rows"]:
             ratio = row.get("time_ratio", row.get("memory_ratio", float("nan")))
-            print(f"{name:8s} {row['measure']:22s} {row.get('variant', ''):14s} ref {row['reference']:10.4g}  "
-                  f"ours {row['ours']:10.4g} {row['unit']:9s} ratio {ratio:.3f}", flush=True)
+            print(
+                f"{name:8s} {row['measure']:22s} {row.get('variant', ''):14s} ref {row['reference']:10.4g}  "
+                f"ours {row['ours']:10.4g} {row['unit']:9s} ratio {ratio:.3f}",
+                flush=True,
+            )
         record = merge_and_write(record, path)  # after every pair: a call killed at its time limit keeps the rest
     return record
 
@@ -206,7 +242,9 @@ def merge_and_write(record: dict, path: Path) -> dict:
     if path.is_file():
         earlier = json.loads(path.read_text())
         if not same_setup(earlier, record):
-            raise SystemExit(f"error: {path} was measured on another device, versions or settings; pass another --output")
+            raise SystemExit(
+                f"error: {path} was measured on another device, versions or settings; pass another --output"
+            )
         commands = earlier.get("commands", [earlier["command"]])
         if commands[-1] != record["command"]:
             commands = [*commands, record["command"]]

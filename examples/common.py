@@ -42,7 +42,9 @@ def parser(doc: str, output_dir: str, config: str | None = None) -> argparse.Arg
     train = p.add_argument_group("training")
     train.add_argument("--output-dir", default=output_dir)
     train.add_argument("--max-steps", type=int, default=500)
-    train.add_argument("--batch-size", type=int, default=16, help="per process (the global batch: times the processes)")
+    train.add_argument(
+        "--batch-size", type=int, default=16, help="per process (the global batch: times the processes)"
+    )
     train.add_argument("--learning-rate", type=float, default=1e-3)
     train.add_argument("--logging-steps", type=int, default=25)
     train.add_argument("--save-steps", type=int, default=0, help="checkpoint every N steps (0: only the final save)")

@@ -53,7 +53,9 @@ def main() -> None:
     )
     common.train(trainer)
     metrics = trainer.evaluate()
-    metrics["eval_majority_baseline"] = float(np.bincount(data["validation"]["labels"]).max() / len(data["validation"]))
+    metrics["eval_majority_baseline"] = float(
+        np.bincount(data["validation"]["labels"]).max() / len(data["validation"])
+    )
     common.save(trainer, metrics)
 
 

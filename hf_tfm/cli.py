@@ -73,8 +73,16 @@ def _evaluate(args) -> None:
 def _generate(args) -> None:
     from .training.generate import generate_text
 
-    for line in generate_text(args.model_dir, args.prompt, max_new_tokens=args.max_new_tokens, num_beams=args.num_beams,
-                              do_sample=args.do_sample, temperature=args.temperature, top_p=args.top_p, seed=args.seed):
+    for line in generate_text(
+        args.model_dir,
+        args.prompt,
+        max_new_tokens=args.max_new_tokens,
+        num_beams=args.num_beams,
+        do_sample=args.do_sample,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        seed=args.seed,
+    ):
         print(line)
 
 
@@ -88,13 +96,22 @@ def _card(args) -> None:
 def _push(args) -> None:
     from .hub.push import push_folder
 
-    url = push_folder(args.folder, args.repo_id, private=args.private, revision=args.revision, commit_message=args.commit_message)
+    url = push_folder(
+        args.folder, args.repo_id, private=args.private, revision=args.revision, commit_message=args.commit_message
+    )
     print(f"pushed {args.folder} to {url}")
 
 
 # top-level modules of the `[train]` extra (pyproject.toml), which a core-only install lacks
 TRAIN_EXTRA_MODULES = {
-    "accelerate", "datasets", "evaluate", "tokenizers", "sklearn", "sacrebleu", "rouge_score", "matplotlib",
+    "accelerate",
+    "datasets",
+    "evaluate",
+    "tokenizers",
+    "sklearn",
+    "sacrebleu",
+    "rouge_score",
+    "matplotlib",
     "tensorboard",
 }
 
@@ -109,14 +126,17 @@ def run_command(args) -> None:
         if args.command == "demo":
             from .training.main_job import run_main_job
 
-            run_main_job(args.output_dir, scale=args.scale, max_files=args.max_files, seed=args.seed,
-                         overwrite=args.overwrite)
+            run_main_job(
+                args.output_dir, scale=args.scale, max_files=args.max_files, seed=args.seed, overwrite=args.overwrite
+            )
         elif args.command == "upcycle":
             _upcycle(args.source, args.destination, args.num_experts, args.top_k)
         elif args.command == "convert":
             _convert(args.source, args.destination, args.to)
         else:
-            {"train": _train, "evaluate": _evaluate, "generate": _generate, "card": _card, "push": _push}[args.command](args)
+            {"train": _train, "evaluate": _evaluate, "generate": _generate, "card": _card, "push": _push}[
+                args.command
+            ](args)
     except (ValueError, FileNotFoundError, FileExistsError, PermissionError, HfHubHTTPError) as error:
         raise SystemExit(f"error: {error}") from error
     except ModuleNotFoundError as error:  # a core-only install: training, data and metrics come with the extra

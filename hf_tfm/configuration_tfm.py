@@ -80,8 +80,10 @@ class TfmConfig(PreTrainedConfig):
             fewer for GQA, 1 for MQA. Must divide `num_attention_heads`.
         head_dim (`int`, *optional*): width of one head; `hidden_size // num_attention_heads` by default.
         intermediate_size (`int`, *optional*): feed-forward width; `4 * hidden_size` by default.
-        hidden_act (`str`): activation name from `transformers.activations.ACT2FN` (`gelu`, `gelu_new`, `relu`, `silu`...).
-        ffn_type (`str`): `"mlp"` (up, act, down) or `"glu"` (act(gate) * up, down: SwiGLU with `silu`, GeGLU with `gelu`).
+        hidden_act (`str`): activation name from `transformers.activations.ACT2FN` (`gelu`, `gelu_new`, `relu`,
+            `silu`...).
+        ffn_type (`str`): `"mlp"` (up, act, down) or `"glu"` (act(gate) * up, down: SwiGLU with `silu`, GeGLU with
+            `gelu`).
         mlp_bias (`bool`): biases on the feed-forward projections.
         attention_bias (`bool`): biases on the query, key, value and output projections.
         position_embedding_type (`str`): `"learned"`, `"sinusoidal"`, `"rope"`, `"alibi"`, `"relative_bias"` (T5's
@@ -213,7 +215,13 @@ class TfmConfig(PreTrainedConfig):
             self.rope_parameters = None
 
     def _check_fields(self, kwargs: dict) -> None:
-        for field in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "max_position_embeddings"):
+        for field in (
+            "vocab_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "max_position_embeddings",
+        ):
             _require(getattr(self, field) > 0, field, f"must be a positive integer, got {getattr(self, field)}")
         for field in ("num_key_value_heads", "head_dim", "intermediate_size"):
             value = getattr(self, field)
@@ -273,13 +281,19 @@ class TfmConfig(PreTrainedConfig):
             "num_experts_per_tok",
             f"top-k must be in [1, num_experts={self.num_experts}], got {self.num_experts_per_tok}",
         )
-        _require(self.moe_intermediate_size > 0, "moe_intermediate_size", f"must be > 0, got {self.moe_intermediate_size}")
+        _require(
+            self.moe_intermediate_size > 0, "moe_intermediate_size", f"must be > 0, got {self.moe_intermediate_size}"
+        )
         _require(self.decoder_sparse_step >= 1, "decoder_sparse_step", f"must be >= 1, got {self.decoder_sparse_step}")
         depth = max(self.num_hidden_layers, getattr(self, "decoder_layers", None) or 0)
         for field in ("mlp_only_layers", "moe_layers"):
             bad = [i for i in getattr(self, field) or [] if not 0 <= i < depth]
             _require(not bad, field, f"layer indices {bad} are outside [0, {depth})")
-        _require(self.scoring_func in ("softmax", "sigmoid"), "scoring_func", f"{self.scoring_func!r} is not softmax or sigmoid")
+        _require(
+            self.scoring_func in ("softmax", "sigmoid"),
+            "scoring_func",
+            f"{self.scoring_func!r} is not softmax or sigmoid",
+        )
         _require(
             self.capacity_factor is None or self.capacity_factor > 0,
             "capacity_factor",

@@ -6,7 +6,6 @@ import copy
 import torch
 from torch import nn
 
-
 # score scaling and LM-head options that GPT-2, Llama and Mixtral do not have
 PLAIN_LM_HEAD = {"attention_multiplier": None, "scale_lm_head_input": False, "lm_head_bias": False}
 # what every Llama-family decoder is beyond its blocks: a final norm, bare token embeddings, attention dropout only

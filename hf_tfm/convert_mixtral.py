@@ -6,6 +6,7 @@ layout hf_tfm uses too; conversion is a rename plus a config mapping.
 
 from transformers import MixtralConfig, MixtralForCausalLM
 
+from .configuration_tfm import TfmDecoderConfig
 from .convert_common import LLAMA_FAMILY_STACK, inverted, renamed_model, require_compatible
 from .convert_llama import (
     LLAMA_ARCHITECTURE,
@@ -14,7 +15,6 @@ from .convert_llama import (
     llama_family_config_to_tfm,
     tfm_config_to_llama_family,
 )
-from .configuration_tfm import TfmDecoderConfig
 from .modeling_tfm import TfmDecoderForCausalLM
 
 _RENAMES = {**LLAMA_RENAMES, ".mlp.gate.weight": ".mlp.router.weight"}

@@ -96,7 +96,9 @@ def tfm_config_to_t5(config: TfmEncoderDecoderConfig) -> T5Config:
 def _key_pairs(num_layers: int, num_decoder_layers: int, gated: bool) -> list[tuple[str, str]]:
     """(T5 key, hf_tfm key) for every tensor but the token-table copies, in both directions."""
     pairs = [("shared.weight", "model.shared.weight"), ("lm_head.weight", "lm_head.weight")]
-    mlp = {"wi_0": "gate_proj", "wi_1": "up_proj", "wo": "down_proj"} if gated else {"wi": "up_proj", "wo": "down_proj"}
+    mlp = (
+        {"wi_0": "gate_proj", "wi_1": "up_proj", "wo": "down_proj"} if gated else {"wi": "up_proj", "wo": "down_proj"}
+    )
     for stack, depth in (("encoder", num_layers), ("decoder", num_decoder_layers)):
         bias = "relative_attention_bias.weight"
         pairs += [

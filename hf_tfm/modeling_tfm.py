@@ -31,7 +31,6 @@ from .configuration_tfm import TfmDecoderConfig, TfmEncoderConfig, TfmEncoderDec
 from .modeling_tfm_layers import TfmMaskedLMHead
 from .modeling_tfm_stack import TfmPreTrainedModel, TfmStack, check_labels, lm_logits, make_lm_head, share_embeddings
 
-
 # transformers' output classes plus the MoE fields every hf_tfm head reports (None for dense models): the
 # load-balancing loss (already included in `loss`, reported separately) and each MoE layer's router logits.
 
@@ -246,7 +245,13 @@ class TfmEncoderHead(TfmPreTrainedModel):
     ) -> ModelOutput:
         routed = self.wants_router_logits(kwargs, labels)
         outputs = self.encode(
-            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_router_logits=routed, **kwargs
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            position_ids,
+            inputs_embeds,
+            output_router_logits=routed,
+            **kwargs,
         )
         logits, loss = self.predict(outputs, labels, input_ids, inputs_embeds, **kwargs)
         aux_loss = None
@@ -343,7 +348,13 @@ class TfmEncoderForQuestionAnswering(TfmEncoderHead):
     ) -> TfmQuestionAnsweringOutput:
         routed = self.wants_router_logits(kwargs, start_positions)
         outputs = self.encode(
-            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_router_logits=routed, **kwargs
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            position_ids,
+            inputs_embeds,
+            output_router_logits=routed,
+            **kwargs,
         )
         start_logits, end_logits = self.qa_outputs(outputs.last_hidden_state).unbind(dim=-1)
         loss = None
@@ -358,7 +369,9 @@ class TfmEncoderForQuestionAnswering(TfmEncoderHead):
             )
         aux_loss = None
         if routed:
-            loss, aux_loss = self.add_router_losses(loss, outputs.router_logits, attention_mask, start_positions, **kwargs)
+            loss, aux_loss = self.add_router_losses(
+                loss, outputs.router_logits, attention_mask, start_positions, **kwargs
+            )
         return TfmQuestionAnsweringOutput(
             loss=loss,
             aux_loss=aux_loss,
@@ -415,11 +428,15 @@ class TfmEncoderDecoderModel(TfmPreTrainedModel):
         **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqMoEModelOutput:
         if encoder_outputs is None:
-            encoder_outputs = self.encoder(input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs)
+            encoder_outputs = self.encoder(
+                input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs
+            )
         elif not isinstance(encoder_outputs, ModelOutput):  # a plain tuple from a user
             encoder_outputs = BaseModelOutput(*encoder_outputs)
         if decoder_input_ids is None and decoder_inputs_embeds is None:
-            raise ValueError("The decoder needs decoder_input_ids (or decoder_inputs_embeds, or labels to shift right)")
+            raise ValueError(
+                "The decoder needs decoder_input_ids (or decoder_inputs_embeds, or labels to shift right)"
+            )
         decoder_outputs = self.decoder(
             input_ids=decoder_input_ids,
             attention_mask=decoder_attention_mask,
@@ -510,7 +527,9 @@ class TfmEncoderDecoderForConditionalGeneration(TfmPreTrainedModel, GenerationMi
             )
         if routed:  # MoE: each stack's router losses, over its own real tokens
             if outputs.encoder_router_logits:
-                loss, encoder_aux = self.add_router_losses(loss, outputs.encoder_router_logits, attention_mask, labels, **kwargs)
+                loss, encoder_aux = self.add_router_losses(
+                    loss, outputs.encoder_router_logits, attention_mask, labels, **kwargs
+                )
             if outputs.decoder_router_logits:
                 loss, decoder_aux = self.add_router_losses(
                     loss, outputs.decoder_router_logits, decoder_attention_mask, labels, **kwargs

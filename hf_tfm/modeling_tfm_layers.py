@@ -51,8 +51,9 @@ def make_norm(config: TfmConfig) -> nn.Module:
 
 
 class TfmRotaryEmbedding(nn.Module):
-    """RoPE with every transformers scaling type. Follows `LlamaRotaryEmbedding` so that `PreTrainedModel._init_weights`
-    recomputes `inv_freq` after meta-device loading (the class name and `original_inv_freq` are what it looks for)."""
+    """RoPE with every transformers scaling type. Follows `LlamaRotaryEmbedding` so that
+    `PreTrainedModel._init_weights` recomputes `inv_freq` after meta-device loading (the class name and
+    `original_inv_freq` are what it looks for)."""
 
     def __init__(self, config: TfmConfig, device=None):
         super().__init__()
@@ -71,7 +72,9 @@ class TfmRotaryEmbedding(nn.Module):
     def compute_default_rope_parameters(config: TfmConfig, device=None, **kwargs) -> tuple[torch.Tensor, float]:
         base = config.rope_parameters["rope_theta"]
         dim = config.head_dim
-        inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).to(device=device, dtype=torch.float) / dim))
+        inv_freq = 1.0 / (
+            base ** (torch.arange(0, dim, 2, dtype=torch.int64).to(device=device, dtype=torch.float) / dim)
+        )
         return inv_freq, 1.0
 
     @torch.no_grad()
@@ -147,7 +150,10 @@ class TfmRelativePositionBias(nn.Module):
         """[B, q] and [B, kv] positions -> additive bias [B, heads, q, kv] in float32."""
         relative_position = key_positions[:, None, :] - query_positions[:, :, None]
         buckets = T5Attention._relative_position_bucket(
-            relative_position, bidirectional=self.bidirectional, num_buckets=self.num_buckets, max_distance=self.max_distance
+            relative_position,
+            bidirectional=self.bidirectional,
+            num_buckets=self.num_buckets,
+            max_distance=self.max_distance,
         )
         return self.relative_attention_bias(buckets).permute(0, 3, 1, 2).float()
 
@@ -239,7 +245,8 @@ class TfmAttention(nn.Module):
             else:
                 raise ValueError(
                     f"attn_implementation={implementation!r} cannot add an attention bias "
-                    f"(position_embedding_type={self.config.position_embedding_type!r}); use eager, sdpa or flex_attention"
+                    f"(position_embedding_type={self.config.position_embedding_type!r}); "
+                    "use eager, sdpa or flex_attention"
                 )
 
         attn_output, attn_weights = attention_interface(
@@ -417,7 +424,9 @@ class TfmMoE(nn.Module):
         self.shared_expert = self.shared_expert_gate = None
         if config.shared_expert_intermediate_size > 0:
             self.shared_expert = TfmFeedForward(config, config.shared_expert_intermediate_size, gated=True)
-            self.shared_expert_gate = nn.Linear(config.hidden_size, 1, bias=False) if config.shared_expert_gate else None
+            self.shared_expert_gate = (
+                nn.Linear(config.hidden_size, 1, bias=False) if config.shared_expert_gate else None
+            )
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         shape = hidden_states.shape

@@ -78,7 +78,9 @@ def read_manifest(folder: Path) -> dict | None:
         if not all(isinstance(e["size"], int) and isinstance(e["sha256"], str) for e in files.values()):
             raise TypeError("entries need an integer size and a sha256 string")
     except (ValueError, KeyError, TypeError, AttributeError) as error:  # JSONDecodeError is a ValueError
-        raise CorruptCheckpoint(f"{path} is damaged ({type(error).__name__}: {error}): its folder cannot be trusted")
+        raise CorruptCheckpoint(
+            f"{path} is damaged ({type(error).__name__}: {error}): its folder cannot be trusted"
+        ) from error
     return files
 
 
@@ -170,7 +172,9 @@ def recover_folder(destination) -> None:
                 logger.warning(f"{destination} was missing after an interrupted save: restored it from {newest.name}")
             except OSError as error:  # another process restored it first, or a read-only folder
                 if not destination.exists():
-                    raise FileNotFoundError(f"{destination} is missing and {newest} could not be restored: {error}")
+                    raise FileNotFoundError(
+                        f"{destination} is missing and {newest} could not be restored: {error}"
+                    ) from error
     for path, _ in stale:
         if path.exists():
             shutil.rmtree(path, ignore_errors=True)
@@ -318,16 +322,36 @@ def save_staged(model, save, save_directory, *args, **kwargs):
         upload(model, destination, repo_id, token=token, keep_hub_card=_hub_card_to_keep(repo_id, token), **commit)
 
 
-def push_with_card(model, fallback, repo_id: str, *, commit_message=None, commit_description=None, private=None,
-                   token=None, revision=None, create_pr: bool = False, max_shard_size="50GB", tags=None):
+def push_with_card(
+    model,
+    fallback,
+    repo_id: str,
+    *,
+    commit_message=None,
+    commit_description=None,
+    private=None,
+    token=None,
+    revision=None,
+    create_pr: bool = False,
+    max_shard_size="50GB",
+    tags=None,
+):
     """`push_to_hub` as transformers does it (create the repo, save into a temporary folder, upload it in one
     commit), with hf_tfm's model card instead of transformers' stub, unless the Hub already holds a card to keep (a
     training run's, with its results, or the user's own): that one is left as it is. Without hf_tfm installed (remote
     code), `fallback` (transformers' push_to_hub) does it all."""
     if _card_code() is None:
-        return fallback(repo_id, commit_message=commit_message, commit_description=commit_description,
-                        private=private, token=token, revision=revision, create_pr=create_pr,
-                        max_shard_size=max_shard_size, tags=tags)
+        return fallback(
+            repo_id,
+            commit_message=commit_message,
+            commit_description=commit_description,
+            private=private,
+            token=token,
+            revision=revision,
+            create_pr=create_pr,
+            max_shard_size=max_shard_size,
+            tags=tags,
+        )
     from huggingface_hub import create_repo
 
     repo_id = create_repo(repo_id, private=private, token=token, exist_ok=True).repo_id

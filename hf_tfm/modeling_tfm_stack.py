@@ -211,7 +211,9 @@ class TfmPreTrainedModel(PreTrainedModel):
         losses once per micro-batch."""
         aux, z_loss = self.router_losses(router_logits, attention_mask, with_z_loss=self.config.router_z_loss_coef > 0)
         if loss is not None:
-            detached = torch.is_grad_enabled() and loss.requires_grad and not any(r.requires_grad for r in router_logits)
+            detached = (
+                torch.is_grad_enabled() and loss.requires_grad and not any(r.requires_grad for r in router_logits)
+            )
             if detached and (self.config.router_aux_loss_coef or self.config.router_z_loss_coef):
                 # reentrant checkpointing runs the first forward under no_grad: the recorded router logits carry
                 # no graph, and the router losses would add to the loss value but silently not to the gradient
@@ -246,7 +248,9 @@ class TfmPreTrainedModel(PreTrainedModel):
             scored = (inputs["start_positions"] < length).any() & (inputs["end_positions"] < length).any()
         return torch.where(scored, loss, torch.zeros_like(loss))
 
-    def router_losses(self, router_logits, attention_mask, with_z_loss: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    def router_losses(
+        self, router_logits, attention_mask, with_z_loss: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The load-balancing loss (Switch/Mixtral, over all MoE layers, padding excluded) and the ST-MoE z-loss
         (mean squared log-sum-exp of the router logits over real tokens, summed over layers; 0.0 unless
         `with_z_loss`, so that a model trained without it does not pay for it)."""
@@ -336,7 +340,9 @@ def check_inputs(
     check_ids(f"{prefix}input_ids", input_ids, config.vocab_size, "the vocabulary")
     if token_type_ids is not None:
         if config.type_vocab_size == 0:
-            raise ValueError("token_type_ids were given but the config has type_vocab_size=0 (no token-type embeddings)")
+            raise ValueError(
+                "token_type_ids were given but the config has type_vocab_size=0 (no token-type embeddings)"
+            )
         if tuple(token_type_ids.shape) != (batch, length):
             raise ValueError(f"token_type_ids have shape {tuple(token_type_ids.shape)}, expected {(batch, length)}")
         check_ids("token_type_ids", token_type_ids, config.type_vocab_size, "the token types (type_vocab_size)")
@@ -404,7 +410,9 @@ class TfmStack(TfmPreTrainedModel):
         # absent parts are None, not missing: a failed hasattr on a Module costs an exception per forward
         self.embed_positions = self.rotary_emb = self.position_bias = self.embed_token_types = None
         if position == "learned":
-            self.embed_positions = nn.Embedding(config.max_position_embeddings + config.position_offset, config.hidden_size)
+            self.embed_positions = nn.Embedding(
+                config.max_position_embeddings + config.position_offset, config.hidden_size
+            )
         elif position == "sinusoidal":
             self.embed_positions = TfmSinusoidalPositionalEmbedding(config)
         elif position == "rope":
@@ -443,7 +451,9 @@ class TfmStack(TfmPreTrainedModel):
 
     def build_mask(self, inputs_embeds, attention_mask, past_key_values, position_ids):
         if not self.is_causal:
-            return create_bidirectional_mask(config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask)
+            return create_bidirectional_mask(
+                config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask
+            )
         return create_causal_mask(
             config=self.config,
             inputs_embeds=inputs_embeds,
@@ -482,13 +492,19 @@ class TfmStack(TfmPreTrainedModel):
             use_cache = False  # an encoder sees its whole input at once: nothing to cache
         if use_cache and past_key_values is None:
             past_key_values = self.new_cache()
-        self_cache = past_key_values.self_attention_cache if isinstance(past_key_values, EncoderDecoderCache) else past_key_values
+        self_cache = (
+            past_key_values.self_attention_cache
+            if isinstance(past_key_values, EncoderDecoderCache)
+            else past_key_values
+        )
         past_length = self_cache.get_seq_length() if self_cache is not None else 0
         device = (input_ids if input_ids is not None else inputs_embeds).device
         if position_ids is None:
             # one row that broadcasts over the batch, as in Llama: RoPE's cos/sin are then [1, L, D], not [B, L, D]
             position_ids = (torch.arange(length, device=device) + past_length).unsqueeze(0)
-        check_inputs(self.config, input_ids, attention_mask, position_ids, token_type_ids, past_length, batch, length, prefix)
+        check_inputs(
+            self.config, input_ids, attention_mask, position_ids, token_type_ids, past_length, batch, length, prefix
+        )
 
         hidden_states = self.embed(input_ids, inputs_embeds, position_ids, token_type_ids)
         mask = self.build_mask(hidden_states, attention_mask, self_cache, position_ids)
@@ -500,7 +516,9 @@ class TfmStack(TfmPreTrainedModel):
             key_positions = key_positions_for_bias(query_positions, past_length, kv_length)
             position_bias = self.position_bias(query_positions, key_positions)
         if self.cross_attention:
-            encoder_attention_mask = self.cross_attention_mask(hidden_states, encoder_hidden_states, encoder_attention_mask)
+            encoder_attention_mask = self.cross_attention_mask(
+                hidden_states, encoder_hidden_states, encoder_attention_mask
+            )
 
         for layer in self.layers:
             hidden_states = layer(

@@ -12,7 +12,9 @@ from .modeling_tfm_layers import TfmMoE
 from .modeling_tfm_stack import TfmPreTrainedModel
 
 
-def upcycle(model: TfmPreTrainedModel, num_experts: int, num_experts_per_tok: int = 2, **moe_fields) -> TfmPreTrainedModel:
+def upcycle(
+    model: TfmPreTrainedModel, num_experts: int, num_experts_per_tok: int = 2, **moe_fields
+) -> TfmPreTrainedModel:
     """Return a model of the same class with MoE feed-forward layers (every layer unless `moe_fields` choose
     with `decoder_sparse_step` / `moe_layers`), each expert a copy of that layer's dense GLU feed-forward."""
     config = model.config

@@ -9,7 +9,7 @@ import argparse
 import json
 from dataclasses import MISSING, fields
 
-from .spec import TASKS, RunSpec, describe, fraction, number, positive_float, positive_int, value_kind
+from .spec import TASKS, RunSpec, describe, number, positive_float, positive_int, value_kind
 
 __all__ = ["TASKS", "RunSpec", "build_parser", "main", "spec_from_args"]
 
@@ -113,28 +113,41 @@ def spec_from_args(args: argparse.Namespace) -> RunSpec:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hf-tfm", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="hf-tfm", description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
     def command(name: str, help: str) -> argparse.ArgumentParser:
-        return commands.add_parser(name, help=help, description=help, epilog=EXAMPLES[name],
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+        return commands.add_parser(
+            name,
+            help=help,
+            description=help,
+            epilog=EXAMPLES[name],
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
 
-    demo = command("demo", "the main job: train, evaluate and save a decoder, an encoder and an encoder-decoder on "
-                           "the embedded data")
+    demo = command(
+        "demo",
+        "the main job: train, evaluate and save a decoder, an encoder and an encoder-decoder on the embedded data",
+    )
     demo.add_argument("--output-dir", default="runs/demo")
-    demo.add_argument("--scale", type=positive_float, default=1.0,
-                      help="multiply every run's steps (0.05 for a smoke run)")
+    demo.add_argument(
+        "--scale", type=positive_float, default=1.0, help="multiply every run's steps (0.05 for a smoke run)"
+    )
     demo.add_argument("--max-files", type=positive_int, help="read only this many stdlib files (smoke runs)")
     demo.add_argument("--seed", type=number(int, 0), default=0)
     demo.add_argument("--overwrite", action="store_true", help="replace an earlier demo run in --output-dir")
-    train = command("train", "train a model for a task (causal-lm, masked-lm, seq2seq, sequence- or "
-                             "token-classification)")
+    train = command(
+        "train", "train a model for a task (causal-lm, masked-lm, seq2seq, sequence- or token-classification)"
+    )
     train.usage = "%(prog)s --task TASK [options]   (all options: hf-tfm train --help)"
     add_spec_arguments(train)
-    evaluate = command("evaluate", "score a saved model on the validation split its training run used (its run "
-                                   "record's data settings), or on other data")
+    evaluate = command(
+        "evaluate",
+        "score a saved model on the validation split its training run used (its run "
+        "record's data settings), or on other data",
+    )
     evaluate.add_argument("model_dir")
     evaluate.add_argument("--data", help="other data to score on (default: the training run's)")
     evaluate.add_argument("--validation-file")
@@ -144,8 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--max-eval-samples", type=positive_int)
     evaluate.add_argument("--batch-size", type=positive_int)
     evaluate.add_argument("--max-length", type=number(int, 2))
-    generate = command("generate", "continue prompts with a saved decoder or encoder-decoder (or fill [MASK] with a "
-                                   "masked LM)")
+    generate = command(
+        "generate", "continue prompts with a saved decoder or encoder-decoder (or fill [MASK] with a masked LM)"
+    )
     generate.add_argument("model_dir")
     generate.add_argument("prompt", nargs="+")
     generate.add_argument("--max-new-tokens", type=positive_int, default=32)
@@ -157,8 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
     convert = command("convert", "convert GPT-2/Llama/Mixtral/BERT/T5/BART checkpoints to hf_tfm and back, exactly")
     convert.add_argument("source", help="a saved model folder: gpt2, llama, mixtral, bert, t5, bart or hf_tfm")
     convert.add_argument("destination", help="folder to write the converted model to")
-    convert.add_argument("--to", choices=sorted({t for _, t in CONVERTERS if t}),
-                         help="target when converting an hf_tfm model back")
+    convert.add_argument(
+        "--to", choices=sorted({t for _, t in CONVERTERS if t}), help="target when converting an hf_tfm model back"
+    )
     upcycle = command("upcycle", "turn a dense GLU checkpoint into an MoE one (experts = copies of the FFN)")
     upcycle.add_argument("source", help="a saved dense hf_tfm model folder (ffn_type=glu, no mlp bias)")
     upcycle.add_argument("destination")

@@ -56,10 +56,7 @@ def number(kind: type, low=None, high=None, low_open: bool = False):
 
 
 positive_int = number(int, 1)
-non_negative_int = number(int, 0)
 positive_float = number(float, 0, low_open=True)
-non_negative_float = number(float, 0)
-fraction = number(float, 0, 1)
 
 
 def value_kind(spec_field: Field) -> type:
@@ -70,12 +67,32 @@ def value_kind(spec_field: Field) -> type:
     return typing.get_origin(kind) or kind
 
 
-def option(default=MISSING, *, help: str = "", group: str = "training", low=None, high=None, low_open=False,
-           choices=None, flag: str | None = None, metavar: str | None = None, cli: bool = True):
+def option(
+    default=MISSING,
+    *,
+    help: str = "",
+    group: str = "training",
+    low=None,
+    high=None,
+    low_open=False,
+    choices=None,
+    flag: str | None = None,
+    metavar: str | None = None,
+    cli: bool = True,
+):
     """A RunSpec field with what the parser needs: `flag` overrides the option name (`--column` for `columns`),
     `low`/`high` bound numbers (inclusive unless `low_open`), `cli=False` keeps a field off the command line."""
-    metadata = {"help": help, "group": group, "low": low, "high": high, "low_open": low_open, "choices": choices,
-                "flag": flag, "metavar": metavar, "cli": cli}
+    metadata = {
+        "help": help,
+        "group": group,
+        "low": low,
+        "high": high,
+        "low_open": low_open,
+        "choices": choices,
+        "flag": flag,
+        "metavar": metavar,
+        "cli": cli,
+    }
     if isinstance(default, (list, dict)):
         return field(default_factory=type(default), metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -87,17 +104,29 @@ class RunSpec:
     One field here is one option of `hf-tfm train` (the parser is built from these fields)."""
 
     task: str = option(choices=TASKS, group="run")
-    model: str = option("llama-1.3m", group="run",
-                        help="a preset name (e.g. llama-1.3m, see README), a config.json file, or a model folder to fine-tune")
+    model: str = option(
+        "llama-1.3m",
+        group="run",
+        help="a preset name (e.g. llama-1.3m, see README), a config.json file, or a model folder to fine-tune",
+    )
     output_dir: str = option("runs/train", group="run")
-    data: str | None = option(None, group="data", help="a local .txt/.json/.jsonl/.csv/.parquet file or a datasets "
-                              "name (default: embedded stdlib docstrings)")
+    data: str | None = option(
+        None,
+        group="data",
+        help="a local .txt/.json/.jsonl/.csv/.parquet file or a datasets name (default: embedded stdlib docstrings)",
+    )
     validation_file: str | None = option(None, group="data")
     dataset_config: str | None = option(None, group="data")
-    columns: dict[str, str] = option({}, group="data", flag="--column", metavar="TASK_COLUMN=YOURS",
-                                     help="map a column the task reads to one in the data")
-    tokenizer: str | None = option(None, group="data",
-                                   help="a tokenizer folder (default: the checkpoint's, else one trained on the data)")
+    columns: dict[str, str] = option(
+        {},
+        group="data",
+        flag="--column",
+        metavar="TASK_COLUMN=YOURS",
+        help="map a column the task reads to one in the data",
+    )
+    tokenizer: str | None = option(
+        None, group="data", help="a tokenizer folder (default: the checkpoint's, else one trained on the data)"
+    )
     vocab_size: int = option(4096, group="data", low=1, help="of a tokenizer trained on the data")
     max_length: int = option(128, group="data", low=2, help="tokens per example")
     max_files: int | None = option(None, group="data", low=1, help="embedded data: read only this many stdlib files")
@@ -115,8 +144,9 @@ class RunSpec:
     logging_steps: int | None = option(None, low=1, help="default: 20 logs per run")
     seed: int = option(0, low=0)
     dropout: float | None = option(None, low=0, high=1, help="set every dropout of a fresh model")
-    config_overrides: dict = option({}, flag="--set", metavar="FIELD=VALUE",
-                                    help="override a fresh model's config field (JSON values)")
+    config_overrides: dict = option(
+        {}, flag="--set", metavar="FIELD=VALUE", help="override a fresh model's config field (JSON values)"
+    )
     bf16: bool = option(False)
     gradient_checkpointing: bool = option(False)
     torch_compile: bool = option(False)

@@ -11,9 +11,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import pytest
 import torch
 
-torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-
 from hf_tfm import TfmDecoderConfig, TfmDecoderForCausalLM
+
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 VOCAB = 97
 

@@ -310,9 +310,18 @@ class LocalHub:
                 folder = prefix + "/".join(parts[:depth])
                 if folder not in folders:
                     folders.add(folder)
-                    entries.append({"type": "directory", "oid": hashlib.sha1(folder.encode()).hexdigest(), "size": 0, "path": folder})
+                    entries.append(
+                        {
+                            "type": "directory",
+                            "oid": hashlib.sha1(folder.encode()).hexdigest(),
+                            "size": 0,
+                            "path": folder,
+                        }
+                    )
             if len(parts) == 1 or recursive:
-                entries.append({"type": "file", "oid": git_blob_sha1(content), "size": len(content), "path": file_path})
+                entries.append(
+                    {"type": "file", "oid": git_blob_sha1(content), "size": len(content), "path": file_path}
+                )
         return entries
 
     def create_branch(self, repo: Repo, branch: str, body: dict) -> dict:
@@ -382,10 +391,19 @@ class LocalHub:
                     operations.append({"key": key, "path": path})
                 else:
                     raise HubError(400, f"unknown commit operation {key!r}")
-            oid = self._new_oid(repo.repo_id, head.oid, summary, sorted((p, git_blob_sha1(c)) for p, c in files.items()))
-            repo.commits[oid] = Commit(oid, head.oid, summary, header.get("description", ""), files, _now(), operations)
+            oid = self._new_oid(
+                repo.repo_id, head.oid, summary, sorted((p, git_blob_sha1(c)) for p, c in files.items())
+            )
+            repo.commits[oid] = Commit(
+                oid, head.oid, summary, header.get("description", ""), files, _now(), operations
+            )
             repo.branches[revision] = oid
-        return {"success": True, "commitOid": oid, "commitUrl": f"{base}/{repo.repo_id}/commit/{oid}", "hookOutput": ""}
+        return {
+            "success": True,
+            "commitOid": oid,
+            "commitUrl": f"{base}/{repo.repo_id}/commit/{oid}",
+            "hookOutput": "",
+        }
 
     def validate_yaml(self, body: dict) -> tuple[int, dict]:
         content = body.get("content") or ""
@@ -453,7 +471,11 @@ def metadata_errors(metadata: dict) -> list[str]:
                     errors.append(f'"{where}.metrics" must be a non-empty array')
                     continue
                 for k, metric in enumerate(metrics):
-                    if not isinstance(metric, dict) or not isinstance(metric.get("type"), str) or "value" not in metric:
+                    if (
+                        not isinstance(metric, dict)
+                        or not isinstance(metric.get("type"), str)
+                        or "value" not in metric
+                    ):
                         errors.append(f'"{where}.metrics[{k}]" needs a string "type" and a "value"')
     return errors
 
@@ -535,7 +557,7 @@ def _make_handler(hub: LocalHub):
             query = {k: v[-1] for k, v in parse_qs(split.query).items()}
             auth = self.headers.get("Authorization") or ""
             token = auth[len("Bearer ") :].strip() if auth.lower().startswith("bearer ") else None
-            for route_method, pattern, kind in ROUTES:
+            for route_method, pattern, kind in ROUTES:  # noqa: B007  (kind is read after the loop: the matched route)
                 match = pattern.fullmatch(split.path)
                 if route_method == method and match:
                     break
@@ -580,12 +602,19 @@ def _make_handler(hub: LocalHub):
                 return self._reply(200, hub.tree(repo, params["rev"], params.get("path", ""), recursive))
             if kind == "refs":
                 branches = [
-                    {"name": name, "ref": f"refs/heads/{name}", "targetCommit": oid} for name, oid in sorted(repo.branches.items())
+                    {"name": name, "ref": f"refs/heads/{name}", "targetCommit": oid}
+                    for name, oid in sorted(repo.branches.items())
                 ]
                 return self._reply(200, {"branches": branches, "converts": [], "tags": [], "pullRequests": []})
             if kind == "commits":
                 history = [
-                    {"id": c.oid, "title": c.title, "message": c.description, "date": c.date, "authors": [{"user": DEFAULT_NAMESPACE}]}
+                    {
+                        "id": c.oid,
+                        "title": c.title,
+                        "message": c.description,
+                        "date": c.date,
+                        "authors": [{"user": DEFAULT_NAMESPACE}],
+                    }
                     for c in repo.history(hub._resolve(repo, params["rev"]).oid)
                 ]
                 return self._reply(200, history)
@@ -646,7 +675,9 @@ def point_client_at(monkeypatch: pytest.MonkeyPatch, endpoint: str, hf_home: Pat
         monkeypatch.setenv(key, value)
     # this process read them at import: constants are module globals, read at call time through `constants.X`
     monkeypatch.setattr(constants, "ENDPOINT", endpoint)
-    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", endpoint + "/{repo_id}/resolve/{revision}/{filename}")
+    monkeypatch.setattr(
+        constants, "HUGGINGFACE_CO_URL_TEMPLATE", endpoint + "/{repo_id}/resolve/{revision}/{filename}"
+    )
     monkeypatch.setattr(constants, "HF_URL_HOSTS", constants.HF_URL_HOSTS | {"127.0.0.1"})
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # `is_offline_mode()` (transformers uses it) reads this
     monkeypatch.setattr(constants, "HF_HOME", str(hf_home))

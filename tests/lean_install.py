@@ -12,7 +12,15 @@ import tempfile
 
 # what the extras add (import names)
 EXTRAS = (
-    "accelerate", "datasets", "evaluate", "matplotlib", "peft", "sacrebleu", "rouge_score", "sklearn", "tensorboard",
+    "accelerate",
+    "datasets",
+    "evaluate",
+    "matplotlib",
+    "peft",
+    "sacrebleu",
+    "rouge_score",
+    "sklearn",
+    "tensorboard",
 )
 
 if "--block" in sys.argv:

@@ -6,10 +6,10 @@ import json
 import math
 
 import pytest
+from transformers import GPT2Config, GPT2LMHeadModel
 
 from benchmarks import profile_gap, quality, report, speed
 from benchmarks.pairs import KINDS, PROFILES, build_pair, parameter_count, train_flops_per_token
-from transformers import GPT2Config, GPT2LMHeadModel
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -29,8 +29,13 @@ def test_every_pair_measures_everything_without_errors(speed_record):
     for name, pair in speed_record["pairs"].items():
         assert pair["errors"] == [], name
         measures = {(row["measure"], row.get("variant")) for row in pair["rows"]}
-        expected = {("train", "eager"), ("train peak memory", None), ("forward latency", "eager"), ("forward peak memory", None),
-                    ("max logit difference", None)}
+        expected = {
+            ("train", "eager"),
+            ("train peak memory", None),
+            ("forward latency", "eager"),
+            ("forward peak memory", None),
+            ("max logit difference", None),
+        }
         if KINDS[name].task != "masked":
             expected |= {(f"generate batch {b}", f"{c} cache") for b in (1, 2) for c in ("dynamic", "static")}
         assert measures == expected, name
@@ -52,7 +57,9 @@ def test_paired_models_compute_the_same_function(speed_record):
 @pytest.mark.parametrize("name", sorted(KINDS))
 def test_pairs_hold_the_same_parameters(name):
     reference, ours = build_pair(name, PROFILES["smoke"]["pairs"][name]["config"])
-    extra = 97 if name == "bart" else 0  # BART keeps final_logits_bias as a buffer; hf_tfm's LM-head bias is a parameter
+    extra = (
+        97 if name == "bart" else 0
+    )  # BART keeps final_logits_bias as a buffer; hf_tfm's LM-head bias is a parameter
     assert parameter_count(ours) == parameter_count(reference) + extra
 
 
@@ -68,8 +75,15 @@ def test_training_flops_follow_the_nanogpt_accounting():
 def test_gpu_calls_add_pairs_to_one_file_and_never_overwrite_another_setup(tmp_path, monkeypatch):
     monkeypatch.setattr(speed, "RESULTS", tmp_path)
     monkeypatch.setattr(speed, "write", lambda record, stem, path: path.write_text(json.dumps(record)))
-    first = {"profile": "gpu", "date": "2026-01-01", "command": "a", "device": "H100", "versions": {}, "settings": {},
-             "pairs": {"gpt2": {"rows": []}}}
+    first = {
+        "profile": "gpu",
+        "date": "2026-01-01",
+        "command": "a",
+        "device": "H100",
+        "versions": {},
+        "settings": {},
+        "pairs": {"gpt2": {"rows": []}},
+    }
     path = speed.results_path(first, None)
     speed.merge_and_write(first, path)
     second = dict(first, command="b", pairs={"bert": {"rows": []}})

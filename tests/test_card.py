@@ -84,11 +84,22 @@ def test_card_round_trips_and_counts_parameters(tmp_path):
     ("config_class", "model_class", "tag", "layers"),
     [
         (TfmEncoderConfig, TfmEncoderForMaskedLM, "fill-mask", "2"),
-        (TfmEncoderDecoderConfig, TfmEncoderDecoderForConditionalGeneration, "text2text-generation", "2 encoder + 3 decoder"),
+        (
+            TfmEncoderDecoderConfig,
+            TfmEncoderDecoderForConditionalGeneration,
+            "text2text-generation",
+            "2 encoder + 3 decoder",
+        ),
     ],
 )
 def test_card_for_each_paradigm(tmp_path, config_class, model_class, tag, layers):
-    fields = {"vocab_size": 97, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64}
+    fields = {
+        "vocab_size": 97,
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "intermediate_size": 64,
+    }
     if config_class is TfmEncoderDecoderConfig:
         fields["decoder_layers"] = 3
     model = model_class(config_class(**fields))
@@ -153,14 +164,51 @@ def test_refresh_card_without_run_record(tmp_path):
 @pytest.mark.parametrize(
     ("build", "task", "tag", "auto_class"),
     [
-        (lambda: TfmEncoderForSequenceClassification(tiny_config(TfmEncoderConfig, num_labels=3)), "sequence-classification", "text-classification", "AutoModelForSequenceClassification"),
-        (lambda: TfmEncoderForSequenceClassification(tiny_config(TfmEncoderConfig, num_labels=3)), None, "text-classification", "AutoModelForSequenceClassification"),
-        (lambda: TfmEncoderForTokenClassification(tiny_config(TfmEncoderConfig, num_labels=5)), "token-classification", "token-classification", "AutoModelForTokenClassification"),
-        (lambda: TfmDecoderForSequenceClassification(tiny_config(TfmDecoderConfig, num_labels=2)), None, "text-classification", "AutoModelForSequenceClassification"),
-        (lambda: TfmEncoderForMaskedLM(tiny_config(TfmEncoderConfig)), "masked-lm", "fill-mask", "AutoModelForMaskedLM"),
-        (lambda: TfmEncoderDecoderForConditionalGeneration(tiny_config(TfmEncoderDecoderConfig)), "seq2seq", "text2text-generation", "AutoModelForSeq2SeqLM"),
+        (
+            lambda: TfmEncoderForSequenceClassification(tiny_config(TfmEncoderConfig, num_labels=3)),
+            "sequence-classification",
+            "text-classification",
+            "AutoModelForSequenceClassification",
+        ),
+        (
+            lambda: TfmEncoderForSequenceClassification(tiny_config(TfmEncoderConfig, num_labels=3)),
+            None,
+            "text-classification",
+            "AutoModelForSequenceClassification",
+        ),
+        (
+            lambda: TfmEncoderForTokenClassification(tiny_config(TfmEncoderConfig, num_labels=5)),
+            "token-classification",
+            "token-classification",
+            "AutoModelForTokenClassification",
+        ),
+        (
+            lambda: TfmDecoderForSequenceClassification(tiny_config(TfmDecoderConfig, num_labels=2)),
+            None,
+            "text-classification",
+            "AutoModelForSequenceClassification",
+        ),
+        (
+            lambda: TfmEncoderForMaskedLM(tiny_config(TfmEncoderConfig)),
+            "masked-lm",
+            "fill-mask",
+            "AutoModelForMaskedLM",
+        ),
+        (
+            lambda: TfmEncoderDecoderForConditionalGeneration(tiny_config(TfmEncoderDecoderConfig)),
+            "seq2seq",
+            "text2text-generation",
+            "AutoModelForSeq2SeqLM",
+        ),
     ],
-    ids=["encoder-seq-cls", "encoder-seq-cls-no-task", "encoder-token-cls", "decoder-seq-cls-no-task", "masked-lm", "seq2seq"],
+    ids=[
+        "encoder-seq-cls",
+        "encoder-seq-cls-no-task",
+        "encoder-token-cls",
+        "decoder-seq-cls-no-task",
+        "masked-lm",
+        "seq2seq",
+    ],
 )
 def test_pipeline_tag_and_auto_class_follow_task_and_head(tmp_path, build, task, tag, auto_class):
     """The pipeline tag follows the recorded task, else the head in `architectures`; the load snippet uses the

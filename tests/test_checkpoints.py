@@ -176,7 +176,7 @@ def test_load_saved_and_from_pretrained_restore_a_model_killed_between_the_renam
         save(first, destination)
         replace = os.replace
 
-        def killing_replace(source, target):
+        def killing_replace(source, target, *, destination=destination, replace=replace):
             if Path(target) == destination:
                 raise Killed
             replace(source, target)

@@ -33,7 +33,9 @@ REPO = Path(__file__).resolve().parents[1]
 def test_convert_command_round_trip(tmp_path):
     """`hf-tfm convert` turns a GPT-2 folder into hf_tfm and back without changing a weight or a logit."""
     torch.manual_seed(0)
-    gpt2 = GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=VOCAB, n_positions=64, bos_token_id=1, eos_token_id=2)).eval()
+    gpt2 = GPT2LMHeadModel(
+        GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=VOCAB, n_positions=64, bos_token_id=1, eos_token_id=2)
+    ).eval()
     gpt2.save_pretrained(tmp_path / "gpt2")
     main(["convert", str(tmp_path / "gpt2"), str(tmp_path / "tfm")])
     main(["convert", str(tmp_path / "tfm"), str(tmp_path / "back"), "--to", "gpt2"])
@@ -57,10 +59,16 @@ def test_convert_command_other_paradigms(tmp_path, reference):
         model = {"t5": t5, "bart": bart}[reference]()
         model.save_pretrained(tmp_path / reference)
         source, to = tmp_path / reference, reference
-    original = AutoModel.from_pretrained(source) if reference == "minilm" else AutoModelForSeq2SeqLM.from_pretrained(source)
+    original = (
+        AutoModel.from_pretrained(source) if reference == "minilm" else AutoModelForSeq2SeqLM.from_pretrained(source)
+    )
     main(["convert", str(source), str(tmp_path / "tfm")])
     main(["convert", str(tmp_path / "tfm"), str(tmp_path / "back"), "--to", to])
-    back = AutoModel.from_pretrained(tmp_path / "back") if reference == "minilm" else AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "back")
+    back = (
+        AutoModel.from_pretrained(tmp_path / "back")
+        if reference == "minilm"
+        else AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "back")
+    )
     assert type(back) is type(original)
     assert_same_state_dict(back.state_dict(), original.state_dict())
     if reference == "minilm":
@@ -70,16 +78,26 @@ def test_convert_command_other_paradigms(tmp_path, reference):
 def test_convert_command_names_the_problem(tmp_path):
     with pytest.raises(SystemExit, match="config.json not found"):
         main(["convert", str(tmp_path / "missing"), str(tmp_path / "out")])
-    TfmDecoderForCausalLM(AutoConfig.for_model("tfm_decoder", vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=4)).save_pretrained(tmp_path / "tfm")
+    TfmDecoderForCausalLM(
+        AutoConfig.for_model(
+            "tfm_decoder", vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=4
+        )
+    ).save_pretrained(tmp_path / "tfm")
     with pytest.raises(SystemExit, match="no converter for model_type='tfm_decoder' with --to None"):
         main(["convert", str(tmp_path / "tfm"), str(tmp_path / "out")])
 
 
-@pytest.mark.parametrize("preset", sorted(p.name for p in (REPO / "configs").iterdir() if (p / "config.json").is_file()))
+@pytest.mark.parametrize(
+    "preset", sorted(p.name for p in (REPO / "configs").iterdir() if (p / "config.json").is_file())
+)
 def test_presets_load_and_build(preset):
     """Every preset builds its paradigm's generative or masked-LM head, and is shipped inside the package."""
     config = AutoConfig.from_pretrained(REPO / "configs" / preset)
-    head = {"tfm_decoder": AutoModelForCausalLM, "tfm_encoder": AutoModelForMaskedLM, "tfm_encoder_decoder": AutoModelForSeq2SeqLM}
+    head = {
+        "tfm_decoder": AutoModelForCausalLM,
+        "tfm_encoder": AutoModelForMaskedLM,
+        "tfm_encoder_decoder": AutoModelForSeq2SeqLM,
+    }
     with torch.device("meta"):
         model = head[config.model_type].from_config(config)
     assert type(model).__name__ == config.auto_classes[head[config.model_type].__name__]
@@ -127,8 +145,9 @@ def test_entry_point_answers_without_importing_torch(argv):
 
 @pytest.mark.parametrize("module", ["hf_tfm_cli", "hf_tfm.cli"])  # hf_tfm.cli: `accelerate launch -m hf_tfm.cli ...`
 def test_python_m_runs_the_cli(module):
-    done = subprocess.run([sys.executable, "-m", module, "train", "--help"], capture_output=True, text=True,
-                          cwd=REPO, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", module, "train", "--help"], capture_output=True, text=True, cwd=REPO, timeout=300
+    )
     assert done.returncode == 0 and "examples:\n  hf-tfm train" in done.stdout, done.stderr[-2000:]
 
 
@@ -138,8 +157,10 @@ def test_python_m_runs_the_cli(module):
         (["train", "--task", "seq2seq", "--max-steps", "-1"], "argument --max-steps: must be an integer >= 1, got -1"),
         (["train", "--task", "seq2seq", "--max-steps", "0"], "argument --max-steps: must be an integer >= 1, got 0"),
         (["train", "--task", "seq2seq", "--max-length", "0"], "argument --max-length: must be an integer >= 2, got 0"),
-        (["train", "--task", "seq2seq", "--gradient-accumulation-steps", "0"],
-         "argument --gradient-accumulation-steps: must be an integer >= 1, got 0"),
+        (
+            ["train", "--task", "seq2seq", "--gradient-accumulation-steps", "0"],
+            "argument --gradient-accumulation-steps: must be an integer >= 1, got 0",
+        ),
         (["train", "--task", "seq2seq", "--warmup-ratio", "2"], r"--warmup-ratio: must be a number in \[0, 1\]"),
         (["train", "--task", "seq2seq", "--learning-rate", "nan"], "argument --learning-rate: must be a number >= 0"),
         (["train", "--task", "seq2seq", "--batch-size", "x"], "--batch-size: must be an integer >= 1, got 'x'"),
@@ -169,8 +190,22 @@ def test_train_parser_is_derived_from_run_spec():
     """Every RunSpec field on the command line has an option whose default is the field's default."""
     args = build_parser().parse_args(["train", "--task", "seq2seq"])
     assert spec_from_args(args) == RunSpec(task="seq2seq")
-    args = build_parser().parse_args(["train", "--task", "seq2seq", "--column", "source=q", "--set", "num_experts=4",
-                                      "--set", "norm_type=rmsnorm", "--report-to", "tensorboard", "--bf16"])
+    args = build_parser().parse_args(
+        [
+            "train",
+            "--task",
+            "seq2seq",
+            "--column",
+            "source=q",
+            "--set",
+            "num_experts=4",
+            "--set",
+            "norm_type=rmsnorm",
+            "--report-to",
+            "tensorboard",
+            "--bf16",
+        ]
+    )
     spec = spec_from_args(args)
     assert spec.columns == {"source": "q"} and spec.report_to == ["tensorboard"] and spec.bf16
     assert spec.config_overrides == {"num_experts": 4, "norm_type": "rmsnorm"}

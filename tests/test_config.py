@@ -7,6 +7,7 @@ import re
 
 import pytest
 import torch
+from conftest import POSITION_TYPES, VOCAB, tiny_config, tiny_model
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, GenerationConfig
 
 import hf_tfm  # noqa: F401  (registers the tfm model types with the Auto classes)
@@ -19,8 +20,6 @@ from hf_tfm import (
     TfmEncoderForTokenClassification,
 )
 
-from conftest import POSITION_TYPES, VOCAB, tiny_config, tiny_model
-
 ROPE = dict(position_embedding_type="rope")
 LINEAR_SCALING = {"rope_type": "linear", "factor": 2.0}
 
@@ -32,15 +31,31 @@ INVALID = [
     ("norm_position", dict(norm_position="sandwich")),
     ("ffn_type", dict(ffn_type="moe")),
     ("hidden_act", dict(hidden_act="not_an_activation")),
-    *[(field, {field: value}) for field in ("embedding_dropout", "hidden_dropout", "attention_dropout") for value in (-0.1, 1.0)],
+    *[
+        (field, {field: value})
+        for field in ("embedding_dropout", "hidden_dropout", "attention_dropout")
+        for value in (-0.1, 1.0)
+    ],
     ("rope_parameters", dict(position_embedding_type="learned", rope_parameters=LINEAR_SCALING)),
     ("rope_parameters", dict(position_embedding_type="alibi", rope_parameters=LINEAR_SCALING)),
     ("rope_parameters", dict(rope_scaling={"type": "linear", "factor": 2.0})),  # legacy kwarg name
     ("rope_parameters", dict(ROPE, rope_parameters={"rope_type": "bogus", "rope_theta": 10000.0})),
     ("head_dim", dict(ROPE, head_dim=5)),
     ("head_dim", dict(ROPE, hidden_size=20)),  # derived head_dim 5
-    *[(field, {field: 0}) for field in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "max_position_embeddings")],
-    *[(field, {field: -1}) for field in ("num_key_value_heads", "head_dim", "intermediate_size", "max_position_embeddings")],
+    *[
+        (field, {field: 0})
+        for field in (
+            "vocab_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "max_position_embeddings",
+        )
+    ],
+    *[
+        (field, {field: -1})
+        for field in ("num_key_value_heads", "head_dim", "intermediate_size", "max_position_embeddings")
+    ],
 ]
 
 
@@ -53,7 +68,8 @@ def test_invalid_config_raises_naming_field(field, overrides):
 
 @pytest.mark.parametrize("kv_heads, expected_kv", [(None, 4), (2, 2), (1, 1)], ids=["mha", "gqa", "mqa"])
 def test_head_defaults_are_derived(kv_heads, expected_kv):
-    """num_key_value_heads defaults to MHA, head_dim to hidden/heads, intermediate_size to 4*hidden; the model follows."""
+    """num_key_value_heads defaults to MHA, head_dim to hidden/heads, intermediate_size to 4*hidden; the model
+    follows."""
     config = tiny_config(num_key_value_heads=kv_heads, intermediate_size=None)
     assert (config.num_key_value_heads, config.head_dim, config.intermediate_size) == (expected_kv, 8, 128)
     attn = hf_tfm.TfmDecoderForCausalLM(config).model.layers[0].self_attn
@@ -121,7 +137,12 @@ def test_rope_scaling_types_run(rope_type):
 def test_encoder_and_encoder_decoder_configs():
     """Each paradigm's config carries its own defaults; the decoder depth maps to transformers' decoder view."""
     encoder = TfmEncoderConfig(hidden_size=32, num_attention_heads=4)
-    assert (encoder.model_type, encoder.is_decoder, encoder.type_vocab_size, encoder.use_pooler) == ("tfm_encoder", False, 2, True)
+    assert (encoder.model_type, encoder.is_decoder, encoder.type_vocab_size, encoder.use_pooler) == (
+        "tfm_encoder",
+        False,
+        2,
+        True,
+    )
     seq2seq = TfmEncoderDecoderConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=2, decoder_layers=3)
     assert seq2seq.is_encoder_decoder and seq2seq.get_text_config(decoder=True).num_hidden_layers == 3
     assert TfmEncoderDecoderConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=2).decoder_layers == 2

@@ -150,7 +150,11 @@ def test_bert_shaped_tfm_converts_to_bert(cls):
         (bert_to_tfm, lambda: bert(position_embedding_type="relative_key"), "position_embedding_type"),
         (bert_to_tfm, lambda: bert(classifier_dropout=0.3), "classifier_dropout"),
         (bert_to_tfm, lambda: bert(BertForMaskedLM, tie_word_embeddings=False), "cls.predictions.bias"),
-        (tfm_to_bert, lambda: encoder(**{**BERT_SHAPED, "position_embedding_type": "rope"}), "position_embedding_type"),
+        (
+            tfm_to_bert,
+            lambda: encoder(**{**BERT_SHAPED, "position_embedding_type": "rope"}),
+            "position_embedding_type",
+        ),
         (tfm_to_bert, lambda: encoder(**{**BERT_SHAPED, "norm_position": "pre"}), "norm_position"),
         (tfm_to_bert, lambda: encoder(**{**BERT_SHAPED, "final_norm": True}), "final_norm"),
         (tfm_to_bert, lambda: encoder(**{**BERT_SHAPED, "embedding_norm": False}), "embedding_norm"),

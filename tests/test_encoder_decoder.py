@@ -1,4 +1,5 @@
-"""hf_tfm encoder-decoders: causality, caching, labels and loss, save/load, and bad input, for every position scheme."""
+"""hf_tfm encoder-decoders: causality, caching, labels and loss, save/load, and bad input, for every position
+scheme."""
 
 import pytest
 import torch

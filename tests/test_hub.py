@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import perturb, tiny_config
-from test_card import RECORD as RUN_RECORD
 from hub_server import fast_client_retries, hub_server  # noqa: F401  (hub_server: the fixture)
 from huggingface_hub import HfApi, ModelCard, hf_hub_download
 from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
+from test_card import RECORD as RUN_RECORD
 from transformers import AutoModelForCausalLM
 
 from hf_tfm import (
@@ -35,7 +35,13 @@ from hf_tfm.training.tokenizers import train_byte_level_bpe
 
 TEXTS = ["return the number of items in the list", "def add(a, b): return a + b", "open the file and read it"]
 PROMPTS = ["return the number", "def add(a, b):"]
-CODE_FILES = {"configuration_tfm.py", "modeling_tfm.py", "modeling_tfm_stack.py", "modeling_tfm_layers.py", "modeling_tfm_saving.py"}
+CODE_FILES = {
+    "configuration_tfm.py",
+    "modeling_tfm.py",
+    "modeling_tfm_stack.py",
+    "modeling_tfm_layers.py",
+    "modeling_tfm_saving.py",
+}
 TOKENIZER_FILES = {"tokenizer.json", "tokenizer_config.json"}
 GREEDY = {"max_new_tokens": 5, "min_new_tokens": 5, "do_sample": False}
 
@@ -56,8 +62,16 @@ def build(kind: str, tokenizer, seed: int = 0, **overrides):
     config_class, model_class, extra = {
         "decoder": (TfmDecoderConfig, TfmDecoderForCausalLM, {}),
         "encoder": (TfmEncoderConfig, TfmEncoderForMaskedLM, {}),
-        "seq2seq": (TfmEncoderDecoderConfig, TfmEncoderDecoderForConditionalGeneration, {"decoder_start_token_id": tokenizer.bos_token_id}),
-        "moe": (TfmDecoderConfig, TfmDecoderForCausalLM, {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16}),
+        "seq2seq": (
+            TfmEncoderDecoderConfig,
+            TfmEncoderDecoderForConditionalGeneration,
+            {"decoder_start_token_id": tokenizer.bos_token_id},
+        ),
+        "moe": (
+            TfmDecoderConfig,
+            TfmDecoderForCausalLM,
+            {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16},
+        ),
     }[kind]
     torch.manual_seed(seed)
     return perturb(model_class(tiny_config(config_class, **{**special, **extra, **overrides})))
@@ -83,7 +97,10 @@ def folder_state(folder) -> dict:
         for name in names:
             path = os.path.join(root, name)
             with open(path, "rb") as file:
-                state[os.path.relpath(path, folder)] = (hashlib.sha256(file.read()).hexdigest(), os.stat(path).st_mtime_ns)
+                state[os.path.relpath(path, folder)] = (
+                    hashlib.sha256(file.read()).hexdigest(),
+                    os.stat(path).st_mtime_ns,
+                )
     return state
 
 
@@ -128,7 +145,6 @@ def moe_folder(tmp_path, tokenizer):
     return folder, model
 
 
-
 # ---------------------------------------------------------------------------------------------- push_to_hub -> load
 
 
@@ -137,7 +153,12 @@ def test_push_to_hub_then_load_anywhere(hub_server, tokenizer, moe_folder, tmp_p
     empty cache, trust_remote_code downloads them and reproduces logits and greedy tokens exactly; without
     trust_remote_code, transformers refuses before running any code; with hf_tfm installed no remote code is needed.
     The same process runs the load snippet of the card that `push_folder` published, as written."""
-    kinds = {"decoder": "AutoModelForCausalLM", "encoder": "AutoModelForMaskedLM", "seq2seq": "AutoModelForSeq2SeqLM", "moe": "AutoModelForCausalLM"}
+    kinds = {
+        "decoder": "AutoModelForCausalLM",
+        "encoder": "AutoModelForMaskedLM",
+        "seq2seq": "AutoModelForSeq2SeqLM",
+        "moe": "AutoModelForCausalLM",
+    }
     expected = {}
     for kind, auto_class in kinds.items():
         model = build(kind, tokenizer)
@@ -148,7 +169,11 @@ def test_push_to_hub_then_load_anywhere(hub_server, tokenizer, moe_folder, tmp_p
         expected[repo_id] = {"auto_class": auto_class, **outputs(model, tokenizer)}
 
         # what a user downloads: config with auto_map for every Auto class, the flat code, weights, tokenizer, card
-        files = CODE_FILES | TOKENIZER_FILES | {".gitattributes", "README.md", "config.json", "model.safetensors", MANIFEST}
+        files = (
+            CODE_FILES
+            | TOKENIZER_FILES
+            | {".gitattributes", "README.md", "config.json", "model.safetensors", MANIFEST}
+        )
         if model.can_generate():
             files.add("generation_config.json")
         assert published(repo_id) == files, kind
@@ -157,8 +182,15 @@ def test_push_to_hub_then_load_anywhere(hub_server, tokenizer, moe_folder, tmp_p
         assert {f"{ref.split('.')[0]}.py" for ref in config["auto_map"].values()} <= files
         # push_to_hub publishes hf_tfm's card of the model, named after the repo, not transformers' stub
         card = ModelCard(hub_server.files(repo_id)["README.md"].decode())
-        assert "hf_tfm" in card.data.tags and card.data.model_name == repo_id and "This is the model card of a" not in card.text
-        assert f"| parameters (total / active per token) | {model.num_parameters():,} / {active_parameters(model):,} |" in card.text
+        assert (
+            "hf_tfm" in card.data.tags
+            and card.data.model_name == repo_id
+            and "This is the model card of a" not in card.text
+        )
+        assert (
+            f"| parameters (total / active per token) | {model.num_parameters():,} / {active_parameters(model):,} |"
+            in card.text
+        )
 
     # the card's "only torch and transformers" snippet, then its generation snippet, on a push_folder'ed MoE folder
     folder, card_model = moe_folder
@@ -168,7 +200,10 @@ def test_push_to_hub_then_load_anywhere(hub_server, tokenizer, moe_folder, tmp_p
     prompt = tokenizer("def add(a, b):", return_tensors="pt")
     card_tokens = card_model.generate(**prompt, max_new_tokens=32, do_sample=False)
 
-    torch.save({"models": expected, "snippet": snippets[1] + snippets[2], "card_tokens": card_tokens}, tmp_path / "expected.pt")
+    torch.save(
+        {"models": expected, "snippet": snippets[1] + snippets[2], "card_tokens": card_tokens},
+        tmp_path / "expected.pt",
+    )
     result = run_without_hf_tfm(
         """
         import torch, transformers
@@ -233,7 +268,9 @@ def test_sharded_push_loads(hub_server, tokenizer, tmp_path):
     index = json.loads(hub_server.files("test-user/sharded")["model.safetensors.index.json"])
     assert sorted(set(index["weight_map"].values())) == shards
     loaded = AutoModelForCausalLM.from_pretrained("test-user/sharded", cache_dir=tmp_path / "cache").eval()
-    torch.testing.assert_close(outputs(loaded, tokenizer)["logits"], outputs(model, tokenizer)["logits"], rtol=0, atol=0)
+    torch.testing.assert_close(
+        outputs(loaded, tokenizer)["logits"], outputs(model, tokenizer)["logits"], rtol=0, atol=0
+    )
     assert hub_server.unhandled == []
 
 
@@ -260,23 +297,34 @@ def test_push_folder_private_revision_message(hub_server, moe_folder, tmp_path, 
     """private, a new branch and the commit message reach the Hub; the files download at that revision (and only
     with a token, the repo being private)."""
     folder, model = moe_folder
-    url = push_folder(folder, "test-user/private-moe", private=True, revision="experiment-1", commit_message="Tiny MoE, run 0")
+    url = push_folder(
+        folder, "test-user/private-moe", private=True, revision="experiment-1", commit_message="Tiny MoE, run 0"
+    )
     repo = hub_server.repo("test-user/private-moe")
     head = repo.history("experiment-1")[0]
     assert repo.private and url == f"{hub_server.url}/test-user/private-moe/commit/{head.oid}" and url.oid == head.oid
     assert head.title == "Tiny MoE, run 0"
     assert set(repo.branches) == {"main", "experiment-1"} and published("test-user/private-moe") == {".gitattributes"}
     local = {name: (folder / name).read_bytes() for name in os.listdir(folder)}
-    assert hub_server.files("test-user/private-moe", "experiment-1") == {**local, ".gitattributes": hub_server.files("test-user/private-moe")[".gitattributes"]}
+    assert hub_server.files("test-user/private-moe", "experiment-1") == {
+        **local,
+        ".gitattributes": hub_server.files("test-user/private-moe")[".gitattributes"],
+    }
     # regular uploads: the client sent every file base64-encoded inside the NDJSON commit, no LFS
-    assert {op["path"] for op in head.operations} == set(local) and {op["encoding"] for op in head.operations} == {"base64"}
+    assert {op["path"] for op in head.operations} == set(local) and {op["encoding"] for op in head.operations} == {
+        "base64"
+    }
     assert hub_server.count("preupload") >= 1 and not any("lfs" in r.path for r in hub_server.requests)
 
     path = hf_hub_download("test-user/private-moe", "config.json", revision="experiment-1", cache_dir=tmp_path / "c")
     assert Path(path).read_bytes() == local["config.json"]
     with pytest.raises(RepositoryNotFoundError):
-        hf_hub_download("test-user/private-moe", "config.json", revision="experiment-1", token=False, cache_dir=tmp_path / "c2")
-    loaded = AutoModelForCausalLM.from_pretrained("test-user/private-moe", revision="experiment-1", cache_dir=tmp_path / "c3")
+        hf_hub_download(
+            "test-user/private-moe", "config.json", revision="experiment-1", token=False, cache_dir=tmp_path / "c2"
+        )
+    loaded = AutoModelForCausalLM.from_pretrained(
+        "test-user/private-moe", revision="experiment-1", cache_dir=tmp_path / "c3"
+    )
     assert torch.equal(outputs(loaded.eval(), tokenizer)["logits"], outputs(model, tokenizer)["logits"])
 
     # pushing again changes nothing: the client skips unchanged files and makes no empty commit
@@ -354,12 +402,17 @@ def test_published_card(hub_server, moe_folder, tmp_path):
     card.validate()  # POST /api/validate-yaml on the local Hub: no errors
     assert card.content == (folder / "README.md").read_text()
     data = card.data
-    assert data.library_name == "transformers" and data.pipeline_tag == "text-generation" and data.license == "apache-2.0"
+    assert (
+        data.library_name == "transformers" and data.pipeline_tag == "text-generation" and data.license == "apache-2.0"
+    )
     assert {"hf_tfm", "tfm_decoder", "decoder-only", "moe", "mixture-of-experts"} <= set(data.tags)
     assert data.datasets == ["python-stdlib-docstrings"] and data.model_name == "test-user/tiny-moe-card"
     measured = [(r.dataset_split, r.metric_type, r.metric_value) for r in data.eval_results]
     assert measured == [(r["split"], r["metric"], r["value"]) for r in RUN_RECORD["results"]]
-    assert f"| parameters (total / active per token) | {model.num_parameters():,} / {active_parameters(model):,} |" in card.text
+    assert (
+        f"| parameters (total / active per token) | {model.num_parameters():,} / {active_parameters(model):,} |"
+        in card.text
+    )
     assert active_parameters(model) < model.num_parameters()
     assert 'AutoModelForCausalLM.from_pretrained("test-user/tiny-moe-card", trust_remote_code=True)' in card.text
     info = HfApi().model_info("test-user/tiny-moe-card")
@@ -374,7 +427,13 @@ def test_published_card(hub_server, moe_folder, tmp_path):
 
 def test_validate_yaml_rejects_a_broken_card(hub_server):
     """The local Hub's validator is not a rubber stamp: a bad pipeline tag and a model-index without metrics fail."""
-    card = ModelCard(ignore_metadata_errors=True, content="---\npipeline_tag: text-generator\nmodel-index:\n- name: x\n  results:\n  - task: {type: text-generation}\n    dataset: {type: d, name: d}\n---\n# x\n")
+    card = ModelCard(
+        ignore_metadata_errors=True,
+        content=(
+            "---\npipeline_tag: text-generator\nmodel-index:\n- name: x\n  results:\n"
+            "  - task: {type: text-generation}\n    dataset: {type: d, name: d}\n---\n# x\n"
+        ),
+    )
     with pytest.raises(ValueError, match="pipeline_tag"):
         card.validate()
 
@@ -388,7 +447,9 @@ def test_cli_card_and_push(hub_server, moe_folder, monkeypatch, capsys):
     (folder / "README.md").unlink(missing_ok=True)
     main(["card", str(folder)])
     assert ModelCard.load(folder / "README.md").data.library_name == "transformers"
-    main(["push", str(folder), "test-user/cli-moe", "--private", "--revision", "v1", "--commit-message", "from the CLI"])
+    main(
+        ["push", str(folder), "test-user/cli-moe", "--private", "--revision", "v1", "--commit-message", "from the CLI"]
+    )
     repo = hub_server.repo("test-user/cli-moe")
     assert repo.private and repo.history("v1")[0].title == "from the CLI"
     assert "README.md" in hub_server.files("test-user/cli-moe", "v1")

@@ -146,7 +146,12 @@ def test_accuracy_against_sklearn(metrics, seed):
     predictions, references = rng.integers(0, 5, 200), rng.integers(0, 5, 200)
     weights = rng.random(200)
     accuracy = metrics["accuracy"]
-    for kwargs in ({}, {"normalize": False}, {"sample_weight": weights}, {"sample_weight": weights, "normalize": False}):
+    for kwargs in (
+        {},
+        {"normalize": False},
+        {"sample_weight": weights},
+        {"sample_weight": weights, "normalize": False},
+    ):
         result = accuracy.compute(predictions=predictions, references=references, **kwargs)["accuracy"]
         assert result == pytest.approx(accuracy_score(references, predictions, **kwargs)), kwargs
 
@@ -355,7 +360,9 @@ def test_sacrebleu_against_sacrebleu(metrics):
 
 
 def test_sacrebleu_by_hand(metrics):
-    perfect = metrics["sacrebleu"].compute(predictions=["the cat sat on the mat"], references=["the cat sat on the mat"])
+    perfect = metrics["sacrebleu"].compute(
+        predictions=["the cat sat on the mat"], references=["the cat sat on the mat"]
+    )
     assert perfect["score"] == pytest.approx(100.0) and perfect["chrf"] == pytest.approx(100.0)
     assert perfect["counts"] == [6, 5, 4, 3] and perfect["bp"] == 1.0
     nothing = metrics["sacrebleu"].compute(predictions=["x y z w"], references=["a b c d"])

@@ -61,7 +61,9 @@ def test_minilm_hidden_states_and_pooler_match(outputs):
     torch.testing.assert_close(converted.pooler_output, reference.pooler_output, atol=ATOL, rtol=0)
     hidden_diff = (converted.last_hidden_state - reference.last_hidden_state)[real].abs().max().item()
     pooler_diff = (converted.pooler_output - reference.pooler_output).abs().max().item()
-    print(f"MiniLM max abs diff: last hidden state {hidden_diff:.2e}, pooler output {pooler_diff:.2e}")  # shown with -s
+    print(
+        f"MiniLM max abs diff: last hidden state {hidden_diff:.2e}, pooler output {pooler_diff:.2e}"
+    )  # shown with -s
 
 
 def test_minilm_sentence_similarity_ranking(outputs):

@@ -6,15 +6,20 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import POSITION_TYPES, VOCAB, tiny_config, tiny_model
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaModel
 from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs
 
 import hf_tfm  # noqa: F401  (registers the tfm model types with the Auto classes)
-from hf_tfm import TfmDecoderForCausalLM, TfmDecoderForSequenceClassification, TfmDecoderModel
-from hf_tfm import modeling_tfm, modeling_tfm_layers, modeling_tfm_stack
-
-from conftest import POSITION_TYPES, VOCAB, tiny_config, tiny_model
+from hf_tfm import (
+    TfmDecoderForCausalLM,
+    TfmDecoderForSequenceClassification,
+    TfmDecoderModel,
+    modeling_tfm,
+    modeling_tfm_layers,
+    modeling_tfm_stack,
+)
 
 
 def random_ids(batch=2, length=6):
@@ -90,7 +95,9 @@ def test_wrong_shape_is_named(kwargs, match):
 def test_exactly_one_of_ids_or_embeds(with_ids, with_embeds):
     """Passing both or neither of input_ids and inputs_embeds raises ValueError naming them."""
     model, ids = tiny_model(), random_ids()
-    kwargs = dict(input_ids=ids if with_ids else None, inputs_embeds=model.get_input_embeddings()(ids) if with_embeds else None)
+    kwargs = dict(
+        input_ids=ids if with_ids else None, inputs_embeds=model.get_input_embeddings()(ids) if with_embeds else None
+    )
     with pytest.raises(ValueError, match="input_ids.*inputs_embeds"):
         model(**kwargs)
 
@@ -100,7 +107,8 @@ def test_exactly_one_of_ids_or_embeds(with_ids, with_embeds):
 
 @pytest.mark.parametrize("tie", [True, False], ids=["tied", "untied"])
 def test_word_embedding_tying_survives_save_load(tmp_path, tie):
-    """tie_word_embeddings=True shares one tensor between lm_head and embed_tokens, False keeps two; both after reload."""
+    """tie_word_embeddings=True shares one tensor between lm_head and embed_tokens, False keeps two; both after
+    reload."""
     model = tiny_model(tie_word_embeddings=tie)
     if not tie:  # make the two matrices distinguishable so a reload that ties them is caught
         with torch.no_grad():
@@ -172,8 +180,14 @@ def test_hidden_states_and_attentions_follow_transformers_convention():
     ids = random_ids(batch, length)
     ours = TfmDecoderModel(tiny_config(num_hidden_layers=layers, attn_implementation="eager"))
     llama = LlamaModel(
-        LlamaConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=layers, num_attention_heads=4,
-                    intermediate_size=64, attn_implementation="eager")
+        LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            intermediate_size=64,
+            attn_implementation="eager",
+        )
     )
     out = ours(ids, output_hidden_states=True, output_attentions=True)
     ref = llama(ids, output_hidden_states=True, output_attentions=True)
@@ -217,8 +231,12 @@ def test_classification_pools_last_non_pad_token(position):
     [
         (3, None, lambda: torch.tensor([0, 2, 1]), lambda logits, y: F.cross_entropy(logits, y)),
         (1, "regression", lambda: torch.tensor([0.5, -1.0, 2.0]), lambda logits, y: F.mse_loss(logits.squeeze(-1), y)),
-        (3, "multi_label_classification", lambda: torch.tensor([[1.0, 0, 1], [0, 0, 0], [0, 1, 1]]),
-         lambda logits, y: F.binary_cross_entropy_with_logits(logits, y)),
+        (
+            3,
+            "multi_label_classification",
+            lambda: torch.tensor([[1.0, 0, 1], [0, 0, 0], [0, 1, 1]]),
+            lambda logits, y: F.binary_cross_entropy_with_logits(logits, y),
+        ),
     ],
     ids=["single_label", "regression", "multi_label"],
 )

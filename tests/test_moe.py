@@ -78,7 +78,8 @@ def routers(model) -> list[TfmRouter]:
 
 
 def record_routing(model) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Hooks on every router; the returned list fills with (top-k weights, top-k indices), one entry per router call."""
+    """Hooks on every router; the returned list fills with (top-k weights, top-k indices), one entry per router
+    call."""
     records = []
     for router in routers(model):
         router.register_forward_hook(lambda module, args, out: records.append((out[1].detach(), out[2])))
@@ -292,9 +293,9 @@ HAND_LOGITS = (
 
 
 def hand_losses(layers, mask: list[int]) -> tuple[float, float]:
-    """The Switch/Mixtral aux loss and ST-MoE z-loss in plain Python: aux = E * sum_e f_e * P_e with f_e the fraction of
-    real tokens (over all layers) that have e among their top-k and P_e the mean router probability of e; z = the mean
-    over real tokens of logsumexp(logits)^2, summed over layers."""
+    """The Switch/Mixtral aux loss and ST-MoE z-loss in plain Python: aux = E * sum_e f_e * P_e with f_e the
+    fraction of real tokens (over all layers) that have e among their top-k and P_e the mean router probability of
+    e; z = the mean over real tokens of logsumexp(logits)^2, summed over layers."""
     counts, probs, rows, z_loss = [0.0] * E, [0.0] * E, 0, 0.0
     for layer in layers:
         squares = []
@@ -348,7 +349,8 @@ def test_loss_adds_weighted_router_losses():
 
 
 def test_loss_with_num_items_in_batch_scales_router_terms():
-    """Under num_items_in_batch=N: loss = CE_sum / N + (coef terms) * valid shifted targets / N (trap 5)."""
+    """Under num_items_in_batch=N: loss = CE_sum / N + (coef terms) * valid shifted targets / N (Trainer then does
+    not divide by the accumulation steps)."""
     model = moe_model(router_aux_loss_coef=0.05, router_z_loss_coef=0.01)
     input_ids, attention_mask, position_ids, labels = padded_batch()
     targets = int((labels[:, 1:] != -100).sum())
@@ -652,7 +654,8 @@ def paradigm_inputs(name: str) -> tuple[dict, torch.Tensor]:
 
 @pytest.mark.parametrize("name", sorted(PARADIGMS))
 def test_other_paradigms_train_and_reload(name, tmp_path):
-    """MoE encoder / encoder-decoder: backward reaches every expert; Auto reload gives same logits and greedy tokens."""
+    """MoE encoder / encoder-decoder: backward reaches every expert; Auto reload gives same logits and greedy
+    tokens."""
     make, auto_class = PARADIGMS[name]
     model = make()
     moe_layers = [module for module in model.modules() if isinstance(module, TfmMoE)]
@@ -755,7 +758,12 @@ def test_every_head_adds_router_losses(name):
         output = model(input_ids, attention_mask=attention_mask, **targets)
         with_router = output.loss
         if name == "encoder-decoder":
-            reported = [output.encoder_aux_loss, output.decoder_aux_loss, output.encoder_router_logits, output.decoder_router_logits]
+            reported = [
+                output.encoder_aux_loss,
+                output.decoder_aux_loss,
+                output.encoder_router_logits,
+                output.decoder_router_logits,
+            ]
         else:
             reported = [output.aux_loss, output.router_logits]
         assert all(value is not None for value in reported)
@@ -868,8 +876,11 @@ def test_gradient_accumulation_moe(tmp_path):
         labels[valid:] = -100
         rows.append({"input_ids": ids, "labels": labels})
     data = ListDataset(rows)
+
     # hf_tfm's default router_aux_loss_coef (0.001); the tolerances above do not hold from about 0.005 up
-    make = lambda: moe_model(seed=1, router_aux_loss_coef=0.001, router_z_loss_coef=0.001)
+    def make():
+        return moe_model(seed=1, router_aux_loss_coef=0.001, router_z_loss_coef=0.001)
+
     accumulated, accumulated_loss = accumulation_run(tmp_path, data, 2, 4, make_model=make)
     full, full_loss = accumulation_run(tmp_path, data, 8, 1, make_model=make)
     start = make()

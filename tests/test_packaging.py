@@ -28,8 +28,14 @@ def test_core_install_loads_models_without_the_extras(tmp_path):
     """The model path (import, build from a preset, save with its card, load, generate) imports none of the packages
     the extras add; `make test-lean` runs the same script in a fresh venv that really lacks them."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    result = subprocess.run([sys.executable, str(REPO / "tests" / "lean_install.py"), "--block"],
-                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "lean_install.py"), "--block"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "t5-1.9m: built, saved, loaded, generated" in result.stdout
 
@@ -90,8 +96,11 @@ def test_preset_names_state_their_parameter_count(name):
 def test_readme_preset_table_gives_the_real_counts():
     row = r"^\| `([^`]+)` \|.*\| ([\d,]+)(?: \(([\d,]+) active\))? \|$"  # | `name` | ... | 1,234 (567 active) |
     rows = re.findall(row, (REPO / "README.md").read_text(), re.M)
-    table = {name: (int(total.replace(",", "")), int(active.replace(",", "") or total.replace(",", "")))
-             for name, total, active in rows if name in hf_tfm.preset_names()}
+    table = {
+        name: (int(total.replace(",", "")), int(active.replace(",", "") or total.replace(",", "")))
+        for name, total, active in rows
+        if name in hf_tfm.preset_names()
+    }
     assert sorted(table) == hf_tfm.preset_names()
     for name, (total, active) in table.items():
         assert preset_counts(name) == (total, active), name

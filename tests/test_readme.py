@@ -88,8 +88,9 @@ def test_readme_python_snippet_runs_as_written(index, tmp_path):
     whose comment shows the output must print it."""
     snippet = PYTHON_BLOCKS[index]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules"), "PYTHONPATH": ""}
-    result = subprocess.run([sys.executable, "-c", snippet], cwd=tmp_path, env=env, capture_output=True, text=True,
-                            timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", snippet], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, f"README snippet {index + 1} fails:\n{result.stderr[-3000:]}"
     for expected in re.findall(r"^print\(.*\)\s+#\s*(.+?)\s*$", snippet, re.M):
         assert expected in result.stdout, f"README snippet {index + 1} prints {result.stdout!r}, not {expected!r}"

@@ -8,10 +8,10 @@ import textwrap
 
 import pytest
 import torch
+from conftest import POSITION_TYPES, tiny_model
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from hf_tfm import TfmDecoderForCausalLM, TfmDecoderForSequenceClassification, TfmDecoderModel
-from conftest import POSITION_TYPES, tiny_model
 
 # Each position scheme, plus RoPE scalings whose computed inv_freq differs from the default one.
 VARIANTS = {pos: {"position_embedding_type": pos} for pos in POSITION_TYPES}
@@ -43,7 +43,14 @@ def test_saved_folder_is_complete(tmp_path):
     """The folder carries safetensors, the flat code, and auto_map entries for every Auto class."""
     tiny_model().save_pretrained(tmp_path)
     files = set(os.listdir(tmp_path))
-    assert {"model.safetensors", "config.json", "configuration_tfm.py", "modeling_tfm.py", "modeling_tfm_stack.py", "modeling_tfm_layers.py"} <= files
+    assert {
+        "model.safetensors",
+        "config.json",
+        "configuration_tfm.py",
+        "modeling_tfm.py",
+        "modeling_tfm_stack.py",
+        "modeling_tfm_layers.py",
+    } <= files
     auto_map = json.loads((tmp_path / "config.json").read_text())["auto_map"]
     assert set(auto_map) == {"AutoConfig", "AutoModel", "AutoModelForCausalLM", "AutoModelForSequenceClassification"}
     assert type(AutoConfig.from_pretrained(tmp_path)).__name__ == "TfmDecoderConfig"
@@ -130,5 +137,7 @@ def test_text_generation_pipeline(tmp_path):
     tokenizer.save_pretrained(tmp_path)
     generator = pipeline("text-generation", model=str(tmp_path))
     [result] = generator("return the", max_new_tokens=5, min_new_tokens=5, do_sample=False)
-    expected = model.generate(**tokenizer("return the", return_tensors="pt"), max_new_tokens=5, min_new_tokens=5, do_sample=False)
+    expected = model.generate(
+        **tokenizer("return the", return_tensors="pt"), max_new_tokens=5, min_new_tokens=5, do_sample=False
+    )
     assert result["generated_text"] == tokenizer.decode(expected[0], skip_special_tokens=True)

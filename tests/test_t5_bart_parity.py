@@ -93,7 +93,9 @@ def test_logits_match_reference(make_ref, to_tfm, from_tfm, attn):
     for model in (ref, ref.get_encoder(), ref.get_decoder(), ours):
         model.set_attn_implementation(attn)
     input_ids, attention_mask = encoder_batch()
-    kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=torch.randint(3, VOCAB, (2, 6)))
+    kwargs = dict(
+        input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=torch.randint(3, VOCAB, (2, 6))
+    )
     with torch.no_grad():
         expected, actual = ref(**kwargs).logits, ours(**kwargs).logits
     assert expected.abs().max() > 100 * ATOL  # the comparison is not vacuous
@@ -138,7 +140,11 @@ def edited(make_ref, to_tfm, **fields):
         (tfm_to_t5, lambda: edited(t5, t5_to_tfm, attention_multiplier=None), "attention_multiplier"),
         (tfm_to_t5, lambda: edited(t5, t5_to_tfm, attention_bias=True), "attention_bias"),
         (tfm_to_t5, lambda: edited(t5, t5_to_tfm, attention_dropout=0.1), "attention_dropout"),
-        (tfm_to_t5, lambda: edited(lambda: t5(v1_1=True), t5_to_tfm, hidden_act="gelu"), "hidden_act"),  # GELU-tanh only
+        (
+            tfm_to_t5,
+            lambda: edited(lambda: t5(v1_1=True), t5_to_tfm, hidden_act="gelu"),
+            "hidden_act",
+        ),  # GELU-tanh only
         (tfm_to_t5, lambda: edited(bart, bart_to_tfm), "norm_type"),
         (tfm_to_bart, lambda: edited(bart, bart_to_tfm, norm_position="pre"), "norm_position"),
         (tfm_to_bart, lambda: edited(bart, bart_to_tfm, position_offset=0), "position_offset"),

@@ -49,8 +49,28 @@ def make_corpus(n: int = 1500, seed: int = 0) -> list[str]:
     """Sentences of made-up words built from shared syllables (so subword units are worth learning), some
     capitalised, some with punctuation, with a few non-ASCII words."""
     rng = random.Random(seed)
-    syllables = ["ka", "lo", "mi", "ter", "ion", "pre", "con", "ing", "ed", "un", "sta", "ble", "ous", "ly", "ment",
-                 "re", "de", "tra", "vi", "ex"]
+    syllables = [
+        "ka",
+        "lo",
+        "mi",
+        "ter",
+        "ion",
+        "pre",
+        "con",
+        "ing",
+        "ed",
+        "un",
+        "sta",
+        "ble",
+        "ous",
+        "ly",
+        "ment",
+        "re",
+        "de",
+        "tra",
+        "vi",
+        "ex",
+    ]
     words = sorted({"".join(rng.choice(syllables) for _ in range(rng.randint(1, 4))) for _ in range(600)})
     words += ["café", "naïve", "Straße", "東京", "données", "Ελλάδα", "über"]
     texts = []
@@ -154,8 +174,13 @@ def test_bpe_is_lossless_and_unchanged(trained):
 def test_wordpiece_special_tokens_and_templates(trained):
     tokenizer = trained["wordpiece"]
     assert [tokenizer.convert_ids_to_tokens(i) for i in range(5)] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    assert (tokenizer.pad_token_id, tokenizer.unk_token_id, tokenizer.cls_token_id, tokenizer.sep_token_id,
-            tokenizer.mask_token_id) == (0, 1, 2, 3, 4)
+    assert (
+        tokenizer.pad_token_id,
+        tokenizer.unk_token_id,
+        tokenizer.cls_token_id,
+        tokenizer.sep_token_id,
+        tokenizer.mask_token_id,
+    ) == (0, 1, 2, 3, 4)
     assert "token_type_ids" in tokenizer.model_input_names
 
     single = tokenizer("kalo mition")
@@ -257,7 +282,9 @@ def test_masked_lm_collator(trained):
     assert input_ids.shape == labels.shape == batch["token_type_ids"].shape
     scored = labels != -100
     assert scored.any() and (input_ids == tokenizer.mask_token_id).any()
-    special = (labels == tokenizer.cls_token_id) | (labels == tokenizer.sep_token_id) | (labels == tokenizer.pad_token_id)
+    special = (
+        (labels == tokenizer.cls_token_id) | (labels == tokenizer.sep_token_id) | (labels == tokenizer.pad_token_id)
+    )
     assert not (scored & special).any()  # special tokens and padding are never masked
     assert (input_ids[batch["attention_mask"] == 0] == tokenizer.pad_token_id).all()
 

@@ -27,7 +27,14 @@ from hf_tfm.training.run import RunSpec, train
 from hf_tfm.training.tokenizers import train_byte_level_bpe
 from hf_tfm_cli import TASKS
 
-TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "intermediate_size": 64}
+TINY = {
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "intermediate_size": 64,
+}
 PIPELINE_TAGS = {
     "causal-lm": "text-generation",
     "masked-lm": "fill-mask",
@@ -80,7 +87,15 @@ def tiny_spec(tmp_path: Path, task: str, **overrides) -> RunSpec:
 def test_every_task_trains_evaluates_and_saves(tmp_path, capfd, task):
     result = train(tiny_spec(tmp_path, task))
     folder = Path(result["model_dir"])
-    expected = {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "README.md", "hf_tfm_run.json", MANIFEST}
+    expected = {
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "README.md",
+        "hf_tfm_run.json",
+        MANIFEST,
+    }
     if task in ("causal-lm", "seq2seq"):
         expected.add("generation_config.json")
     assert expected <= {p.name for p in folder.iterdir()}
@@ -124,8 +139,26 @@ def test_cli_train_evaluate_generate(tmp_path, capsys):
     config = tiny_config_file(tmp_path, "tfm_decoder")
     output = tmp_path / "run"
     common = ["--max-files", "40", "--vocab-size", "300", "--max-length", "32", "--batch-size", "4", "--use-cpu"]
-    main(["train", "--task", "causal-lm", "--model", config, "--output-dir", str(output), "--max-steps", "4",
-          "--logging-steps", "2", "--max-eval-samples", "6", "--set", "num_experts=4", *common])
+    main(
+        [
+            "train",
+            "--task",
+            "causal-lm",
+            "--model",
+            config,
+            "--output-dir",
+            str(output),
+            "--max-steps",
+            "4",
+            "--logging-steps",
+            "2",
+            "--max-eval-samples",
+            "6",
+            "--set",
+            "num_experts=4",
+            *common,
+        ]
+    )
     assert "| causal-lm |" in capsys.readouterr().out
     assert [step for step, _ in logged(output / "log.csv", "router/layers.1/max_load")] == [2, 4]
     assert (output / "expert_load.png").read_bytes()[:4] == b"\x89PNG"
@@ -172,6 +205,7 @@ def test_a_diverged_run_stops_at_the_first_non_finite_loss(tmp_path, monkeypatch
                     next(model.parameters()).fill_(float("nan"))
 
     build = run.make_trainer
+
     def poisoned(*args, **kwargs):
         trainer = build(*args, **kwargs)
         trainer.add_callback(Poison())
@@ -205,18 +239,37 @@ def test_fine_tune_a_checkpoint_for_another_task(tmp_path):
     tuned = json.loads((Path(result["model_dir"]) / "config.json").read_text())
     assert tuned["architectures"] == ["TfmEncoderForSequenceClassification"]
     assert len(tuned["id2label"]) == 8
-    assert AutoTokenizer.from_pretrained(result["model_dir"]).get_vocab() == AutoTokenizer.from_pretrained(pretrained["model_dir"]).get_vocab()
+    assert (
+        AutoTokenizer.from_pretrained(result["model_dir"]).get_vocab()
+        == AutoTokenizer.from_pretrained(pretrained["model_dir"]).get_vocab()
+    )
 
 
 def test_local_files_replace_the_embedded_data(tmp_path):
     rows = [{"question": f"what is {i} plus one", "answer": str(i + 1)} for i in range(40)]
     (tmp_path / "pairs.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     result = train(
-        tiny_spec(tmp_path, "seq2seq", data=str(tmp_path / "pairs.jsonl"), columns={"source": "question", "target": "answer"}, max_steps=2)
+        tiny_spec(
+            tmp_path,
+            "seq2seq",
+            data=str(tmp_path / "pairs.jsonl"),
+            columns={"source": "question", "target": "answer"},
+            max_steps=2,
+        )
     )
     assert result["dataset"] == str(tmp_path / "pairs.jsonl")
-    (tmp_path / "labels.csv").write_text("sentence,label\n" + "".join(f"good text {i},pos\nbad text {i},neg\n" for i in range(20)))
-    result = train(tiny_spec(tmp_path, "sequence-classification", data=str(tmp_path / "labels.csv"), columns={"text": "sentence"}, max_steps=2))
+    (tmp_path / "labels.csv").write_text(
+        "sentence,label\n" + "".join(f"good text {i},pos\nbad text {i},neg\n" for i in range(20))
+    )
+    result = train(
+        tiny_spec(
+            tmp_path,
+            "sequence-classification",
+            data=str(tmp_path / "labels.csv"),
+            columns={"text": "sentence"},
+            max_steps=2,
+        )
+    )
     assert json.loads((Path(result["model_dir"]) / "config.json").read_text())["id2label"] == {"0": "neg", "1": "pos"}
 
 
@@ -241,7 +294,9 @@ run.train(run.RunSpec(**{spec}))
 def _spec_fields(tmp_path, output) -> dict:
     return {
         "task": "causal-lm",
-        "model": tiny_config_file(tmp_path / "configs", "tfm_decoder", hidden_dropout=0.1),  # dropout: RNG state must resume too
+        "model": tiny_config_file(
+            tmp_path / "configs", "tfm_decoder", hidden_dropout=0.1
+        ),  # dropout: RNG state must resume too
         "output_dir": str(output),
         "max_files": 40,
         "vocab_size": 300,
@@ -267,9 +322,18 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
     output = tmp_path / "killed"
     fields = _spec_fields(tmp_path, output)
     env = {**os.environ, "KILL_AT_STEP": "7", "HF_HUB_OFFLINE": "1"}
-    killed = subprocess.run([sys.executable, "-c", KILLING_RUN.format(spec=repr(fields))], check=False, env=env, capture_output=True, text=True, timeout=600)
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLING_RUN.format(spec=repr(fields))],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert killed.returncode == -9, killed.stderr[-2000:]
-    assert [step for step, _ in logged(output / "log.csv", "loss")] == list(range(1, 7))  # killed before logging step 7
+    assert [step for step, _ in logged(output / "log.csv", "loss")] == list(
+        range(1, 7)
+    )  # killed before logging step 7
     assert not (output / "model").exists()
 
     (output / "checkpoints" / "checkpoint-6" / "model.safetensors").write_bytes(b"half")  # damaged after its save
@@ -277,8 +341,16 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
     (output / "checkpoints" / "checkpoint-8" / "config.json").write_text("{")
 
     resumed = subprocess.run(
-        [sys.executable, "-c", f"from hf_tfm.training import run; run.train(run.RunSpec(**{{**{fields!r}, 'resume': True}}))"],
-        check=False, env=env, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-c",
+            f"from hf_tfm.training import run; run.train(run.RunSpec(**{{**{fields!r}, 'resume': True}}))",
+        ],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "passing over" in resumed.stdout and "checkpoint-8 has no hf_tfm_manifest.json" in resumed.stdout
@@ -339,22 +411,45 @@ def _write(path: Path, text: str) -> str:
 @pytest.mark.parametrize(
     "case, message",
     [
-        ("missing column", r"has no column 'text', which task causal-lm needs \(columns: body\); rename with --column text="),
+        (
+            "missing column",
+            r"has no column 'text', which task causal-lm needs \(columns: body\); rename with --column text=",
+        ),
         ("empty dataset", r"data file .*d.csv holds no rows; nothing to train on"),
-        ("unknown preset", r"unknown model 'gpt5-huge': not a folder or a config.json file, and no preset .*: .*llama-1.3m"),
+        (
+            "unknown preset",
+            r"unknown model 'gpt5-huge': not a folder or a config.json file, and no preset .*: .*llama-1.3m",
+        ),
         ("unwritable output", r"output directory .* is not writable"),
         ("wrong paradigm", r"task masked-lm needs a AutoModelForMaskedLM head, which model_type 'tfm_decoder'"),
         ("tokenizer too large", r"the tokenizer has \d+ tokens but .* has vocab_size=50"),
         ("unknown column mapping", r"--column label=x: task causal-lm reads only text"),
         ("missing file", r"data file .*nope.jsonl not found"),
-        ("misspelled --set field", r"--set num_expert: TfmDecoderConfig has no field 'num_expert'; did you mean 'num_e"),
+        (
+            "misspelled --set field",
+            r"--set num_expert: TfmDecoderConfig has no field 'num_expert'; did you mean 'num_e",
+        ),
         ("--set value of the wrong type", r"^error: --set hidden_size=abc: Field 'hidden_size' expected int, got str"),
         ("too few files for a validation split", r"--max-files 1: the embedded causal-lm data .* 0 validation rows"),
     ],
 )
 def test_bad_input_fails_before_training(tmp_path, case, message):
-    args = ["train", "--task", "causal-lm", "--model", tiny_config_file(tmp_path, "tfm_decoder"), "--output-dir", str(tmp_path / "out"),
-            "--max-steps", "2", "--max-files", "40", "--vocab-size", "300", "--use-cpu"]
+    args = [
+        "train",
+        "--task",
+        "causal-lm",
+        "--model",
+        tiny_config_file(tmp_path, "tfm_decoder"),
+        "--output-dir",
+        str(tmp_path / "out"),
+        "--max-steps",
+        "2",
+        "--max-files",
+        "40",
+        "--vocab-size",
+        "300",
+        "--use-cpu",
+    ]
     if case == "missing column":
         args += ["--data", _write(tmp_path / "d.jsonl", '{"body": "some text"}\n' * 10)]
     elif case == "empty dataset":
@@ -367,7 +462,9 @@ def test_bad_input_fails_before_training(tmp_path, case, message):
         args[2] = "masked-lm"
     elif case == "tokenizer too large":
         torch.manual_seed(0)
-        TfmDecoderForCausalLM(AutoConfig.for_model(**json.loads(Path(args[4]).read_text()), vocab_size=50)).save_pretrained(tmp_path / "small")
+        TfmDecoderForCausalLM(
+            AutoConfig.for_model(**json.loads(Path(args[4]).read_text()), vocab_size=50)
+        ).save_pretrained(tmp_path / "small")
         train_byte_level_bpe(["some text to learn from"] * 10, vocab_size=300).save_pretrained(tmp_path / "tokenizer")
         args[4] = str(tmp_path / "small")
         args += ["--tokenizer", str(tmp_path / "tokenizer")]

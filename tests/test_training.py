@@ -2,12 +2,12 @@
 
 import pytest
 import torch
+from conftest import tiny_config, tiny_model
 from torch.utils.data import Dataset
 from transformers import Trainer, TrainingArguments
 
 from hf_tfm import TfmEncoderConfig, TfmEncoderForSequenceClassification, TfmEncoderForTokenClassification
 from hf_tfm.training.callbacks import RouterBiasCallback
-from conftest import tiny_config, tiny_model
 
 
 class ListDataset(Dataset):

@@ -2,16 +2,18 @@
 
 import pytest
 import torch
+from conftest import VOCAB, perturb, tiny_config, tiny_model
 
 from hf_tfm import TfmEncoderDecoderConfig, TfmEncoderDecoderForConditionalGeneration
 from hf_tfm.modeling_tfm_layers import TfmMoE
 from hf_tfm.upcycle import upcycle
-from conftest import VOCAB, perturb, tiny_config, tiny_model
 
 GLU = dict(ffn_type="glu", hidden_act="silu", mlp_bias=False)
 
 
-@pytest.mark.parametrize("moe_fields", [{}, {"decoder_sparse_step": 2}, {"moe_layers": [0]}], ids=["all", "every-2nd", "list"])
+@pytest.mark.parametrize(
+    "moe_fields", [{}, {"decoder_sparse_step": 2}, {"moe_layers": [0]}], ids=["all", "every-2nd", "list"]
+)
 def test_upcycled_decoder_matches_dense(moe_fields):
     """Right after upcycling, logits equal the dense model's (normalised top-k), on the layers chosen."""
     dense = perturb(tiny_model(num_hidden_layers=2, **GLU))
@@ -32,7 +34,9 @@ def test_upcycled_encoder_decoder_matches_dense():
     moe = upcycle(dense, num_experts=3).eval()
     ids, targets = torch.randint(3, VOCAB, (2, 7)), torch.randint(3, VOCAB, (2, 5))
     with torch.no_grad():
-        torch.testing.assert_close(moe(ids, decoder_input_ids=targets).logits, dense(ids, decoder_input_ids=targets).logits, atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            moe(ids, decoder_input_ids=targets).logits, dense(ids, decoder_input_ids=targets).logits, atol=1e-5, rtol=0
+        )
     assert moe.model.encoder.embed_tokens is moe.model.shared
 
 
@@ -49,7 +53,9 @@ def test_experts_diverge_after_training():
     assert not torch.equal(experts[0], experts[1])
 
 
-@pytest.mark.parametrize("overrides, field", [({"ffn_type": "mlp"}, "ffn_type"), ({**GLU, "mlp_bias": True}, "mlp_bias")])
+@pytest.mark.parametrize(
+    "overrides, field", [({"ffn_type": "mlp"}, "ffn_type"), ({**GLU, "mlp_bias": True}, "mlp_bias")]
+)
 def test_upcycling_refuses_what_experts_cannot_copy(overrides, field):
     with pytest.raises(ValueError, match=field):
         upcycle(tiny_model(**{**GLU, **overrides}), num_experts=4)

@@ -91,8 +91,12 @@ class RunRecord:
             task=task,
             dataset=data.get("dataset"),
             training=dict(training),
-            results=[Measurement(*_entry(r, ("split", "metric"), source, "results")) for r in data.get("results") or []],
-            baselines=[Baseline(*_entry(b, ("name", "metric"), source, "baselines")) for b in data.get("baselines") or []],
+            results=[
+                Measurement(*_entry(r, ("split", "metric"), source, "results")) for r in data.get("results") or []
+            ],
+            baselines=[
+                Baseline(*_entry(b, ("name", "metric"), source, "baselines")) for b in data.get("baselines") or []
+            ],
             description=data.get("description"),
             data=dict(data.get("data") or {}),
         )
@@ -100,7 +104,9 @@ class RunRecord:
 
 def _entry(item: Any, keys: tuple[str, str], source: str, where: str) -> tuple[str, str, float]:
     if not isinstance(item, Mapping) or any(not isinstance(item.get(k), str) for k in keys):
-        raise RunRecordError(f"{source}: every entry of `{where}` needs string {keys[0]!r} and {keys[1]!r}, got {item!r}")
+        raise RunRecordError(
+            f"{source}: every entry of `{where}` needs string {keys[0]!r} and {keys[1]!r}, got {item!r}"
+        )
     value = item.get("value")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise RunRecordError(f"{source}: `{where}` entry {item!r} needs a finite number as 'value'")
@@ -108,7 +114,8 @@ def _entry(item: Any, keys: tuple[str, str], source: str, where: str) -> tuple[s
 
 
 def read_run_record(folder: str | Path) -> RunRecord | None:
-    """The run record saved in `folder`, or None when there is none. A malformed one raises `RunRecordError` (a `ValueError`)."""
+    """The run record saved in `folder`, or None when there is none. A malformed one raises `RunRecordError`
+    (a `ValueError`)."""
     path = Path(folder) / RUN_RECORD
     if not path.is_file():
         return None
@@ -187,7 +194,10 @@ def architecture_rows(model: TfmPreTrainedModel) -> list[tuple[str, str]]:
         feed_forward = "experts in every layer"
     rows += [
         ("feed-forward", feed_forward),
-        ("experts / top-k", f"{config.num_experts} / top-{config.num_experts_per_tok}" if config.num_experts else "dense"),
+        (
+            "experts / top-k",
+            f"{config.num_experts} / top-{config.num_experts_per_tok}" if config.num_experts else "dense",
+        ),
     ]
     if config.num_experts:
         rows += [
@@ -225,7 +235,9 @@ def _human(count: int) -> str:
 
 
 def _measurements(results: Iterable[Measurement | Mapping]) -> list[Measurement]:
-    return [r if isinstance(r, Measurement) else Measurement(r["split"], r["metric"], float(r["value"])) for r in results]
+    return [
+        r if isinstance(r, Measurement) else Measurement(r["split"], r["metric"], float(r["value"])) for r in results
+    ]
 
 
 def _format_value(value: Any) -> str:
@@ -235,7 +247,9 @@ def _format_value(value: Any) -> str:
 
 
 def _has_tokenizer(folder: Path) -> bool:
-    return any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json"))
+    return any(
+        (folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json")
+    )
 
 
 def write_model_card(
@@ -264,7 +278,9 @@ def write_model_card(
     model_type = config.model_type
     name = repo_id or folder.name
     results = _measurements(results)
-    baselines = [b if isinstance(b, Baseline) else Baseline(b["name"], b["metric"], float(b["value"])) for b in baselines]
+    baselines = [
+        b if isinstance(b, Baseline) else Baseline(b["name"], b["metric"], float(b["value"])) for b in baselines
+    ]
     pipeline_tag = pipeline_tag_of(model, task)
     auto_class = auto_class_of(model)
     total, active = model.num_parameters(), active_parameters(model)

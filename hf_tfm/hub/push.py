@@ -16,7 +16,6 @@ from huggingface_hub.errors import HfHubHTTPError
 from ..training.checkpoints import WEIGHT_FILES
 
 
-
 class NotAModelFolderError(FileNotFoundError):
     """The path given to push is not a folder written by `save_pretrained`."""
 
@@ -25,7 +24,9 @@ def check_model_folder(folder: str | Path) -> Path:
     """`folder` as a Path if it holds a saved model (config.json and weights); a clear error naming it otherwise."""
     folder = Path(folder)
     if not folder.is_dir():
-        raise NotAModelFolderError(f"{folder} is not a folder: expected a saved model folder (model.save_pretrained(...))")
+        raise NotAModelFolderError(
+            f"{folder} is not a folder: expected a saved model folder (model.save_pretrained(...))"
+        )
     config_file = folder / "config.json"
     if not config_file.is_file():
         raise NotAModelFolderError(
@@ -34,7 +35,9 @@ def check_model_folder(folder: str | Path) -> Path:
     try:
         json.loads(config_file.read_text())
     except ValueError as error:
-        raise NotAModelFolderError(f"{folder} is not a saved model folder: {config_file} is not valid JSON ({error})")
+        raise NotAModelFolderError(
+            f"{folder} is not a saved model folder: {config_file} is not valid JSON ({error})"
+        ) from error
     if not any((folder / name).is_file() for name in WEIGHT_FILES):
         raise NotAModelFolderError(
             f"{folder} is not a saved model folder: it has config.json but no weights ({', '.join(WEIGHT_FILES)})"

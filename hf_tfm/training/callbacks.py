@@ -46,14 +46,21 @@ class CSVLogCallback(TrainerCallback):
 def read_log(path: str | Path) -> list[dict]:
     with Path(path).open(newline="") as handle:
         return [
-            {"step": int(row["step"]), "epoch": float(row["epoch"] or "nan"), "name": row["name"], "value": float(row["value"])}
+            {
+                "step": int(row["step"]),
+                "epoch": float(row["epoch"] or "nan"),
+                "name": row["name"],
+                "value": float(row["value"]),
+            }
             for row in csv.DictReader(handle)
         ]
 
 
 def logged(path: str | Path, name: str) -> list[tuple[int, float]]:
     """(step, value) pairs of one logged quantity, e.g. "loss" or "eval_loss"."""
-    return [(row["step"], row["value"]) for row in read_log(path) if row["name"] == name and not math.isnan(row["value"])]
+    return [
+        (row["step"], row["value"]) for row in read_log(path) if row["name"] == name and not math.isnan(row["value"])
+    ]
 
 
 class RouterBiasCallback(TrainerCallback):

@@ -28,7 +28,12 @@ from ..modeling_tfm_saving import (  # noqa: F401  (re-exported: the training co
 from .tasks import head_for_architecture
 
 # what makes a folder a saved model, besides config.json
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 # what Trainer loads with torch.load(weights_only=True) when it resumes from a checkpoint
 TRAINER_STATE_FILES = ("optimizer.pt", "scheduler.pt", "scaler.pt")
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
@@ -84,7 +89,9 @@ def check_trainer_state(checkpoint: Path) -> None:
                 torch.load(path, map_location="cpu", weights_only=True)
             except Exception as error:  # noqa: BLE001  (UnpicklingError, a truncated zip, ...: all unusable)
                 reason = str(error).strip().splitlines()[0] if str(error).strip() else ""
-                raise CorruptCheckpoint(f"{path} cannot be loaded safely ({type(error).__name__}: {reason})")
+                raise CorruptCheckpoint(
+                    f"{path} cannot be loaded safely ({type(error).__name__}: {reason})"
+                ) from error
 
 
 def last_good_checkpoint(folder: Path) -> tuple[Path | None, list[tuple[Path, str]]]:

@@ -41,7 +41,10 @@ def _records(path: Path, root: Path) -> list[dict]:
         return []
     relative = path.relative_to(root)
     package = relative.parts[0].removesuffix(".py")
-    nodes = [tree, *(n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)))]
+    nodes = [
+        tree,
+        *(n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))),
+    ]
     records = []
     for node in nodes:
         doc = ast.get_docstring(node, clean=True)
@@ -50,7 +53,14 @@ def _records(path: Path, root: Path) -> list[dict]:
         kind = "module" if isinstance(node, ast.Module) else "class" if isinstance(node, ast.ClassDef) else "function"
         name = path.stem if kind == "module" else node.name
         records.append(
-            {"path": str(relative), "package": package, "kind": kind, "name": name, "parameters": _parameters(node), "docstring": doc}
+            {
+                "path": str(relative),
+                "package": package,
+                "kind": kind,
+                "name": name,
+                "parameters": _parameters(node),
+                "docstring": doc,
+            }
         )
     return records
 

@@ -136,7 +136,9 @@ def _load_source(source: str, validation_file: str | None, dataset_config: str |
         if not path.is_file():
             raise FileNotFoundError(f"data file {source} not found")
         if path.suffix not in FILE_BUILDERS:
-            raise ValueError(f"data file {source}: unsupported format {path.suffix!r}; use one of {', '.join(FILE_BUILDERS)}")
+            raise ValueError(
+                f"data file {source}: unsupported format {path.suffix!r}; use one of {', '.join(FILE_BUILDERS)}"
+            )
         data_files = {"train": str(path)}
         if validation_file:
             if not Path(validation_file).is_file():
@@ -161,7 +163,9 @@ def _ensure_validation(data: DatasetDict, source: str) -> DatasetDict:
         raise ValueError(f"dataset {source}: the train split is empty; nothing to train on")
     if "validation" not in data:
         if len(data["train"]) < 2:
-            raise ValueError(f"dataset {source}: one training row cannot be split into train and validation; pass --validation-file")
+            raise ValueError(
+                f"dataset {source}: one training row cannot be split into train and validation; pass --validation-file"
+            )
         held_out = data["train"].train_test_split(test_size=0.05 if len(data["train"]) >= 40 else 0.5, seed=0)
         data = DatasetDict(train=held_out["train"], validation=held_out["test"])
     if len(data["validation"]) == 0:
@@ -199,7 +203,9 @@ def load_task_data(
         if standard not in TASKS[task].columns:
             raise ValueError(f"--column {standard}={theirs}: task {task} reads only {', '.join(TASKS[task].columns)}")
         if theirs not in data["train"].column_names:
-            raise ValueError(f"dataset {source} has no column {theirs!r} (columns: {', '.join(data['train'].column_names)})")
+            raise ValueError(
+                f"dataset {source} has no column {theirs!r} (columns: {', '.join(data['train'].column_names)})"
+            )
         data = data.rename_column(theirs, standard)
     check_columns(data, task, source)
     return data.select_columns(list(TASKS[task].columns))

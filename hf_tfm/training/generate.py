@@ -6,8 +6,16 @@ from .checkpoints import load_saved
 from .run import load_tokenizer
 
 
-def generate_text(folder: str, prompts: list[str], max_new_tokens: int = 32, num_beams: int = 1, do_sample: bool = False,
-                  temperature: float = 1.0, top_p: float = 1.0, seed: int = 0) -> list[str]:
+def generate_text(
+    folder: str,
+    prompts: list[str],
+    max_new_tokens: int = 32,
+    num_beams: int = 1,
+    do_sample: bool = False,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+) -> list[str]:
     model = load_saved(folder).eval()
     tokenizer = load_tokenizer(folder)
     if not model.can_generate():
@@ -20,10 +28,15 @@ def generate_text(folder: str, prompts: list[str], max_new_tokens: int = 32, num
     inputs.pop("token_type_ids", None)
     sampling = {"temperature": temperature, "top_p": top_p} if do_sample else {}
     with torch.no_grad():
-        output = model.generate(**inputs, max_new_tokens=max_new_tokens, num_beams=num_beams, do_sample=do_sample, **sampling)
+        output = model.generate(
+            **inputs, max_new_tokens=max_new_tokens, num_beams=num_beams, do_sample=do_sample, **sampling
+        )
     if not model.config.is_encoder_decoder:
         output = output[:, inputs["input_ids"].shape[1] :]
-    return [f"{prompt} -> {text}" for prompt, text in zip(prompts, tokenizer.batch_decode(output, skip_special_tokens=True))]
+    return [
+        f"{prompt} -> {text}"
+        for prompt, text in zip(prompts, tokenizer.batch_decode(output, skip_special_tokens=True))
+    ]
 
 
 def _fill_masks(model, tokenizer, prompt: str) -> str:

@@ -31,8 +31,14 @@ PROMPTS = {
 }
 
 
-def run_main_job(output_dir: str = "runs/demo", scale: float = 1.0, max_files: int | None = None, seed: int = 0,
-                 max_eval_samples: int | None = 256, overwrite: bool = False) -> list[dict]:
+def run_main_job(
+    output_dir: str = "runs/demo",
+    scale: float = 1.0,
+    max_files: int | None = None,
+    seed: int = 0,
+    max_eval_samples: int | None = 256,
+    overwrite: bool = False,
+) -> list[dict]:
     started = time.time()
     output = Path(output_dir)
     check_earlier_run(output, overwrite)
@@ -53,7 +59,9 @@ def run_main_job(output_dir: str = "runs/demo", scale: float = 1.0, max_files: i
             **extra,
         )
         result = train(spec)
-        result["samples"] = generate_text(result["model_dir"], PROMPTS[task], max_new_tokens=16) if task in PROMPTS else []
+        result["samples"] = (
+            generate_text(result["model_dir"], PROMPTS[task], max_new_tokens=16) if task in PROMPTS else []
+        )
         results.append(result)
         saved[task] = result["model_dir"]
 

@@ -18,18 +18,20 @@ def summary_rows(results: list[dict]) -> list[dict]:
         metric, higher_is_better = task.headline, task.higher_is_better
         candidates = [(b["name"], b["value"]) for b in result["baselines"] if b["metric"] == metric]
         best = (max if higher_is_better else min)(candidates, key=lambda c: c[1]) if candidates else (None, None)
-        rows.append({
-            "task": result["task"],
-            "model": result["model"],
-            "metric": metric,
-            "before": _score(result.get("before_training", []), metric),
-            "after": _score(result["results"], metric),
-            "best_baseline": best[0],
-            "baseline": best[1],
-            "loss": _score(result["results"], "loss"),
-            "seconds": result["seconds"],
-            "model_dir": result["model_dir"],
-        })
+        rows.append(
+            {
+                "task": result["task"],
+                "model": result["model"],
+                "metric": metric,
+                "before": _score(result.get("before_training", []), metric),
+                "after": _score(result["results"], metric),
+                "best_baseline": best[0],
+                "baseline": best[1],
+                "loss": _score(result["results"], "loss"),
+                "seconds": result["seconds"],
+                "model_dir": result["model_dir"],
+            }
+        )
     return rows
 
 

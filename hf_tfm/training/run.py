@@ -51,17 +51,15 @@ from .checkpoints import (
 from .data import EMBEDDED_NAME, load_task_data
 from .tasks import (
     TASKS,
-    check_task,
     argmax_logits,
     baselines,
+    check_task,
     collator,
     compute_metrics_for,
     label_names,
     task_for_architecture,
     tokenize,
 )
-
-
 
 # files of a run's output folder besides checkpoints/, model/ and tokenizer/
 LOG = "log.csv"
@@ -107,7 +105,8 @@ def check_head(task: str, config, model: str) -> None:
     available = getattr(config, "auto_classes", {})
     if TASKS[task].head.auto_class not in available:
         raise ValueError(
-            f"task {task} needs a {TASKS[task].head.auto_class} head, which model_type {config.model_type!r} ({model}) does not have; "
+            f"task {task} needs a {TASKS[task].head.auto_class} head, "
+            f"which model_type {config.model_type!r} ({model}) does not have; "
             f"its heads: {', '.join(available) or 'none (not an hf_tfm config)'}"
         )
 
@@ -120,10 +119,14 @@ def prepare_output_dir(spec: RunSpec) -> Path:
         probe.write_text("")
         probe.unlink()
     except OSError as error:
-        raise PermissionError(f"output directory {output} is not writable ({error.strerror}); choose another --output-dir") from error
+        raise PermissionError(
+            f"output directory {output} is not writable ({error.strerror}); choose another --output-dir"
+        ) from error
     earlier = output / "checkpoints"
     if checkpoints(earlier) and not (spec.resume or spec.overwrite):
-        raise FileExistsError(f"{earlier} holds checkpoints of an earlier run: pass --resume to continue it or --overwrite to start over")
+        raise FileExistsError(
+            f"{earlier} holds checkpoints of an earlier run: pass --resume to continue it or --overwrite to start over"
+        )
     if spec.overwrite and not spec.resume and PartialState().is_main_process:
         shutil.rmtree(earlier, ignore_errors=True)
         for name in (LOG, BEFORE_TRAINING, EXPERT_LOAD):
@@ -137,7 +140,9 @@ def resume_checkpoint(output: Path) -> Path:
     for _, reason in passed_over:
         print(f"resume: passing over {reason}")
     if checkpoint is None:
-        raise FileNotFoundError(f"--resume: no complete checkpoint under {output / 'checkpoints'}; start again without --resume")
+        raise FileNotFoundError(
+            f"--resume: no complete checkpoint under {output / 'checkpoints'}; start again without --resume"
+        )
     if PartialState().is_main_process:
         for broken, _ in passed_over:  # newer than the good one and unusable: the killed run's half-written saves
             shutil.rmtree(broken, ignore_errors=True)
@@ -171,15 +176,23 @@ def fresh_config(spec: RunSpec, config, tokenizer, labels: list[str] | None):
     if config.model_type == "tfm_encoder_decoder":
         updates["decoder_start_token_id"] = pad
     if spec.dropout is not None:
-        updates.update({name: spec.dropout for name in ("hidden_dropout", "attention_dropout", "embedding_dropout") if hasattr(config, name)})
+        updates.update(
+            {
+                name: spec.dropout
+                for name in ("hidden_dropout", "attention_dropout", "embedding_dropout")
+                if hasattr(config, name)
+            }
+        )
     updates.update(spec.config_overrides)
     try:
         return AutoConfig.for_model(**{**config.to_dict(), **updates, **label_fields(labels)})
     except (StrictDataclassError, TypeError, ValueError) as error:  # the config's own validation names the field
         if not spec.config_overrides:
             raise
-        given = " ".join(f"--set {key}={value if isinstance(value, str) else json.dumps(value)}"
-                         for key, value in spec.config_overrides.items())
+        given = " ".join(
+            f"--set {key}={value if isinstance(value, str) else json.dumps(value)}"
+            for key, value in spec.config_overrides.items()
+        )
         raise ValueError(f"{given}: {config_problem(error)}") from error
 
 
@@ -200,7 +213,11 @@ def check_overrides(spec: RunSpec, config, pretrained: bool) -> None:
 def label_fields(labels: list[str] | None) -> dict:
     if labels is None:
         return {}
-    return {"num_labels": len(labels), "id2label": dict(enumerate(labels)), "label2id": {n: i for i, n in enumerate(labels)}}
+    return {
+        "num_labels": len(labels),
+        "id2label": dict(enumerate(labels)),
+        "label2id": {n: i for i, n in enumerate(labels)},
+    }
 
 
 def build_model(spec: RunSpec, config_path: Path, pretrained: bool, tokenizer, labels):
@@ -304,7 +321,11 @@ def final_metrics(trainer, task: str) -> dict[str, float]:
         trainer.args.predict_with_generate, trainer.compute_metrics = False, None
         trainer.model.generation_config = generation_config
     scores = {key.removeprefix("eval_"): value for key, value in metrics.items() if key.startswith("eval_")}
-    scores = {k: v for k, v in scores.items() if k not in ("runtime", "samples_per_second", "steps_per_second", "epoch", "model_preparation_time")}
+    scores = {
+        k: v
+        for k, v in scores.items()
+        if k not in ("runtime", "samples_per_second", "steps_per_second", "epoch", "model_preparation_time")
+    }
     if task in ("causal-lm", "masked-lm", "seq2seq"):
         scores["perplexity"] = math.exp(scores["loss"])
     return scores
@@ -313,8 +334,18 @@ def final_metrics(trainer, task: str) -> dict[str, float]:
 def record(spec: RunSpec, trainer, before: dict | None, after: dict, baseline: list[dict], seconds: float) -> dict:
     training = {
         k: getattr(trainer.args, k)
-        for k in ("max_steps", "per_device_train_batch_size", "gradient_accumulation_steps", "learning_rate",
-                  "lr_scheduler_type", "warmup_steps", "weight_decay", "seed", "bf16", "optim")
+        for k in (
+            "max_steps",
+            "per_device_train_batch_size",
+            "gradient_accumulation_steps",
+            "learning_rate",
+            "lr_scheduler_type",
+            "warmup_steps",
+            "weight_decay",
+            "seed",
+            "bf16",
+            "optim",
+        )
     }
     training = {k: getattr(v, "value", v) for k, v in training.items()}  # enums (optimizer, schedule) as their names
     training["world_size"] = trainer.args.world_size
@@ -328,7 +359,10 @@ def record(spec: RunSpec, trainer, before: dict | None, after: dict, baseline: l
         "before_training": [{"split": "validation", "metric": k, "value": v} for k, v in (before or {}).items()],
         "baselines": baseline,
         "seconds": seconds,
-        "description": f"{trainer.state.global_step} optimizer steps of `{type(trainer).__name__}` on {spec.data or EMBEDDED_NAME}.",
+        "description": (
+            f"{trainer.state.global_step} optimizer steps of `{type(trainer).__name__}` "
+            f"on {spec.data or EMBEDDED_NAME}."
+        ),
     }
 
 
@@ -383,7 +417,9 @@ def train(spec: RunSpec) -> dict:
         train_until_diverged(trainer, output, csv_log, resume_from)
     after = final_metrics(trainer, spec.task)
 
-    run = record(spec, trainer, before, after, baselines(spec.task, data, len(tokenizer), labels), time.time() - started)
+    run = record(
+        spec, trainer, before, after, baselines(spec.task, data, len(tokenizer), labels), time.time() - started
+    )
     result = {"model_dir": str(output / "model"), "log": str(output / LOG)}
     if trainer.is_world_process_zero():
         save_final(output, trainer.model, tokenizer, run)
@@ -423,8 +459,16 @@ def train_until_diverged(trainer, output: Path, csv_log, resume_from: Path | Non
         ) from None
 
 
-DATA_SETTINGS = ("data", "validation_file", "dataset_config", "columns", "max_files", "max_length", "max_eval_samples",
-                 "seed")
+DATA_SETTINGS = (
+    "data",
+    "validation_file",
+    "dataset_config",
+    "columns",
+    "max_files",
+    "max_length",
+    "max_eval_samples",
+    "seed",
+)
 SOURCE_SETTINGS = ("validation_file", "dataset_config", "columns", "max_files")  # belong to one `data` source
 
 
@@ -435,14 +479,22 @@ def data_settings(spec: RunSpec) -> dict:
 
 def run_data(task: str, settings: dict):
     """Train and validation splits as `data_settings` describe them: the same for `train` and `evaluate`."""
-    data = load_task_data(task, settings["data"], settings["validation_file"], settings["dataset_config"],
-                          settings["columns"], settings["max_files"])
+    data = load_task_data(
+        task,
+        settings["data"],
+        settings["validation_file"],
+        settings["dataset_config"],
+        settings["columns"],
+        settings["max_files"],
+    )
     sizes = {split: len(data[split]) for split in ("train", "validation")}
     if not all(sizes.values()):
         rows = f"{sizes['train']} training and {sizes['validation']} validation rows; both splits need rows"
         if settings["max_files"]:
-            raise ValueError(f"--max-files {settings['max_files']}: the embedded {task} data of that many stdlib "
-                             f"files has {rows}: raise --max-files")
+            raise ValueError(
+                f"--max-files {settings['max_files']}: the embedded {task} data of that many stdlib "
+                f"files has {rows}: raise --max-files"
+            )
         raise ValueError(f"the {task} data {settings['data'] or EMBEDDED_NAME} has {rows}")
     if settings["max_eval_samples"]:
         data["validation"] = data["validation"].select(range(min(settings["max_eval_samples"], sizes["validation"])))
@@ -475,10 +527,17 @@ def training_texts(task: str, train) -> list[str]:
     return list(train["text"])
 
 
-def evaluate_saved(folder: str, data: str | None = None, validation_file: str | None = None,
-                   dataset_config: str | None = None, columns: dict | None = None, max_files: int | None = None,
-                   max_eval_samples: int | None = None, batch_size: int | None = None,
-                   max_length: int | None = None) -> dict:
+def evaluate_saved(
+    folder: str,
+    data: str | None = None,
+    validation_file: str | None = None,
+    dataset_config: str | None = None,
+    columns: dict | None = None,
+    max_files: int | None = None,
+    max_eval_samples: int | None = None,
+    batch_size: int | None = None,
+    max_length: int | None = None,
+) -> dict:
     """Scores of a saved model on a validation split: by default the very split its training run was scored on
     (the data settings in its run record), else the embedded default; arguments given replace those settings."""
     model = load_saved(folder)
@@ -489,19 +548,35 @@ def evaluate_saved(folder: str, data: str | None = None, validation_file: str | 
     recorded = dict(run.data) if run else {}
     if data is not None and data != recorded.get("data"):  # other data: the run's file-specific settings do not apply
         recorded = {k: v for k, v in recorded.items() if k not in SOURCE_SETTINGS}
-    given = {"data": data, "validation_file": validation_file, "dataset_config": dataset_config, "columns": columns,
-             "max_files": max_files, "max_eval_samples": max_eval_samples, "max_length": max_length}
+    given = {
+        "data": data,
+        "validation_file": validation_file,
+        "dataset_config": dataset_config,
+        "columns": columns,
+        "max_files": max_files,
+        "max_eval_samples": max_eval_samples,
+        "max_length": max_length,
+    }
     defaults = data_settings(RunSpec(task=task))
     settings = {**defaults, **recorded, **{k: v for k, v in given.items() if v is not None}}
     batch_size = batch_size or (run.training.get("per_device_train_batch_size") if run else None) or RunSpec.batch_size
     dataset = run_data(task, settings)
-    labels = [model.config.id2label[i] for i in range(model.config.num_labels)] if task.endswith("classification") else None
+    labels = (
+        [model.config.id2label[i] for i in range(model.config.num_labels)] if task.endswith("classification") else None
+    )
     features = tokenize(task, dataset, tokenizer, settings["max_length"], labels)
     spec = RunSpec(task=task, model=folder, batch_size=batch_size)
     with tempfile.TemporaryDirectory() as scratch:  # Trainer wants an output folder; evaluation writes nothing there
-        trainer = make_trainer(spec, model, tokenizer, features, labels, training_arguments(spec, Path(scratch)), callbacks=[])
+        trainer = make_trainer(
+            spec, model, tokenizer, features, labels, training_arguments(spec, Path(scratch)), callbacks=[]
+        )
         scores = final_metrics(trainer, task)
-    scored = {**settings, "data": settings["data"] or EMBEDDED_NAME, "split": "validation",
-              "rows": len(dataset["validation"]), "batch_size": batch_size,
-              "settings_from": f"{RUN_RECORD if recorded else 'the defaults'} and the options given"}
+    scored = {
+        **settings,
+        "data": settings["data"] or EMBEDDED_NAME,
+        "split": "validation",
+        "rows": len(dataset["validation"]),
+        "batch_size": batch_size,
+        "settings_from": f"{RUN_RECORD if recorded else 'the defaults'} and the options given",
+    }
     return {"task": task, "model": folder, "metrics": scores, "headline": TASKS[task].headline, "scored_on": scored}

@@ -193,7 +193,9 @@ def tokenize(task: str, data, tokenizer, max_length: int, labels: list[str] | No
     from datasets import DatasetDict
 
     if task == "causal-lm":
-        return DatasetDict({split: lm_blocks(tokenizer, list(rows["text"]), max_length) for split, rows in data.items()})
+        return DatasetDict(
+            {split: lm_blocks(tokenizer, list(rows["text"]), max_length) for split, rows in data.items()}
+        )
 
     def encode(batch):
         if task == "masked-lm":
@@ -205,7 +207,9 @@ def tokenize(task: str, data, tokenizer, max_length: int, labels: list[str] | No
             encoding["labels"] = _label_ids(batch["label"], labels)
             return encoding
         encoding = tokenizer(batch["tokens"], is_split_into_words=True, truncation=True, max_length=max_length)
-        encoding["labels"] = [_aligned_tags(encoding, i, _label_ids(tags, labels)) for i, tags in enumerate(batch["tags"])]
+        encoding["labels"] = [
+            _aligned_tags(encoding, i, _label_ids(tags, labels)) for i, tags in enumerate(batch["tags"])
+        ]
         return encoding
 
     return data.map(encode, batched=True, remove_columns=list(TASKS[task].columns))
@@ -243,13 +247,19 @@ def baselines(task: str, data, vocab_size: int, labels: list[str] | None) -> lis
         return uniform
     if task == "seq2seq":
         most_common = Counter(train["target"]).most_common(1)[0][0]
-        return uniform + [
-            {"name": "copy the source", "metric": metric, "value": value}
-            for metric, value in generation_scores(validation["source"], validation["target"]).items()
-        ] + [
-            {"name": f"always {most_common!r}", "metric": metric, "value": value}
-            for metric, value in generation_scores([most_common] * len(validation["target"]), validation["target"]).items()
-        ]
+        return (
+            uniform
+            + [
+                {"name": "copy the source", "metric": metric, "value": value}
+                for metric, value in generation_scores(validation["source"], validation["target"]).items()
+            ]
+            + [
+                {"name": f"always {most_common!r}", "metric": metric, "value": value}
+                for metric, value in generation_scores(
+                    [most_common] * len(validation["target"]), validation["target"]
+                ).items()
+            ]
+        )
     if task == "sequence-classification":
         references = _label_ids(validation["label"], labels)
         majority = Counter(_label_ids(train["label"], labels)).most_common(1)[0][0]

@@ -31,7 +31,13 @@ from transformers import PreTrainedTokenizerFast
 EOS, PAD = "<|endoftext|>", "<|pad|>"
 
 # WordPiece (BERT) special tokens, with ids 0..4 in this order.
-WORDPIECE_PAD, WORDPIECE_UNK, WORDPIECE_CLS, WORDPIECE_SEP, WORDPIECE_MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
+WORDPIECE_PAD, WORDPIECE_UNK, WORDPIECE_CLS, WORDPIECE_SEP, WORDPIECE_MASK = (
+    "[PAD]",
+    "[UNK]",
+    "[CLS]",
+    "[SEP]",
+    "[MASK]",
+)
 WORDPIECE_SPECIAL_TOKENS = (WORDPIECE_PAD, WORDPIECE_UNK, WORDPIECE_CLS, WORDPIECE_SEP, WORDPIECE_MASK)
 WORDPIECE_PREFIX = "##"
 

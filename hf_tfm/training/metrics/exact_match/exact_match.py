@@ -72,8 +72,9 @@ def _strip_punctuation(text):
     )
 
 
-def normalize(text, regexes_to_ignore=None, ignore_case=False, ignore_punctuation=False, ignore_numbers=False,
-              strip=False):
+def normalize(
+    text, regexes_to_ignore=None, ignore_case=False, ignore_punctuation=False, ignore_numbers=False, strip=False
+):
     """One string normalised as `exact_match` compares it."""
     for pattern in regexes_to_ignore or ():
         text = re.sub(pattern, "", text)
@@ -90,8 +91,16 @@ def normalize(text, regexes_to_ignore=None, ignore_case=False, ignore_punctuatio
 
 @shared.with_info(_DESCRIPTION, _KWARGS_DESCRIPTION, _CITATION, shared.TEXTS)
 class ExactMatch(evaluate.Metric):
-    def _compute(self, predictions, references, regexes_to_ignore=None, ignore_case=False, ignore_punctuation=False,
-                 ignore_numbers=False, strip=False):
+    def _compute(
+        self,
+        predictions,
+        references,
+        regexes_to_ignore=None,
+        ignore_case=False,
+        ignore_punctuation=False,
+        ignore_numbers=False,
+        strip=False,
+    ):
         shared.check_pairs("exact_match", predictions, references)
         if any(text is None for text in (*predictions, *references)):
             raise ValueError("exact_match compares strings, got None")

@@ -66,14 +66,29 @@ _URL = "https://scikit-learn.org/stable/modules/generated/sklearn.metrics.f1_sco
 
 @shared.with_info(_DESCRIPTION, _KWARGS_DESCRIPTION, shared.SKLEARN_CITATION, shared.CLASS_IDS, reference_urls=[_URL])
 class F1(evaluate.Metric):
-    def _compute(self, predictions, references, labels=None, pos_label=1, average="binary", sample_weight=None,
-                 zero_division=0.0):
+    def _compute(
+        self,
+        predictions,
+        references,
+        labels=None,
+        pos_label=1,
+        average="binary",
+        sample_weight=None,
+        zero_division=0.0,
+    ):
         if average not in AVERAGES:
             raise ValueError(f"average must be one of {AVERAGES}, got {average!r}")
         if labels is not None and len(labels) == 0:  # scikit-learn would return nan
             raise ValueError("labels must name at least one class")
         shared.check_pairs("f1", predictions, references)
         weights = shared.sample_weights(sample_weight, len(predictions))
-        score = f1_score(references, predictions, labels=labels, pos_label=pos_label, average=average,
-                         sample_weight=weights, zero_division=zero_division)
+        score = f1_score(
+            references,
+            predictions,
+            labels=labels,
+            pos_label=pos_label,
+            average=average,
+            sample_weight=weights,
+            zero_division=zero_division,
+        )
         return {"f1": [float(value) for value in score] if average is None else float(score)}

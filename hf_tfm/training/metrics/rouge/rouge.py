@@ -97,8 +97,9 @@ _URLS = {
 
 @shared.with_info(_DESCRIPTION, _KWARGS_DESCRIPTION, _CITATION, shared.TEXTS_WITH_REFERENCES, **_URLS)
 class Rouge(evaluate.Metric):
-    def _compute(self, predictions, references, rouge_types=None, use_aggregator=True, use_stemmer=False,
-                 tokenizer=None):
+    def _compute(
+        self, predictions, references, rouge_types=None, use_aggregator=True, use_stemmer=False, tokenizer=None
+    ):
         references = shared.reference_lists("rouge", predictions, references)
         if rouge_types is None:
             rouge_types = DEFAULT_ROUGE_TYPES

@@ -85,16 +85,32 @@ _URLS = {
 
 @shared.with_info(_DESCRIPTION, _KWARGS_DESCRIPTION, _CITATION, shared.TEXTS_WITH_REFERENCES, **_URLS)
 class Sacrebleu(evaluate.Metric):
-    def _compute(self, predictions, references, smooth_method="exp", smooth_value=None, tokenize=None,
-                 lowercase=False, force=False, use_effective_order=False, chrf_word_order=0):
+    def _compute(
+        self,
+        predictions,
+        references,
+        smooth_method="exp",
+        smooth_value=None,
+        tokenize=None,
+        lowercase=False,
+        force=False,
+        use_effective_order=False,
+        chrf_word_order=0,
+    ):
         references = shared.reference_lists("sacrebleu", predictions, references)
         num_refs = {len(refs) for refs in references}
         if len(num_refs) != 1:
             raise ValueError(f"every prediction needs the same number of references, got {sorted(num_refs)}")
         # sacrebleu wants one stream per reference position: streams[i][j] is the i-th reference of prediction j.
         streams = [list(stream) for stream in zip(*references)]
-        bleu = scb.BLEU(lowercase=lowercase, force=force, tokenize=tokenize, smooth_method=smooth_method,
-                        smooth_value=smooth_value, effective_order=use_effective_order)
+        bleu = scb.BLEU(
+            lowercase=lowercase,
+            force=force,
+            tokenize=tokenize,
+            smooth_method=smooth_method,
+            smooth_value=smooth_value,
+            effective_order=use_effective_order,
+        )
         score = bleu.corpus_score(predictions, streams)
         chrf = scb.CHRF(word_order=chrf_word_order, lowercase=lowercase).corpus_score(predictions, streams)
         return {
