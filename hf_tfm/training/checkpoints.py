@@ -120,13 +120,15 @@ class ManifestCallback(TrainerCallback):
         if not state.is_world_process_zero:
             return
         root = Path(args.output_dir)
-        write_manifest(root / f"checkpoint-{state.global_step}")
+        newest = root / f"checkpoint-{state.global_step}"
+        write_manifest(newest)
         good = []
         for checkpoint in checkpoints(root):
             if step_of(checkpoint) > state.global_step:
                 continue  # left by an earlier, longer run in the same folder: not ours to judge
             try:
-                verify(checkpoint)
+                if checkpoint != newest:  # its manifest was just computed from its files: no second hashing
+                    verify(checkpoint)
                 good.append(checkpoint)
             except CorruptCheckpoint:
                 shutil.rmtree(checkpoint)  # half-written by a killed run, older than a verified one
