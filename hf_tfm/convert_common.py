@@ -89,3 +89,29 @@ def load_exact(
 def renamed_model(model: nn.Module, target: nn.Module, renames: dict[str, str]) -> nn.Module:
     """`target` loaded with `model`'s weights, for layouts that differ only in names (`renames`: as `renamed_keys`)."""
     return load_exact(target, renamed_keys(model.state_dict(), renames))
+
+
+# config.json keys that describe a file, a run or a task, not the function the weights compute
+NOT_ARCHITECTURE = frozenset(
+    {
+        "_name_or_path", "architectures", "dtype", "torch_dtype", "transformers_version", "model_type", "auto_map",
+        "use_cache", "output_attentions", "output_hidden_states", "return_dict", "chunk_size_feed_forward",
+        "id2label", "label2id", "problem_type", "tokenizer_class", "is_decoder", "is_encoder_decoder",
+    }
+)  # fmt: skip
+
+
+def converted_config(config, to_other, back, irrelevant: dict[str, str] | None = None):
+    """`to_other(config)`, refused when it cannot express `config` exactly. Every key of both configs' `to_dict()`
+    is checked, not a hand-kept list: `config -> to_other -> back` must give `config` again, so a field the mapping
+    drops or cannot represent comes back changed and is named in the error. `irrelevant` names (with the reason)
+    the fields that may change because the architecture never reads them (Qwen2's `max_window_layers` without a
+    sliding window)."""
+    other = to_other(config)
+    before, after = config.to_dict(), back(other).to_dict()
+    skip = NOT_ARCHITECTURE | set(irrelevant or {})
+    lost = sorted(key for key in before.keys() | after.keys() if key not in skip and before.get(key) != after.get(key))
+    if lost:
+        details = ", ".join(f"{key}={before.get(key)!r}" for key in lost)
+        raise ValueError(f"Cannot convert {type(config).__name__} to {type(other).__name__} exactly: {details}")
+    return other
