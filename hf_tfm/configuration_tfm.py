@@ -22,7 +22,9 @@ POSITION_EMBEDDING_TYPES = ("learned", "sinusoidal", "rope", "alibi", "relative_
 # schemes that add a per-head bias to the attention scores instead of changing the embeddings
 ATTENTION_BIAS_POSITIONS = ("alibi", "relative_bias")
 NORM_TYPES = ("layernorm", "rmsnorm")
-NORM_POSITIONS = ("pre", "post")
+NORM_POSITIONS = ("pre", "post", "sandwich", "output")
+LAYER_TYPES = ("full_attention", "sliding_attention")
+QK_NORMS = ("none", "per_head", "projection")
 FFN_TYPES = ("mlp", "glu")
 
 
@@ -85,16 +87,46 @@ class TfmConfig(PreTrainedConfig):
         ffn_type (`str`): `"mlp"` (up, act, down) or `"glu"` (act(gate) * up, down: SwiGLU with `silu`, GeGLU with
             `gelu`).
         mlp_bias (`bool`): biases on the feed-forward projections.
-        attention_bias (`bool`): biases on the query, key, value and output projections.
+        attention_bias (`bool`): biases on the query, key and value projections.
+        attention_out_bias (`bool`, *optional*): a bias on the attention output projection; `attention_bias` by
+            default (Qwen2 has q/k/v biases but none on the output).
         position_embedding_type (`str`): `"learned"`, `"sinusoidal"`, `"rope"`, `"alibi"`, `"relative_bias"` (T5's
             bucketed relative position bias, learned per head) or `"none"`.
         max_position_embeddings (`int`): rows of the learned position table; pretraining length for RoPE scaling.
         position_offset (`int`): learned positions are looked up at `position + offset` (BART uses 2).
+        position_ids_from_padding (`bool`): without `position_ids`, count positions over the non-padding tokens
+            only (`input_ids != pad_token_id`) and give padding position -1 (RoBERTa, with `position_offset =
+            pad_token_id + 1`: padding reads the table's padding row).
         relative_attention_num_buckets (`int`), relative_attention_max_distance (`int`): T5's relative-bias buckets.
         rope_parameters (`dict`, *optional*): transformers' RoPE dict (`rope_type` in default, linear, dynamic, yarn,
-            longrope, llama3, and `rope_theta`); only meaningful with `position_embedding_type="rope"`.
+            longrope, llama3, `rope_theta`, and `partial_rotary_factor` < 1 to rotate only the first features of each
+            head, GPT-NeoX and Phi); only meaningful with `position_embedding_type="rope"`. Or one such dict per
+            layer type, as transformers nests them (`{"full_attention": {...}, "sliding_attention": {...}}`:
+            ModernBERT's global and local theta).
+        nope_layers (`list[int]`, *optional*): layers that get no position encoding in a RoPE model (SmolLM3's NoPE
+            layers).
+        layer_types (`list[str]`, *optional*): each layer's attention, `"full_attention"` or `"sliding_attention"`
+            (transformers' names); by default every layer is sliding when `sliding_window` is set (Mistral), else
+            full.
+        sliding_window (`int`, *optional*): the window of the sliding layers: a causal query sees itself and the
+            `sliding_window - 1` tokens before it, a bidirectional one the tokens at most `sliding_window` away
+            (transformers' mask helpers).
+        qk_norm (`str`): `"none"`, `"per_head"` (a norm of width `head_dim` on every query and key head before
+            RoPE, Qwen3) or `"projection"` (a norm over the whole query and key projections, OLMo2).
+        attn_logit_softcapping (`float`, *optional*): attention scores become `cap * tanh(scores / cap)` (Gemma 2;
+            eager and flex attention only).
+        final_logit_softcapping (`float`, *optional*): the same capping on the LM-head logits (Gemma 2).
+        query_pre_attn_scalar (`float`, *optional*): attention scale `query_pre_attn_scalar ** -0.5` (Gemma 2);
+            exclusive with `attention_multiplier`.
         norm_type (`str`): `"layernorm"` or `"rmsnorm"`.
-        norm_position (`str`): `"pre"` (GPT-2, Llama) or `"post"` (original Transformer, BERT).
+        rmsnorm_unit_offset (`bool`): RMSNorm scales by `1 + weight`, with the weight initialised at 0 (Gemma).
+        norm_position (`str`): where each sublayer's norm sits: `"pre"` (`x + f(norm(x))`: GPT-2, Llama), `"post"`
+            (`norm(x + f(x))`: original Transformer, BERT), `"sandwich"` (`x + norm2(f(norm1(x)))`: Gemma 2) or
+            `"output"` (`x + norm(f(x))`: OLMo2).
+        parallel_residual (`bool`): attention and feed-forward both read the block input, `x + attn(norm1(x)) +
+            mlp(norm2(x))` (GPT-NeoX, GPT-J); pre-norm only.
+        first_layer_attn_norm (`bool`): False drops the first layer's attention-input norm (ModernBERT, whose
+            embeddings are already normed).
         layer_norm_eps (`float`): epsilon of every norm.
         norm_bias (`bool`): bias in LayerNorm (ignored by RMSNorm).
         final_norm (`bool`): a norm after the last block (standard for pre-norm stacks).
@@ -148,14 +180,26 @@ class TfmConfig(PreTrainedConfig):
     ffn_type: str = "mlp"
     mlp_bias: bool = True
     attention_bias: bool = True
+    attention_out_bias: bool | None = None
     position_embedding_type: str = "learned"
     max_position_embeddings: int = 1024
     position_offset: int = 0
+    position_ids_from_padding: bool = False
     relative_attention_num_buckets: int = 32
     relative_attention_max_distance: int = 128
     rope_parameters: dict | None = None
+    nope_layers: list[int] | None = None
+    layer_types: list[str] | None = None
+    sliding_window: int | None = None
+    qk_norm: str = "none"
+    attn_logit_softcapping: float | None = None
+    final_logit_softcapping: float | None = None
+    query_pre_attn_scalar: float | None = None
     norm_type: str = "layernorm"
+    rmsnorm_unit_offset: bool = False
     norm_position: str = "pre"
+    parallel_residual: bool = False
+    first_layer_attn_norm: bool = True
     layer_norm_eps: float = 1e-5
     norm_bias: bool = True
     final_norm: bool = True
@@ -206,7 +250,13 @@ class TfmConfig(PreTrainedConfig):
             self.moe_intermediate_size = self.intermediate_size
         if self.mlp_only_layers is None:
             self.mlp_only_layers = []
+        if self.attention_out_bias is None:
+            self.attention_out_bias = self.attention_bias
+        if self.layer_types is None and not self.is_encoder_decoder:
+            kind = "full_attention" if self.sliding_window is None else "sliding_attention"
+            self.layer_types = [kind] * self.num_hidden_layers
         self._check_moe()
+        self._check_layers()
         super().__post_init__(**kwargs)
         if self.position_embedding_type == "rope":
             self._check_rope()
@@ -248,6 +298,7 @@ class TfmConfig(PreTrainedConfig):
             ("norm_type", NORM_TYPES),
             ("norm_position", NORM_POSITIONS),
             ("ffn_type", FFN_TYPES),
+            ("qk_norm", QK_NORMS),
         ):
             value = getattr(self, field)
             _require(value in allowed, field, f"{value!r} is not one of {allowed}")
@@ -262,6 +313,24 @@ class TfmConfig(PreTrainedConfig):
             f"must be > 0 or None, got {self.attention_multiplier}",
         )
         _require(self.initializer_range >= 0, "initializer_range", f"must be >= 0, got {self.initializer_range}")
+        for field in ("attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar", "sliding_window"):
+            value = getattr(self, field)
+            _require(value is None or value > 0, field, f"must be > 0 or None, got {value}")
+        _require(
+            self.query_pre_attn_scalar is None or self.attention_multiplier is None,
+            "query_pre_attn_scalar",
+            "set it or attention_multiplier, not both: both set the attention scale",
+        )
+        _require(
+            not self.parallel_residual or self.norm_position == "pre",
+            "parallel_residual",
+            f"a parallel residual reads pre-norms, but norm_position={self.norm_position!r}",
+        )
+        _require(
+            not self.position_ids_from_padding or self.pad_token_id is not None,
+            "position_ids_from_padding",
+            "positions counted over non-padding tokens need pad_token_id",
+        )
         rope = self.rope_parameters or kwargs.get("rope_scaling")
         if self.position_embedding_type != "rope":
             scaled = rope and rope.get("rope_type", rope.get("type", "default")) != "default"
@@ -307,6 +376,58 @@ class TfmConfig(PreTrainedConfig):
             f"must be >= 0 (0 = no shared expert), got {self.shared_expert_intermediate_size}",
         )
 
+    def _check_layers(self) -> None:
+        depth = self.num_hidden_layers
+        _require(
+            self.first_layer_attn_norm or self.norm_position in ("pre", "sandwich"),
+            "first_layer_attn_norm",
+            f"only a norm before attention can be dropped, but norm_position={self.norm_position!r}",
+        )
+        bad = [i for i in self.nope_layers or [] if not 0 <= i < depth]
+        _require(not bad, "nope_layers", f"layer indices {bad} are outside [0, {depth})")
+        _require(
+            not self.nope_layers or self.position_embedding_type == "rope",
+            "nope_layers",
+            f"lists layers without RoPE, but position_embedding_type={self.position_embedding_type!r}",
+        )
+        if self.is_encoder_decoder:
+            _require(
+                not self.parallel_residual,
+                "parallel_residual",
+                "an encoder-decoder's decoder has a cross-attention sublayer between the two branches",
+            )
+            # caches size themselves from `layer_types`, which would not fit a decoder of another depth
+            for field in ("layer_types", "sliding_window", "nope_layers"):
+                _require(not getattr(self, field), field, "per-layer options are for single-stack models only")
+            return
+        _require(
+            len(self.layer_types) == depth,
+            "layer_types",
+            f"has {len(self.layer_types)} entries for num_hidden_layers={depth}",
+        )
+        bad = sorted(set(self.layer_types) - set(LAYER_TYPES))
+        _require(not bad, "layer_types", f"{bad} are not among {LAYER_TYPES}")
+        sliding = "sliding_attention" in self.layer_types
+        _require(
+            not sliding or self.sliding_window is not None,
+            "sliding_window",
+            "layer_types has sliding_attention layers, but sliding_window is not set",
+        )
+        _require(
+            not sliding or self.position_embedding_type not in ATTENTION_BIAS_POSITIONS,
+            "layer_types",
+            f"sliding layers cannot use position_embedding_type={self.position_embedding_type!r} (its bias spans "
+            "every key)",
+        )
+
+    def layer_type(self, layer_idx: int) -> str:
+        """A layer's attention kind (an encoder-decoder has no `layer_types`: all full)."""
+        return self.layer_types[layer_idx] if self.layer_types is not None else "full_attention"
+
+    def layer_kinds(self) -> set[str]:
+        """The attention kinds the layers use."""
+        return set(self.layer_types) if self.layer_types is not None else {"full_attention"}
+
     def has_moe_layers(self) -> bool:
         """Whether any layer of any stack is a Mixture-of-Experts layer."""
         depth = max(self.num_hidden_layers, getattr(self, "decoder_layers", None) or 0)
@@ -319,19 +440,34 @@ class TfmConfig(PreTrainedConfig):
             return layer_idx in self.moe_layers
         return layer_idx not in self.mlp_only_layers and (layer_idx + 1) % self.decoder_sparse_step == 0
 
-    def _check_rope(self) -> None:
+    def rope_parameters_for(self, layer_type: str) -> dict:
+        """The RoPE dict of one layer type: the one dict, or its entry when they are nested per layer type."""
         rope = self.rope_parameters
+        return rope[layer_type] if self.nested_rope() else rope
+
+    def nested_rope(self) -> bool:
+        return bool(self.rope_parameters) and set(self.rope_parameters) <= set(LAYER_TYPES)
+
+    def _check_rope(self) -> None:
+        if self.nested_rope():
+            missing = sorted(self.layer_kinds() - set(self.rope_parameters))
+            _require(not missing, "rope_parameters", f"nested per layer type, but has no entry for {missing}")
+        for layer_type in sorted(self.layer_kinds()):
+            self._check_rope_dict(self.rope_parameters_for(layer_type))
+
+    def _check_rope_dict(self, rope: dict) -> None:
         rope_type = rope.get("rope_type", "default")
         _require(
             rope_type == "default" or rope_type in ROPE_INIT_FUNCTIONS,
             "rope_parameters",
             f"unknown rope_type {rope_type!r}; known: {['default', *ROPE_INIT_FUNCTIONS]}",
         )
-        _require(self.head_dim % 2 == 0, "head_dim", f"RoPE needs an even head_dim, got {self.head_dim}")
+        factor = rope.get("partial_rotary_factor", 1.0)
         _require(
-            rope.get("partial_rotary_factor", 1.0) == 1.0,
+            0 < factor <= 1 and int(self.head_dim * factor) % 2 == 0,
             "rope_parameters",
-            "partial_rotary_factor is not supported: every head dimension is rotated",
+            f"partial_rotary_factor={factor} must be in (0, 1] and rotate an even number of the head_dim="
+            f"{self.head_dim} features",
         )
         if rope_type in ("linear", "dynamic", "yarn", "llama3", "longrope"):
             required = {"linear": "factor", "dynamic": "factor", "yarn": "factor", "llama3": "factor"}.get(rope_type)

@@ -4,6 +4,7 @@ Each block is written once here; the paradigms in `modeling_tfm.py` only compose
 transformers' attention interface (eager, sdpa, flex, flash), so every backend the library ships is available.
 """
 
+import copy
 import math
 from collections.abc import Callable
 
@@ -14,7 +15,8 @@ from transformers.cache_utils import Cache, EncoderDecoderCache
 from transformers.integrations.moe import use_experts_implementation
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, dynamic_rope_update
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, eager_attention_forward
+from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward  # Llama's, plus `softcap`
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 from transformers.models.t5.modeling_t5 import T5Attention
 from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs
@@ -23,11 +25,13 @@ from .configuration_tfm import TfmConfig
 
 
 class TfmRMSNorm(nn.Module):
-    """RMSNorm computed in float32, exactly as Llama's (and T5's) so converted checkpoints match bit for bit."""
+    """RMSNorm computed in float32, exactly as Llama's (and T5's) so converted checkpoints match bit for bit. With
+    `unit_offset` it scales by `1 + weight` and starts at weight 0 (Gemma)."""
 
-    def __init__(self, hidden_size: int, eps: float = 1e-6):
+    def __init__(self, hidden_size: int, eps: float = 1e-6, unit_offset: bool = False):
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.unit_offset = unit_offset
+        self.weight = nn.Parameter(torch.zeros(hidden_size) if unit_offset else torch.ones(hidden_size))
         self.variance_epsilon = eps
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -35,30 +39,39 @@ class TfmRMSNorm(nn.Module):
         hidden_states = hidden_states.to(torch.float32)
         variance = hidden_states.pow(2).mean(-1, keepdim=True)
         hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
-        return self.weight * hidden_states.to(input_dtype)
+        weight = 1.0 + self.weight if self.unit_offset else self.weight
+        return weight * hidden_states.to(input_dtype)
 
     def extra_repr(self) -> str:
-        return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}"
+        offset = ", unit_offset=True" if self.unit_offset else ""
+        return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}{offset}"
 
 
-def make_norm(config: TfmConfig) -> nn.Module:
+def make_norm(config: TfmConfig, width: int | None = None) -> nn.Module:
+    """The config's norm over `width` features (`hidden_size` by default)."""
+    width = width or config.hidden_size
     if config.norm_type == "rmsnorm":
-        return TfmRMSNorm(config.hidden_size, eps=config.layer_norm_eps)
-    return nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps, bias=config.norm_bias)
+        return TfmRMSNorm(width, eps=config.layer_norm_eps, unit_offset=config.rmsnorm_unit_offset)
+    return nn.LayerNorm(width, eps=config.layer_norm_eps, bias=config.norm_bias)
 
 
 # ----------------------------------------------------------------------------------------------- position schemes
 
 
 class TfmRotaryEmbedding(nn.Module):
-    """RoPE with every transformers scaling type. Follows `LlamaRotaryEmbedding` so that
-    `PreTrainedModel._init_weights` recomputes `inv_freq` after meta-device loading (the class name and
-    `original_inv_freq` are what it looks for)."""
+    """RoPE with every transformers scaling type, for one layer type's parameters (`layer_type` picks them when the
+    config nests them per layer type). Follows `LlamaRotaryEmbedding` so that `PreTrainedModel._init_weights`
+    recomputes `inv_freq` after meta-device loading (the class name and `original_inv_freq` are what it looks for,
+    and it reads `module.config.rope_parameters`: for a nested config this module keeps a copy holding its own
+    layer type's dict)."""
 
-    def __init__(self, config: TfmConfig, device=None):
+    def __init__(self, config: TfmConfig, device=None, layer_type: str | None = None):
         super().__init__()
         self.max_seq_len_cached = config.max_position_embeddings
         self.original_max_seq_len = config.max_position_embeddings
+        if layer_type is not None and config.nested_rope():
+            config = copy.copy(config)
+            config.rope_parameters = dict(config.rope_parameters[layer_type])
         self.config = config
         self.rope_type = config.rope_parameters["rope_type"]
         rope_init_fn: Callable = self.compute_default_rope_parameters
@@ -71,7 +84,7 @@ class TfmRotaryEmbedding(nn.Module):
     @staticmethod
     def compute_default_rope_parameters(config: TfmConfig, device=None, **kwargs) -> tuple[torch.Tensor, float]:
         base = config.rope_parameters["rope_theta"]
-        dim = config.head_dim
+        dim = int(config.head_dim * config.rope_parameters.get("partial_rotary_factor", 1.0))
         inv_freq = 1.0 / (
             base ** (torch.arange(0, dim, 2, dtype=torch.int64).to(device=device, dtype=torch.float) / dim)
         )
@@ -85,6 +98,16 @@ class TfmRotaryEmbedding(nn.Module):
         cos = emb.cos() * self.attention_scaling
         sin = emb.sin() * self.attention_scaling
         return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
+
+
+def apply_rotary(query, key, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+    """Llama's RoPE on the first `cos.shape[-1]` features of each head; the rest pass through (partial rotary,
+    as GPT-NeoX and Phi-3 apply it)."""
+    rotary = cos.shape[-1]
+    if rotary == query.shape[-1]:
+        return apply_rotary_pos_emb(query, key, cos, sin)
+    query_rot, key_rot = apply_rotary_pos_emb(query[..., :rotary], key[..., :rotary], cos, sin)
+    return torch.cat((query_rot, query[..., rotary:]), dim=-1), torch.cat((key_rot, key[..., rotary:]), dim=-1)
 
 
 def sinusoidal_table(num_positions: int, dim: int) -> torch.Tensor:
@@ -187,11 +210,20 @@ def merge_position_bias(attention_mask, position_bias: torch.Tensor, dtype: torc
 # ------------------------------------------------------------------------------------------------------ attention
 
 
+def attention_scale(config: TfmConfig) -> float:
+    if config.attention_multiplier is not None:
+        return config.attention_multiplier
+    if config.query_pre_attn_scalar is not None:
+        return config.query_pre_attn_scalar**-0.5
+    return config.head_dim**-0.5
+
+
 class TfmAttention(nn.Module):
-    """Multi-head attention with MHA/GQA/MQA, optional RoPE, optional additive position bias (ALiBi, relative), and
-    any transformers attention backend. `is_causal` is set explicitly: sdpa reads it when the mask is skipped.
-    As cross-attention it reads keys and values from the encoder output, computed once per generation and then
-    reused from the `EncoderDecoderCache` (the BART pattern)."""
+    """Multi-head attention with MHA/GQA/MQA, optional RoPE (full or partial), optional QK-norm, optional additive
+    position bias (ALiBi, relative), an optional sliding window and score soft-capping, and any transformers
+    attention backend. `is_causal` is set explicitly: sdpa reads it when the mask is skipped. As cross-attention it
+    reads keys and values from the encoder output, computed once per generation and then reused from the
+    `EncoderDecoderCache` (the BART pattern)."""
 
     def __init__(self, config: TfmConfig, layer_idx: int, is_causal: bool = True, is_cross_attention: bool = False):
         super().__init__()
@@ -203,13 +235,24 @@ class TfmAttention(nn.Module):
         self.num_heads = config.num_attention_heads
         self.num_key_value_heads = config.num_key_value_heads
         self.num_key_value_groups = self.num_heads // self.num_key_value_heads
-        self.scaling = config.attention_multiplier if config.attention_multiplier is not None else self.head_dim**-0.5
+        self.scaling = attention_scale(config)
         self.attention_dropout = config.attention_dropout
+        sliding = config.layer_type(layer_idx) == "sliding_attention" and not is_cross_attention
+        self.sliding_window = config.sliding_window if sliding else None
+        self.softcap = config.attn_logit_softcapping
         bias = config.attention_bias
         self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(config.hidden_size, self.num_key_value_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(config.hidden_size, self.num_key_value_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=config.attention_out_bias)
+        # absent parts are None, not missing: a failed hasattr on a Module costs an exception per call
+        self.q_norm = self.k_norm = None
+        self.qk_norm_per_head = config.qk_norm == "per_head"
+        if config.qk_norm == "per_head":
+            self.q_norm, self.k_norm = make_norm(config, self.head_dim), make_norm(config, self.head_dim)
+        elif config.qk_norm == "projection":
+            self.q_norm = make_norm(config, self.num_heads * self.head_dim)
+            self.k_norm = make_norm(config, self.num_key_value_heads * self.head_dim)
 
     def forward(
         self,
@@ -222,14 +265,14 @@ class TfmAttention(nn.Module):
         **kwargs: Unpack[TransformersKwargs],
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         input_shape = hidden_states.shape[:-1]
-        query_states = self.q_proj(hidden_states).view(*input_shape, -1, self.head_dim).transpose(1, 2)
+        query_states = self._heads(self.q_proj(hidden_states), self.q_norm)
         if self.is_cross_attention:
             key_states, value_states = self._cross_key_values(key_value_states, past_key_values)
         else:
             key_states, value_states = self._project_key_values(hidden_states)
             if position_embeddings is not None:
                 cos, sin = position_embeddings
-                query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+                query_states, key_states = apply_rotary(query_states, key_states, cos, sin)
             if isinstance(past_key_values, EncoderDecoderCache):
                 past_key_values = past_key_values.self_attention_cache
             if past_key_values is not None:
@@ -237,6 +280,14 @@ class TfmAttention(nn.Module):
 
         implementation = self.config._attn_implementation
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+        if self.sliding_window is not None:
+            kwargs["sliding_window"] = self.sliding_window  # the mask already has it; flash attention reads this
+        if self.softcap is not None:
+            if implementation == "sdpa":  # transformers 5.17's sdpa would drop it silently
+                raise ValueError(
+                    f"attn_logit_softcapping={self.softcap} needs eager, flex or flash attention; sdpa cannot cap"
+                )
+            kwargs["softcap"] = self.softcap
         if position_bias is not None:
             if implementation == "flex_attention":
                 kwargs["position_bias"] = position_bias
@@ -262,9 +313,18 @@ class TfmAttention(nn.Module):
         attn_output = attn_output.reshape(*input_shape, -1).contiguous()
         return self.o_proj(attn_output), attn_weights
 
+    def _heads(self, projected: torch.Tensor, norm: nn.Module | None) -> torch.Tensor:
+        """[B, L, heads * head_dim] -> [B, heads, L, head_dim], through the QK-norm if any (over the whole
+        projection before the split into heads, or over each head after it)."""
+        if norm is not None and not self.qk_norm_per_head:
+            projected = norm(projected)
+        heads = projected.view(*projected.shape[:-1], -1, self.head_dim)
+        if norm is not None and self.qk_norm_per_head:
+            heads = norm(heads)
+        return heads.transpose(1, 2)
+
     def _project_key_values(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        shape = (*states.shape[:-1], -1, self.head_dim)
-        return self.k_proj(states).view(shape).transpose(1, 2), self.v_proj(states).view(shape).transpose(1, 2)
+        return self._heads(self.k_proj(states), self.k_norm), self._heads(self.v_proj(states), None)
 
     def _cross_key_values(self, encoder_states, cache: EncoderDecoderCache | None):
         if cache is not None and cache.is_updated.get(self.layer_idx):

@@ -8,7 +8,12 @@ import torch
 from torch import nn
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
-from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
+from transformers.masking_utils import (
+    create_bidirectional_mask,
+    create_bidirectional_sliding_window_mask,
+    create_causal_mask,
+    create_sliding_window_causal_mask,
+)
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPoolingAndCrossAttentions
 from transformers.modeling_utils import PreTrainedModel
@@ -27,6 +32,7 @@ from .modeling_tfm_layers import (
     TfmMoE,
     TfmPooler,
     TfmRelativePositionBias,
+    TfmRMSNorm,
     TfmRotaryEmbedding,
     TfmRouter,
     TfmSinusoidalPositionalEmbedding,
@@ -66,28 +72,47 @@ def maybe_dropout(dropout: nn.Dropout, hidden_states: torch.Tensor) -> torch.Ten
 
 class TfmBlock(GradientCheckpointingLayer):
     """Self-attention, optional cross-attention over an encoder's output, then feed-forward (dense or MoE); each
-    sublayer in a residual branch with a pre- or post-norm."""
+    sublayer in a residual branch whose norms sit where `norm_position` says (pre, post, sandwich, output), or
+    attention and feed-forward side by side on the block input (`parallel_residual`)."""
 
     def __init__(self, config: TfmConfig, layer_idx: int, is_causal: bool = True, cross_attention: bool = False):
         super().__init__()
-        self.pre_norm = config.norm_position == "pre"
+        self.norm_position = config.norm_position
+        self.parallel_residual = config.parallel_residual
         self.self_attn = TfmAttention(config, layer_idx, is_causal=is_causal)
-        self.attn_norm = make_norm(config)
         # absent parts are None, not missing: a failed hasattr on a Module costs an exception per call
-        self.cross_attn = self.cross_attn_norm = None
+        self.attn_norm, self.post_attn_norm = self._norms(config)
+        if layer_idx == 0 and not config.first_layer_attn_norm:
+            self.attn_norm = None
+        self.cross_attn = self.cross_attn_norm = self.post_cross_attn_norm = None
         if cross_attention:
             self.cross_attn = TfmAttention(config, layer_idx, is_cross_attention=True)
-            self.cross_attn_norm = make_norm(config)
+            self.cross_attn_norm, self.post_cross_attn_norm = self._norms(config)
         self.mlp = TfmMoE(config) if config.is_moe_layer(layer_idx) else TfmFeedForward(config)
-        self.ffn_norm = make_norm(config)
+        self.ffn_norm, self.post_ffn_norm = self._norms(config)
         self.dropout = nn.Dropout(config.hidden_dropout)
 
-    def _residual(self, hidden_states, norm, sublayer, **kwargs):
-        branch = sublayer(norm(hidden_states) if self.pre_norm else hidden_states, **kwargs)
+    def _norms(self, config: TfmConfig) -> tuple[nn.Module | None, nn.Module | None]:
+        """A sublayer's (input or residual-sum norm, output norm): both for sandwich, only the output norm for
+        output, only the first for pre and post (post applies it to the residual sum)."""
+        first = make_norm(config) if self.norm_position != "output" else None
+        second = make_norm(config) if self.norm_position in ("sandwich", "output") else None
+        return first, second
+
+    def _branch(self, hidden_states, norm, post_norm, sublayer, **kwargs) -> torch.Tensor:
+        """One sublayer's output as it joins the residual stream: norm on the way in, unless post-norm."""
+        if norm is not None and self.norm_position != "post":
+            hidden_states = norm(hidden_states)
+        branch = sublayer(hidden_states, **kwargs)
         if isinstance(branch, tuple):  # attention returns (output, weights); weights are captured by hooks
             branch = branch[0]
-        hidden_states = hidden_states + maybe_dropout(self.dropout, branch)
-        return hidden_states if self.pre_norm else norm(hidden_states)
+        if post_norm is not None:
+            branch = post_norm(branch)
+        return maybe_dropout(self.dropout, branch)
+
+    def _residual(self, hidden_states, norm, post_norm, sublayer, **kwargs) -> torch.Tensor:
+        hidden_states = hidden_states + self._branch(hidden_states, norm, post_norm, sublayer, **kwargs)
+        return norm(hidden_states) if self.norm_position == "post" else hidden_states
 
     def forward(
         self,
@@ -101,27 +126,29 @@ class TfmBlock(GradientCheckpointingLayer):
         encoder_attention_mask: torch.Tensor | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> torch.Tensor:
-        hidden_states = self._residual(
-            hidden_states,
-            self.attn_norm,
-            self.self_attn,
+        attention = dict(
             attention_mask=attention_mask,
             position_embeddings=position_embeddings,
             position_bias=position_bias,
             past_key_values=past_key_values,
             **kwargs,
         )
+        if self.parallel_residual:  # GPT-NeoX: both branches read the block input
+            attn = self._branch(hidden_states, self.attn_norm, self.post_attn_norm, self.self_attn, **attention)
+            return hidden_states + attn + self._branch(hidden_states, self.ffn_norm, self.post_ffn_norm, self.mlp)
+        hidden_states = self._residual(hidden_states, self.attn_norm, self.post_attn_norm, self.self_attn, **attention)
         if self.cross_attn is not None:
             hidden_states = self._residual(
                 hidden_states,
                 self.cross_attn_norm,
+                self.post_cross_attn_norm,
                 self.cross_attn,
                 attention_mask=encoder_attention_mask,
                 key_value_states=encoder_hidden_states,
                 past_key_values=past_key_values,
                 **kwargs,
             )
-        return self._residual(hidden_states, self.ffn_norm, self.mlp)
+        return self._residual(hidden_states, self.ffn_norm, self.post_ffn_norm, self.mlp)
 
 
 class ExpertsSettable:
@@ -161,6 +188,20 @@ class TfmPreTrainedModel(PreTrainedModel):
         # A model answers from its config: yes exactly when it has MoE layers.
         return self.config.has_moe_layers()
 
+    def create_masks_for_generate(self, attention_mask=None, **kwargs):
+        # generate() would prepare static-cache masks with transformers' defaults; the stack builds its own (each
+        # layer type's, and the full mask a position bias adds to), so the padding mask is passed on as it is
+        return attention_mask
+
+    def _sdpa_can_dispatch(self, is_init_check: bool = False) -> bool:
+        # sdpa cannot soft-cap attention scores: refused when asked for, and the default falls back to eager
+        if self.config.attn_logit_softcapping is not None:
+            raise ValueError(
+                f"attn_implementation='sdpa' cannot apply attn_logit_softcapping={self.config.attn_logit_softcapping}"
+                "; use eager, flex_attention or a flash attention kernel that caps"
+            )
+        return super()._sdpa_can_dispatch(is_init_check)
+
     def get_correct_experts_implementation(self, requested_experts: str | None) -> str:
         # transformers accepts any experts backend on a model without experts as a silent no-op
         if requested_experts not in (None, "eager") and not self._can_set_experts_implementation():
@@ -178,6 +219,8 @@ class TfmPreTrainedModel(PreTrainedModel):
             init.copy_(module.table, sinusoidal_table(module.num_positions, module.dim))
         elif isinstance(module, TfmAlibiBias):
             init.copy_(module.slopes, alibi_slopes(module.num_heads))
+        elif isinstance(module, TfmRMSNorm) and module.unit_offset:  # transformers sets every RMSNorm to ones
+            init.zeros_(module.weight)
         elif isinstance(module, TfmRouter):
             init.normal_(module.weight, mean=0.0, std=self.config.initializer_range)
             if module.balancing:
@@ -346,7 +389,7 @@ def check_inputs(
         if tuple(token_type_ids.shape) != (batch, length):
             raise ValueError(f"token_type_ids have shape {tuple(token_type_ids.shape)}, expected {(batch, length)}")
         check_ids("token_type_ids", token_type_ids, config.type_vocab_size, "the token types (type_vocab_size)")
-    if attention_mask is not None:
+    if attention_mask is not None and not isinstance(attention_mask, dict):  # a dict: prepared masks per layer type
         expected = (batch, past_length + length)
         # 2D padding masks, or 4D masks already prepared (transformers' masking utils pass those on as they are)
         padding_mask = attention_mask.dim() == 2
@@ -415,6 +458,9 @@ class TfmStack(TfmPreTrainedModel):
             )
         elif position == "sinusoidal":
             self.embed_positions = TfmSinusoidalPositionalEmbedding(config)
+        elif position == "rope" and config.nested_rope():  # one table per layer type (local and global theta)
+            kinds = sorted(config.layer_kinds())
+            self.rotary_emb = nn.ModuleDict({kind: TfmRotaryEmbedding(config, layer_type=kind) for kind in kinds})
         elif position == "rope":
             self.rotary_emb = TfmRotaryEmbedding(config)
         elif position == "alibi":
@@ -449,20 +495,43 @@ class TfmStack(TfmPreTrainedModel):
             hidden_states = self.embed_norm(hidden_states)
         return maybe_dropout(self.embed_dropout, hidden_states)
 
-    def build_mask(self, inputs_embeds, attention_mask, past_key_values, position_ids):
-        if not self.is_causal:
-            return create_bidirectional_mask(
-                config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask
+    def build_masks(self, inputs_embeds, attention_mask, past_key_values, position_ids) -> dict:
+        """The mask of each layer type in use, from transformers' mask helpers (sliding ones for sliding layers)."""
+        masks = {}
+        for kind in self.config.layer_kinds():
+            if not self.is_causal:
+                make = (
+                    create_bidirectional_mask if kind == "full_attention" else create_bidirectional_sliding_window_mask
+                )
+                masks[kind] = make(config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask)
+                continue
+            make = create_causal_mask if kind == "full_attention" else create_sliding_window_causal_mask
+            masks[kind] = make(
+                config=self.config,
+                inputs_embeds=inputs_embeds,
+                attention_mask=attention_mask,
+                past_key_values=past_key_values,
+                position_ids=position_ids,
+                # an additive position bias needs the full causal mask to add to; sdpa would otherwise get None
+                allow_is_causal_skip=self.position_bias is None,
             )
-        return create_causal_mask(
-            config=self.config,
-            inputs_embeds=inputs_embeds,
-            attention_mask=attention_mask,
-            past_key_values=past_key_values,
-            position_ids=position_ids,
-            # an additive position bias needs the full causal mask to add to; sdpa would otherwise get None
-            allow_is_causal_skip=self.position_bias is None,
-        )
+        return masks
+
+    def rotary_tables(self, hidden_states, position_ids) -> dict:
+        """RoPE's (cos, sin) for each layer type (one shared pair unless the config nests RoPE per layer type)."""
+        if self.rotary_emb is None:
+            return {}
+        if isinstance(self.rotary_emb, nn.ModuleDict):
+            return {kind: rotary(hidden_states, position_ids) for kind, rotary in self.rotary_emb.items()}
+        table = self.rotary_emb(hidden_states, position_ids)
+        return dict.fromkeys(self.config.layer_kinds(), table)
+
+    def padding_aware_positions(self, input_ids, past_length: int) -> torch.Tensor | None:
+        """RoBERTa's positions: counted over non-padding tokens, -1 for padding (row `position_offset - 1`)."""
+        if not self.config.position_ids_from_padding or input_ids is None:
+            return None
+        real = (input_ids != self.config.pad_token_id).long()
+        return (real.cumsum(-1) + past_length) * real - 1
 
     def new_cache(self) -> Cache:
         cache = DynamicCache(config=self.config)
@@ -500,6 +569,8 @@ class TfmStack(TfmPreTrainedModel):
         past_length = self_cache.get_seq_length() if self_cache is not None else 0
         device = (input_ids if input_ids is not None else inputs_embeds).device
         if position_ids is None:
+            position_ids = self.padding_aware_positions(input_ids, past_length)
+        if position_ids is None:
             # one row that broadcasts over the batch, as in Llama: RoPE's cos/sin are then [1, L, D], not [B, L, D]
             position_ids = (torch.arange(length, device=device) + past_length).unsqueeze(0)
         check_inputs(
@@ -507,10 +578,13 @@ class TfmStack(TfmPreTrainedModel):
         )
 
         hidden_states = self.embed(input_ids, inputs_embeds, position_ids, token_type_ids)
-        mask = self.build_mask(hidden_states, attention_mask, self_cache, position_ids)
-        position_embeddings = self.rotary_emb(hidden_states, position_ids) if self.rotary_emb is not None else None
+        masks = attention_mask  # generate() may have prepared each layer type's mask already
+        if not isinstance(masks, dict):
+            masks = self.build_masks(hidden_states, attention_mask, self_cache, position_ids)
+        rotary = self.rotary_tables(hidden_states, position_ids)
         position_bias = None
-        if self.position_bias is not None:
+        if self.position_bias is not None:  # never with sliding layers (the config refuses it): one mask
+            mask = masks["full_attention"]
             kv_length = mask.shape[-1] if mask is not None else past_length + length
             query_positions = position_ids.expand(batch, -1)
             key_positions = key_positions_for_bias(query_positions, past_length, kv_length)
@@ -520,13 +594,15 @@ class TfmStack(TfmPreTrainedModel):
                 hidden_states, encoder_hidden_states, encoder_attention_mask
             )
 
-        for layer in self.layers:
+        nope = set(self.config.nope_layers or ())
+        for index, layer in enumerate(self.layers):
+            kind = self.config.layer_type(index)
             hidden_states = layer(
                 hidden_states,
                 encoder_hidden_states,
                 position_bias,
-                attention_mask=mask,
-                position_embeddings=position_embeddings,
+                attention_mask=masks[kind],
+                position_embeddings=None if index in nope else rotary.get(kind),
                 past_key_values=past_key_values,
                 encoder_attention_mask=encoder_attention_mask,
                 **kwargs,
@@ -564,4 +640,6 @@ def lm_logits(config: TfmConfig, lm_head: nn.Linear, hidden_states: torch.Tensor
     hidden_states = slice_logits_to_keep(hidden_states, logits_to_keep)
     if config.scale_lm_head_input:  # T5 rescales before a tied head
         hidden_states = hidden_states * config.hidden_size**-0.5
-    return lm_head(hidden_states)
+    logits = lm_head(hidden_states)
+    cap = config.final_logit_softcapping
+    return logits if cap is None else torch.tanh(logits / cap) * cap

@@ -28,7 +28,7 @@ INVALID = [
     ("num_key_value_heads", dict(num_key_value_heads=3)),
     ("position_embedding_type", dict(position_embedding_type="absolute")),
     ("norm_type", dict(norm_type="batchnorm")),
-    ("norm_position", dict(norm_position="sandwich")),
+    ("norm_position", dict(norm_position="middle")),
     ("ffn_type", dict(ffn_type="moe")),
     ("hidden_act", dict(hidden_act="not_an_activation")),
     *[
