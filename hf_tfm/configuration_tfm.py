@@ -194,7 +194,7 @@ class TfmConfig(PreTrainedConfig):
     qk_norm: str = "none"
     attn_logit_softcapping: float | None = None
     final_logit_softcapping: float | None = None
-    query_pre_attn_scalar: float | None = None
+    query_pre_attn_scalar: int | float | None = None
     norm_type: str = "layernorm"
     rmsnorm_unit_offset: bool = False
     norm_position: str = "pre"
@@ -446,7 +446,7 @@ class TfmConfig(PreTrainedConfig):
         return rope[layer_type] if self.nested_rope() else rope
 
     def nested_rope(self) -> bool:
-        return bool(self.rope_parameters) and set(self.rope_parameters) <= set(LAYER_TYPES)
+        return bool(self.rope_parameters) and not set(self.rope_parameters).isdisjoint(LAYER_TYPES)
 
     def _check_rope(self) -> None:
         if self.nested_rope():
@@ -489,6 +489,8 @@ class TfmDecoderConfig(TfmConfig):
         "AutoModel": "TfmDecoderModel",
         "AutoModelForCausalLM": "TfmDecoderForCausalLM",
         "AutoModelForSequenceClassification": "TfmDecoderForSequenceClassification",
+        "AutoModelForTokenClassification": "TfmDecoderForTokenClassification",
+        "AutoModelForQuestionAnswering": "TfmDecoderForQuestionAnswering",
     }
     is_decoder: bool = True
 

@@ -404,8 +404,9 @@ def check_inputs(
         )
     if config.position_embedding_type in ("learned", "sinusoidal") and position_ids.numel() > 0:
         low, high = (int(bound) for bound in torch.aminmax(position_ids))  # one op: one device sync, not two
-        if low < 0:
-            raise ValueError(f"{prefix}position_ids contains position {low}: positions must be >= 0")
+        lowest = -1 if config.position_ids_from_padding else 0  # -1: padding, which reads the padding row
+        if low < lowest:
+            raise ValueError(f"{prefix}position_ids contains position {low}: positions must be >= {lowest}")
         if high >= config.max_position_embeddings:
             raise ValueError(
                 f"{prefix}position_ids reach position {high}, beyond the {config.position_embedding_type} position "

@@ -56,6 +56,23 @@ INVALID = [
         (field, {field: -1})
         for field in ("num_key_value_heads", "head_dim", "intermediate_size", "max_position_embeddings")
     ],
+    # issue 13's block options
+    ("layer_types", dict(layer_types=["full_attention"])),  # 1 entry for 2 layers
+    ("layer_types", dict(layer_types=["full_attention", "local"], sliding_window=4)),
+    ("sliding_window", dict(layer_types=["full_attention", "sliding_attention"])),
+    ("sliding_window", dict(sliding_window=0)),
+    ("layer_types", dict(position_embedding_type="alibi", sliding_window=4)),
+    ("qk_norm", dict(qk_norm="per_layer")),
+    ("attn_logit_softcapping", dict(attn_logit_softcapping=0.0)),
+    ("final_logit_softcapping", dict(final_logit_softcapping=-1.0)),
+    ("query_pre_attn_scalar", dict(query_pre_attn_scalar=16, attention_multiplier=0.5)),
+    ("parallel_residual", dict(parallel_residual=True, norm_position="post")),
+    ("first_layer_attn_norm", dict(first_layer_attn_norm=False, norm_position="output")),
+    ("nope_layers", dict(ROPE, nope_layers=[2])),
+    ("nope_layers", dict(nope_layers=[0])),  # learned positions: nothing to leave out
+    ("rope_parameters", dict(ROPE, rope_parameters={"rope_theta": 1e4, "partial_rotary_factor": 0.4})),  # 3 of 8 dims
+    ("rope_parameters", dict(ROPE, rope_parameters={"full_attention": {"rope_theta": 1e4}}, sliding_window=4)),
+    ("position_ids_from_padding", dict(position_ids_from_padding=True, pad_token_id=None)),
 ]
 
 
