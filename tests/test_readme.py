@@ -94,3 +94,16 @@ def test_readme_python_snippet_runs_as_written(index, tmp_path):
     assert result.returncode == 0, f"README snippet {index + 1} fails:\n{result.stderr[-3000:]}"
     for expected in re.findall(r"^print\(.*\)\s+#\s*(.+?)\s*$", snippet, re.M):
         assert expected in result.stdout, f"README snippet {index + 1} prints {result.stdout!r}, not {expected!r}"
+
+
+def test_readme_documents_every_config_field():
+    """The config tables name every field an hf_tfm config adds to transformers' PreTrainedConfig."""
+    import dataclasses
+
+    from transformers import PreTrainedConfig
+
+    from hf_tfm import TfmEncoderDecoderConfig
+
+    inherited = {field.name for field in dataclasses.fields(PreTrainedConfig)}
+    fields = [field.name for field in dataclasses.fields(TfmEncoderDecoderConfig) if field.name not in inherited]
+    assert [name for name in fields if f"`{name}`" not in README] == []
