@@ -3,6 +3,11 @@
 The decoder-only model is a causal stack, the encoder a bidirectional stack, the encoder-decoder a bidirectional
 stack feeding a causal stack with cross-attention. The stack and blocks live in `modeling_tfm_stack.py` and
 `modeling_tfm_layers.py`; caches, masks, generation, losses and output capture come from transformers.
+
+Every head is one pattern (`TfmHead`): a body, one task layer, and a `predict` that turns the body's output into
+logits and a loss; the forward pass, the MoE router losses and the output fields are the pattern's. A paradigm's
+head base (`TfmDecoderHead`, `TfmEncoderHead`) holds the forward signature, so a new head is its task layer and
+`predict`.
 """
 
 from dataclasses import dataclass
@@ -29,40 +34,132 @@ from transformers.utils import ModelOutput, TransformersKwargs, can_return_tuple
 
 from .configuration_tfm import TfmDecoderConfig, TfmEncoderConfig, TfmEncoderDecoderConfig
 from .modeling_tfm_layers import TfmMaskedLMHead
+from .modeling_tfm_saving import HEAD_MODULES
 from .modeling_tfm_stack import TfmPreTrainedModel, TfmStack, check_labels, lm_logits, make_lm_head, share_embeddings
 
-# transformers' output classes plus the MoE fields every hf_tfm head reports (None for dense models): the
-# load-balancing loss (already included in `loss`, reported separately) and each MoE layer's router logits.
+# ------------------------------------------------------------------------------------------------------- outputs
 
 
-@dataclass
-class TfmMaskedLMOutput(MaskedLMOutput):
-    aux_loss: torch.FloatTensor | None = None
-    router_logits: tuple[torch.FloatTensor, ...] | None = None
+def with_router_outputs(output_class: type[ModelOutput], name: str) -> type[ModelOutput]:
+    """transformers' `output_class` plus the MoE fields every hf_tfm head reports (None for dense models): the
+    load-balancing loss (already included in `loss`, reported separately) and each MoE layer's router logits. Heads
+    whose transformers output already has them (MoeCausalLMOutputWithPast, Seq2SeqMoEOutput) use it as it is."""
+    added = {"aux_loss": torch.FloatTensor | None, "router_logits": tuple[torch.FloatTensor, ...] | None}
+    # named and placed in this module from the start: ModelOutput registers each subclass as a pytree node by name
+    namespace = {"__module__": __name__, "__qualname__": name, "__annotations__": added, **dict.fromkeys(added)}
+    return dataclass(type(name, (output_class,), namespace))
 
 
-@dataclass
-class TfmSequenceClassifierOutput(SequenceClassifierOutput):
-    aux_loss: torch.FloatTensor | None = None
-    router_logits: tuple[torch.FloatTensor, ...] | None = None
+TfmMaskedLMOutput = with_router_outputs(MaskedLMOutput, "TfmMaskedLMOutput")
+TfmSequenceClassifierOutput = with_router_outputs(SequenceClassifierOutput, "TfmSequenceClassifierOutput")
+TfmSequenceClassifierOutputWithPast = with_router_outputs(
+    SequenceClassifierOutputWithPast, "TfmSequenceClassifierOutputWithPast"
+)
+TfmTokenClassifierOutput = with_router_outputs(TokenClassifierOutput, "TfmTokenClassifierOutput")
+TfmQuestionAnsweringOutput = with_router_outputs(QuestionAnsweringModelOutput, "TfmQuestionAnsweringOutput")
+
+# ---------------------------------------------------------------------------------------------- the head pattern
 
 
-@dataclass
-class TfmTokenClassifierOutput(TokenClassifierOutput):
-    aux_loss: torch.FloatTensor | None = None
-    router_logits: tuple[torch.FloatTensor, ...] | None = None
+class TfmHead(TfmPreTrainedModel):
+    """A body plus one task layer: how every hf_tfm head is built and run.
+
+    A head names its task layer (`task_layer`, transformers' name for it: `lm_head`, `score`, `classifier`,
+    `qa_outputs`) and builds it (`build_task_layer`); its paradigm builds the body (`build_body`, kept as `model`) and
+    writes the forward signature, which hands the body's arguments and the labels to `run_head`; the head's `predict`
+    turns the body's output into its own output fields (logits and loss). `run_head` does the rest: MoE router
+    logits when they are wanted, the router losses joined to the task loss, and the output (`output_class`) with
+    every field of the body's output that it has (hidden states, attentions, cache, router logits).
+
+    transformers' Generic*ForSequenceClassification / TokenClassification / QuestionAnswering heads are not used:
+    they build their body with AutoModel.from_config, know no router losses, score a batch without targets as NaN,
+    and the token-classification one drops Trainer's num_items_in_batch (its loss then is not scaled for gradient
+    accumulation). The heads here follow their module names, dropout and outputs."""
+
+    task_layer: str
+    output_class: type[ModelOutput]
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # the saving code must know every head's task layer (a checkpoint may come from any head): registered here,
+        # from the name the head is built with, so a new head cannot be left out
+        if getattr(cls, "task_layer", None) is not None:
+            HEAD_MODULES.add(cls.task_layer)
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.model = self.build_body(config)
+        setattr(self, self.task_layer, self.build_task_layer(config))
+        self.post_init()
+
+    def run_head(self, inputs: dict, labels: dict, kwargs: dict, **head_args) -> ModelOutput:
+        """The body on `inputs`, then `predict(outputs, inputs, **labels, **head_args, **kwargs)`. `labels` holds the
+        forward's label arguments by name: the first (`labels`, or extractive QA's `start_positions`) decides whether
+        an MoE body reports its router logits, and counts the scored items under Trainer's `num_items_in_batch`."""
+        target = next(iter(labels.values()))
+        routed = self.wants_router_logits(kwargs, target)
+        outputs = self.model(**inputs, output_router_logits=routed, **kwargs)
+        # kwargs carry Trainer's num_items_in_batch: a forward that accepts **kwargs gets it, and Trainer then no
+        # longer divides by the accumulation steps, so a token-level loss must divide by it to keep accumulation exact
+        result = self.predict(outputs, inputs, **labels, **head_args, **kwargs)
+        if routed:  # MoE: each stack's router losses join the task loss, over that stack's real tokens
+            for aux_field, router_logits, attention_mask in self.router_stacks(outputs, inputs):
+                if router_logits:
+                    result["loss"], result[aux_field] = self.add_router_losses(
+                        result["loss"], router_logits, attention_mask, target, **kwargs
+                    )
+        reported = self.output_class.__dataclass_fields__
+        result.update((name, value) for name, value in outputs.items() if name in reported)
+        return self.output_class(**result)
+
+    def router_stacks(self, outputs: ModelOutput, inputs: dict) -> list[tuple]:
+        """(output field of the aux loss, router logits, padding mask) for each stack of the body."""
+        return [("aux_loss", outputs.router_logits, inputs["attention_mask"])]
 
 
-@dataclass
-class TfmQuestionAnsweringOutput(QuestionAnsweringModelOutput):
-    aux_loss: torch.FloatTensor | None = None
-    router_logits: tuple[torch.FloatTensor, ...] | None = None
+class TfmTokenClassification:
+    """A label per token (NER, part of speech): dropout, then a linear layer on every token's final hidden state."""
+
+    output_class = TfmTokenClassifierOutput
+
+    def build_task_layer(self, config):
+        self.num_labels = config.num_labels
+        self.dropout = nn.Dropout(config.hidden_dropout)
+        return nn.Linear(config.hidden_size, config.num_labels)
+
+    def predict(self, outputs, inputs, labels=None, **kwargs):
+        check_labels(labels, inputs["input_ids"], inputs["inputs_embeds"])
+        logits = getattr(self, self.task_layer)(self.dropout(outputs.last_hidden_state))
+        loss = None
+        if labels is not None:
+            loss = self.task_loss(self.loss_function, logits=logits, labels=labels, config=self.config, **kwargs)
+        return {"logits": logits, "loss": loss}
 
 
-@dataclass
-class TfmSequenceClassifierOutputWithPast(SequenceClassifierOutputWithPast):
-    aux_loss: torch.FloatTensor | None = None
-    router_logits: tuple[torch.FloatTensor, ...] | None = None
+class TfmQuestionAnswering:
+    """Extractive QA: a start and an end logit per token. Each paradigm writes its forward, because Trainer finds
+    the label names (`start_positions`, `end_positions`) in the signature."""
+
+    task_layer = "qa_outputs"
+    output_class = TfmQuestionAnsweringOutput
+
+    def build_task_layer(self, config):
+        return nn.Linear(config.hidden_size, 2)
+
+    def predict(self, outputs, inputs, start_positions=None, end_positions=None, **kwargs):
+        start_logits, end_logits = self.qa_outputs(outputs.last_hidden_state).unbind(dim=-1)
+        start_logits, end_logits = start_logits.contiguous(), end_logits.contiguous()
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            loss = self.task_loss(
+                self.loss_function,
+                start_logits=start_logits,
+                end_logits=end_logits,
+                start_positions=start_positions,
+                end_positions=end_positions,
+                **kwargs,
+            )
+        return {"start_logits": start_logits, "end_logits": end_logits, "loss": loss}
 
 
 # ------------------------------------------------------------------------------------------------ decoder-only
@@ -74,15 +171,44 @@ class TfmDecoderModel(TfmStack):
     config: TfmDecoderConfig
 
 
-class TfmDecoderForCausalLM(TfmPreTrainedModel, GenerationMixin):
+class TfmDecoderHead(TfmHead):
+    """A decoder-only body plus a task layer, with the forward of transformers' Llama heads."""
+
     config: TfmDecoderConfig
+
+    def build_body(self, config):
+        return TfmDecoderModel(config)
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> ModelOutput:
+        inputs = dict(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+        )
+        return self.run_head(inputs, {"labels": labels}, kwargs)
+
+
+class TfmDecoderForCausalLM(TfmDecoderHead, GenerationMixin):
+    task_layer = "lm_head"
+    output_class = MoeCausalLMOutputWithPast
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
 
-    def __init__(self, config: TfmDecoderConfig):
-        super().__init__(config)
-        self.model = TfmDecoderModel(config)
-        self.lm_head = make_lm_head(config)
-        self.post_init()
+    def build_task_layer(self, config):
+        return make_lm_head(config)
 
     @can_return_tuple
     def forward(
@@ -97,77 +223,43 @@ class TfmDecoderForCausalLM(TfmPreTrainedModel, GenerationMixin):
         logits_to_keep: int | torch.Tensor = 0,
         **kwargs: Unpack[TransformersKwargs],
     ) -> MoeCausalLMOutputWithPast:
-        check_labels(labels, input_ids, inputs_embeds)
-        routed = self.wants_router_logits(kwargs, labels)
-        outputs = self.model(
+        inputs = dict(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
             past_key_values=past_key_values,
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
-            output_router_logits=routed,
-            **kwargs,
         )
+        return self.run_head(inputs, {"labels": labels}, kwargs, logits_to_keep=logits_to_keep)
+
+    def predict(self, outputs, inputs, labels=None, logits_to_keep=0, **kwargs):
+        check_labels(labels, inputs["input_ids"], inputs["inputs_embeds"])
         logits = lm_logits(self.config, self.lm_head, outputs.last_hidden_state, logits_to_keep)
-        loss = aux_loss = None
+        loss = None
         if labels is not None:
-            # kwargs carry Trainer's num_items_in_batch: a forward that accepts **kwargs gets it, and Trainer then no
-            # longer divides by the accumulation steps, so the loss must divide by it to keep accumulation exact
             loss = self.task_loss(
                 self.loss_function, logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs
             )
-        if routed:
-            loss, aux_loss = self.add_router_losses(loss, outputs.router_logits, attention_mask, labels, **kwargs)
-        return MoeCausalLMOutputWithPast(
-            loss=loss,
-            aux_loss=aux_loss,
-            logits=logits,
-            past_key_values=outputs.past_key_values,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-            router_logits=outputs.router_logits,
-        )
+        return {"logits": logits, "loss": loss}
 
 
-class TfmDecoderForSequenceClassification(TfmPreTrainedModel):
+class TfmDecoderForSequenceClassification(TfmDecoderHead):
     """Classifies from the last non-padding token, like `LlamaForSequenceClassification`."""
 
-    config: TfmDecoderConfig
-    accepts_loss_kwargs = False  # as TfmEncoderForSequenceClassification: Trainer scales for accumulation
+    task_layer = "score"
+    output_class = TfmSequenceClassifierOutputWithPast
+    # the regression and multi-label losses cannot use Trainer's num_items_in_batch: with this False, Trainer passes
+    # none and divides by the gradient accumulation steps itself
+    accepts_loss_kwargs = False
 
-    def __init__(self, config: TfmDecoderConfig):
-        super().__init__(config)
+    def build_task_layer(self, config):
         self.num_labels = config.num_labels
-        self.model = TfmDecoderModel(config)
-        self.score = nn.Linear(config.hidden_size, self.num_labels, bias=False)
-        self.post_init()
+        return nn.Linear(config.hidden_size, config.num_labels, bias=False)
 
-    @can_return_tuple
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        past_key_values: Cache | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        labels: torch.LongTensor | None = None,
-        use_cache: bool | None = None,
-        **kwargs: Unpack[TransformersKwargs],
-    ) -> TfmSequenceClassifierOutputWithPast:
-        routed = self.wants_router_logits(kwargs, labels)
-        outputs = self.model(
-            input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            past_key_values=past_key_values,
-            inputs_embeds=inputs_embeds,
-            use_cache=use_cache,
-            output_router_logits=routed,
-            **kwargs,
-        )
+    def predict(self, outputs, inputs, labels=None, **kwargs):
         logits = self.score(outputs.last_hidden_state)
-        pad = self.config.pad_token_id
+        input_ids, pad = inputs["input_ids"], self.config.pad_token_id
         if input_ids is None or pad is None:
             if logits.shape[0] > 1 and pad is None:
                 raise ValueError("Classifying a batch needs config.pad_token_id to find each row's last token")
@@ -181,18 +273,39 @@ class TfmDecoderForSequenceClassification(TfmPreTrainedModel):
             loss = self.task_loss(
                 self.loss_function, logits=logits, labels=labels, pooled_logits=pooled_logits, config=self.config
             )
-        aux_loss = None
-        if routed:
-            loss, aux_loss = self.add_router_losses(loss, outputs.router_logits, attention_mask, labels, **kwargs)
-        return TfmSequenceClassifierOutputWithPast(
-            loss=loss,
-            aux_loss=aux_loss,
-            router_logits=outputs.router_logits,
-            logits=pooled_logits,
-            past_key_values=outputs.past_key_values,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
+        return {"logits": pooled_logits, "loss": loss}
+
+
+class TfmDecoderForTokenClassification(TfmTokenClassification, TfmDecoderHead):
+    """A label per token from a decoder, like `LlamaForTokenClassification` (its layer is named `score`)."""
+
+    task_layer = "score"
+
+
+class TfmDecoderForQuestionAnswering(TfmQuestionAnswering, TfmDecoderHead):
+    """Extractive QA from a decoder, like `LlamaForQuestionAnswering` (whose body is `transformer`; here `model`,
+    as in every hf_tfm head, so a causal LM's checkpoint loads into it)."""
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        start_positions: torch.LongTensor | None = None,
+        end_positions: torch.LongTensor | None = None,
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> TfmQuestionAnsweringOutput:
+        inputs = dict(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
         )
+        return self.run_head(inputs, {"start_positions": start_positions, "end_positions": end_positions}, kwargs)
 
 
 # ------------------------------------------------------------------------------------------------ encoder-only
@@ -207,30 +320,14 @@ class TfmEncoderModel(TfmStack):
         super().__init__(config, is_causal=False, pooler=add_pooling_layer and config.use_pooler)
 
 
-class TfmEncoderHead(TfmPreTrainedModel):
-    """An encoder body plus a task layer. Subclasses build the layer (`build_head`), turn the encoder's output into
-    logits and loss (`predict`), and name their `output_class`; the forward pass around them is this one."""
+class TfmEncoderHead(TfmHead):
+    """An encoder body plus a task layer, with the forward of transformers' BERT heads."""
 
     config: TfmEncoderConfig
     add_pooling_layer = False
-    output_class: type[ModelOutput]
 
-    def __init__(self, config: TfmEncoderConfig):
-        super().__init__(config)
-        self.model = TfmEncoderModel(config, add_pooling_layer=self.add_pooling_layer)
-        self.dropout = nn.Dropout(config.hidden_dropout)
-        self.build_head(config)
-        self.post_init()
-
-    def encode(self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, **kwargs):
-        return self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            **kwargs,
-        )
+    def build_body(self, config):
+        return TfmEncoderModel(config, add_pooling_layer=self.add_pooling_layer)
 
     @can_return_tuple
     def forward(
@@ -243,36 +340,23 @@ class TfmEncoderHead(TfmPreTrainedModel):
         labels: torch.Tensor | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> ModelOutput:
-        routed = self.wants_router_logits(kwargs, labels)
-        outputs = self.encode(
-            input_ids,
-            attention_mask,
-            token_type_ids,
-            position_ids,
-            inputs_embeds,
-            output_router_logits=routed,
-            **kwargs,
+        inputs = dict(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
         )
-        logits, loss = self.predict(outputs, labels, input_ids, inputs_embeds, **kwargs)
-        aux_loss = None
-        if routed:  # MoE: the router losses join the task loss
-            loss, aux_loss = self.add_router_losses(loss, outputs.router_logits, attention_mask, labels, **kwargs)
-        return self.output_class(
-            loss=loss,
-            logits=logits,
-            aux_loss=aux_loss,
-            router_logits=outputs.router_logits,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-        )
+        return self.run_head(inputs, {"labels": labels}, kwargs)
 
 
 class TfmEncoderForMaskedLM(TfmEncoderHead):
+    task_layer = "lm_head"
     output_class = TfmMaskedLMOutput
     _tied_weights_keys = {"lm_head.decoder.weight": "model.embed_tokens.weight"}
 
-    def build_head(self, config):
-        self.lm_head = TfmMaskedLMHead(config)
+    def build_task_layer(self, config):
+        return TfmMaskedLMHead(config)
 
     def get_output_embeddings(self):
         return self.lm_head.decoder
@@ -280,60 +364,43 @@ class TfmEncoderForMaskedLM(TfmEncoderHead):
     def set_output_embeddings(self, new_embeddings):
         self.lm_head.decoder = new_embeddings
 
-    def predict(self, outputs, labels, input_ids, inputs_embeds, **kwargs):
-        check_labels(labels, input_ids, inputs_embeds)
+    def predict(self, outputs, inputs, labels=None, **kwargs):
+        check_labels(labels, inputs["input_ids"], inputs["inputs_embeds"])
         logits = self.lm_head(outputs.last_hidden_state)
         loss = None
         if labels is not None:
             loss = self.task_loss(
                 self.loss_function, logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs
             )
-        return logits, loss
+        return {"logits": logits, "loss": loss}
 
 
 class TfmEncoderForSequenceClassification(TfmEncoderHead):
     """Classifies from the pooled first token; `problem_type` picks single-label, multi-label or regression loss."""
 
-    add_pooling_layer = True
+    task_layer = "classifier"
     output_class = TfmSequenceClassifierOutput
-    # the regression and multi-label losses cannot use Trainer's num_items_in_batch: with this False, Trainer passes
-    # none and divides by the gradient accumulation steps itself
-    accepts_loss_kwargs = False
+    add_pooling_layer = True
+    accepts_loss_kwargs = False  # as TfmDecoderForSequenceClassification: Trainer scales for accumulation
 
-    def build_head(self, config):
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+    def build_task_layer(self, config):
+        self.dropout = nn.Dropout(config.hidden_dropout)
+        return nn.Linear(config.hidden_size, config.num_labels)
 
-    def predict(self, outputs, labels, input_ids, inputs_embeds, **kwargs):
+    def predict(self, outputs, inputs, labels=None, **kwargs):
         pooled = outputs.pooler_output if outputs.pooler_output is not None else outputs.last_hidden_state[:, 0]
         logits = self.classifier(self.dropout(pooled))
         loss = None
         if labels is not None:
             loss = self.task_loss(self.loss_function, labels=labels, pooled_logits=logits, config=self.config)
-        return logits, loss
+        return {"logits": logits, "loss": loss}
 
 
-class TfmEncoderForTokenClassification(TfmEncoderHead):
-    output_class = TfmTokenClassifierOutput
-
-    def build_head(self, config):
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
-
-    def predict(self, outputs, labels, input_ids, inputs_embeds, **kwargs):
-        check_labels(labels, input_ids, inputs_embeds)
-        logits = self.classifier(self.dropout(outputs.last_hidden_state))
-        loss = None
-        if labels is not None:
-            loss = self.task_loss(self.loss_function, logits=logits, labels=labels, config=self.config, **kwargs)
-        return logits, loss
+class TfmEncoderForTokenClassification(TfmTokenClassification, TfmEncoderHead):
+    task_layer = "classifier"  # BERT's name
 
 
-class TfmEncoderForQuestionAnswering(TfmEncoderHead):
-    """Extractive QA: a start and an end logit per token. Its own forward, because Trainer finds the label
-    names (`start_positions`, `end_positions`) in the signature."""
-
-    def build_head(self, config):
-        self.qa_outputs = nn.Linear(config.hidden_size, 2)
-
+class TfmEncoderForQuestionAnswering(TfmQuestionAnswering, TfmEncoderHead):
     @can_return_tuple
     def forward(
         self,
@@ -346,41 +413,14 @@ class TfmEncoderForQuestionAnswering(TfmEncoderHead):
         end_positions: torch.LongTensor | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> TfmQuestionAnsweringOutput:
-        routed = self.wants_router_logits(kwargs, start_positions)
-        outputs = self.encode(
-            input_ids,
-            attention_mask,
-            token_type_ids,
-            position_ids,
-            inputs_embeds,
-            output_router_logits=routed,
-            **kwargs,
+        inputs = dict(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
         )
-        start_logits, end_logits = self.qa_outputs(outputs.last_hidden_state).unbind(dim=-1)
-        loss = None
-        if start_positions is not None and end_positions is not None:
-            loss = self.task_loss(
-                self.loss_function,
-                start_logits=start_logits,
-                end_logits=end_logits,
-                start_positions=start_positions,
-                end_positions=end_positions,
-                **kwargs,
-            )
-        aux_loss = None
-        if routed:
-            loss, aux_loss = self.add_router_losses(
-                loss, outputs.router_logits, attention_mask, start_positions, **kwargs
-            )
-        return TfmQuestionAnsweringOutput(
-            loss=loss,
-            aux_loss=aux_loss,
-            router_logits=outputs.router_logits,
-            start_logits=start_logits.contiguous(),
-            end_logits=end_logits.contiguous(),
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-        )
+        return self.run_head(inputs, {"start_positions": start_positions, "end_positions": end_positions}, kwargs)
 
 
 # --------------------------------------------------------------------------------------------- encoder-decoder
@@ -462,15 +502,17 @@ class TfmEncoderDecoderModel(TfmPreTrainedModel):
         )
 
 
-class TfmEncoderDecoderForConditionalGeneration(TfmPreTrainedModel, GenerationMixin):
+class TfmEncoderDecoderForConditionalGeneration(TfmHead, GenerationMixin):
     config: TfmEncoderDecoderConfig
+    task_layer = "lm_head"
+    output_class = Seq2SeqMoEOutput
     _tied_weights_keys = {"lm_head.weight": "model.shared.weight"}
 
-    def __init__(self, config: TfmEncoderDecoderConfig):
-        super().__init__(config)
-        self.model = TfmEncoderDecoderModel(config)
-        self.lm_head = make_lm_head(config)
-        self.post_init()
+    def build_body(self, config):
+        return TfmEncoderDecoderModel(config)
+
+    def build_task_layer(self, config):
+        return make_lm_head(config)
 
     def get_encoder(self):
         return self.model.encoder
@@ -498,12 +540,11 @@ class TfmEncoderDecoderForConditionalGeneration(TfmPreTrainedModel, GenerationMi
         logits_to_keep: int | torch.Tensor = 0,
         **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqMoEOutput:
-        routed = self.wants_router_logits(kwargs, labels)
         if labels is not None:
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
             check_labels(labels, decoder_input_ids, decoder_inputs_embeds, "decoder_input_ids")
-        outputs = self.model(
+        inputs = dict(
             input_ids=input_ids,
             attention_mask=attention_mask,
             decoder_input_ids=decoder_input_ids,
@@ -514,44 +555,25 @@ class TfmEncoderDecoderForConditionalGeneration(TfmPreTrainedModel, GenerationMi
             decoder_inputs_embeds=decoder_inputs_embeds,
             decoder_position_ids=decoder_position_ids,
             use_cache=use_cache,
-            output_router_logits=routed,
-            **kwargs,
         )
+        return self.run_head(inputs, {"labels": labels}, kwargs, logits_to_keep=logits_to_keep)
+
+    def predict(self, outputs, inputs, labels=None, logits_to_keep=0, **kwargs):
         logits = lm_logits(self.config, self.lm_head, outputs.last_hidden_state, logits_to_keep)
-        loss = encoder_aux = decoder_aux = None
+        loss = None
         if labels is not None:
             # labels are already the decoder's targets: plain cross-entropy, not transformers'
             # ForConditionalGeneration loss, which shifts labels like a causal LM
             loss = self.task_loss(
                 ForMaskedLMLoss, logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs
             )
-        if routed:  # MoE: each stack's router losses, over its own real tokens
-            if outputs.encoder_router_logits:
-                loss, encoder_aux = self.add_router_losses(
-                    loss, outputs.encoder_router_logits, attention_mask, labels, **kwargs
-                )
-            if outputs.decoder_router_logits:
-                loss, decoder_aux = self.add_router_losses(
-                    loss, outputs.decoder_router_logits, decoder_attention_mask, labels, **kwargs
-                )
-        return Seq2SeqMoEOutput(
-            loss=loss,
-            logits=logits,
-            encoder_aux_loss=encoder_aux,
-            decoder_aux_loss=decoder_aux,
-            past_key_values=outputs.past_key_values,
-            decoder_hidden_states=outputs.decoder_hidden_states,
-            decoder_attentions=outputs.decoder_attentions,
-            decoder_router_logits=outputs.decoder_router_logits,
-            cross_attentions=outputs.cross_attentions,
-            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
-            encoder_hidden_states=outputs.encoder_hidden_states,
-            encoder_attentions=outputs.encoder_attentions,
-            encoder_router_logits=outputs.encoder_router_logits,
-        )
+        return {"logits": logits, "loss": loss}
 
-
-# Every Auto class each paradigm answers to: the one place that registration and `auto_map` read from.
+    def router_stacks(self, outputs, inputs):
+        return [
+            ("encoder_aux_loss", outputs.encoder_router_logits, inputs["attention_mask"]),
+            ("decoder_aux_loss", outputs.decoder_router_logits, inputs["decoder_attention_mask"]),
+        ]
 
 
 # the public model classes; hf_tfm/__init__.py exports these names
@@ -560,6 +582,8 @@ __all__ = [
     "TfmDecoderModel",
     "TfmDecoderForCausalLM",
     "TfmDecoderForSequenceClassification",
+    "TfmDecoderForTokenClassification",
+    "TfmDecoderForQuestionAnswering",
     "TfmEncoderModel",
     "TfmEncoderForMaskedLM",
     "TfmEncoderForSequenceClassification",

@@ -31,8 +31,9 @@ WEIGHT_FILE = re.compile(
 # what from_pretrained reads besides the weights (README, tokenizer and run record are not the model)
 MODEL_FILES = frozenset({"config.json", "generation_config.json", "adapter_config.json"})
 # modules a head adds on top of the body, and the pooler that only the classification heads use: loading a saved
-# model into another head may legitimately miss or leave over their weights, never the body's
-HEAD_MODULES = frozenset({"lm_head", "score", "classifier", "qa_outputs", "pooler"})
+# model into another head may legitimately miss or leave over their weights, never the body's. Each head class adds
+# the name of its task layer here as it is defined (modeling_tfm.TfmHead), so no head can be left out.
+HEAD_MODULES = {"pooler"}
 _LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<kind>partial|old)-(?P<pid>\d+)$")
 
 

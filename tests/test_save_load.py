@@ -52,7 +52,14 @@ def test_saved_folder_is_complete(tmp_path):
         "modeling_tfm_layers.py",
     } <= files
     auto_map = json.loads((tmp_path / "config.json").read_text())["auto_map"]
-    assert set(auto_map) == {"AutoConfig", "AutoModel", "AutoModelForCausalLM", "AutoModelForSequenceClassification"}
+    assert set(auto_map) == {
+        "AutoConfig",
+        "AutoModel",
+        "AutoModelForCausalLM",
+        "AutoModelForSequenceClassification",
+        "AutoModelForTokenClassification",
+        "AutoModelForQuestionAnswering",
+    }
     assert type(AutoConfig.from_pretrained(tmp_path)).__name__ == "TfmDecoderConfig"
     assert type(AutoModel.from_pretrained(tmp_path)) is TfmDecoderModel
     classifier = AutoModelForSequenceClassification.from_pretrained(tmp_path, num_labels=3)
