@@ -255,6 +255,7 @@ class TfmConfig(PreTrainedConfig):
         if self.layer_types is None and not self.is_encoder_decoder:
             kind = "full_attention" if self.sliding_window is None else "sliding_attention"
             self.layer_types = [kind] * self.num_hidden_layers
+        self.num_hidden_layers = self.num_hidden_layers  # a config.json edited to another depth: see __setattr__
         self._check_moe()
         self._check_layers()
         super().__post_init__(**kwargs)
@@ -420,9 +421,24 @@ class TfmConfig(PreTrainedConfig):
             "every key)",
         )
 
+    def __setattr__(self, name, value):
+        super().__setattr__(name, value)
+        # a depth set after construction (`from_pretrained(path, num_hidden_layers=N)`) takes along a layer_types
+        # that says the same of every layer; a per-layer pattern cannot be stretched (layer_type names the mismatch)
+        kinds = getattr(self, "layer_types", None)
+        if name == "num_hidden_layers" and kinds and len(set(kinds)) == 1 and len(kinds) != value:
+            super().__setattr__("layer_types", [kinds[0]] * value)
+
     def layer_type(self, layer_idx: int) -> str:
         """A layer's attention kind (an encoder-decoder has no `layer_types`: all full)."""
-        return self.layer_types[layer_idx] if self.layer_types is not None else "full_attention"
+        if self.layer_types is None:
+            return "full_attention"
+        _require(
+            len(self.layer_types) == self.num_hidden_layers,
+            "layer_types",
+            f"has {len(self.layer_types)} entries for num_hidden_layers={self.num_hidden_layers}; set both together",
+        )
+        return self.layer_types[layer_idx]
 
     def layer_kinds(self) -> set[str]:
         """The attention kinds the layers use."""
@@ -439,6 +455,19 @@ class TfmConfig(PreTrainedConfig):
         if self.moe_layers is not None:
             return layer_idx in self.moe_layers
         return layer_idx not in self.mlp_only_layers and (layer_idx + 1) % self.decoder_sparse_step == 0
+
+    def convert_rope_params_to_dict(self, **kwargs):
+        # transformers 5.17 gives a nested dict (one per layer type) a top-level `rope_theta` and then fails to
+        # validate it; each nested dict gets the defaults it lacks instead, as 5.17's ModernBertConfig does it
+        if not self.nested_rope():
+            return super().convert_rope_params_to_dict(**kwargs)
+        kwargs.pop("rope_scaling", None)
+        theta = kwargs.pop("rope_theta", self.default_theta)
+        for rope in self.rope_parameters.values():
+            rope.setdefault("rope_type", "default")
+            rope.setdefault("rope_theta", theta)
+        self.standardize_rope_params()
+        return kwargs
 
     def rope_parameters_for(self, layer_type: str) -> dict:
         """The RoPE dict of one layer type: the one dict, or its entry when they are nested per layer type."""

@@ -39,8 +39,9 @@ class TfmRMSNorm(nn.Module):
         hidden_states = hidden_states.to(torch.float32)
         variance = hidden_states.pow(2).mean(-1, keepdim=True)
         hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
-        weight = 1.0 + self.weight if self.unit_offset else self.weight
-        return weight * hidden_states.to(input_dtype)
+        if self.unit_offset:  # Gemma scales in float32, then casts (Llama casts, then scales)
+            return (hidden_states * (1.0 + self.weight.float())).to(input_dtype)
+        return self.weight * hidden_states.to(input_dtype)
 
     def extra_repr(self) -> str:
         offset = ", unit_offset=True" if self.unit_offset else ""
@@ -238,7 +239,8 @@ class TfmAttention(nn.Module):
         self.scaling = attention_scale(config)
         self.attention_dropout = config.attention_dropout
         sliding = config.layer_type(layer_idx) == "sliding_attention" and not is_cross_attention
-        self.sliding_window = config.sliding_window if sliding else None
+        # flash attention reads a window w as w - 1 tokens on each side; a bidirectional mask keeps |q - k| <= w
+        self.sliding_window = (config.sliding_window + (not self.is_causal)) if sliding else None
         self.softcap = config.attn_logit_softcapping
         bias = config.attention_bias
         self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)

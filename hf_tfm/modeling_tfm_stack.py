@@ -135,7 +135,8 @@ class TfmBlock(GradientCheckpointingLayer):
         )
         if self.parallel_residual:  # GPT-NeoX: both branches read the block input
             attn = self._branch(hidden_states, self.attn_norm, self.post_attn_norm, self.self_attn, **attention)
-            return hidden_states + attn + self._branch(hidden_states, self.ffn_norm, self.post_ffn_norm, self.mlp)
+            mlp = self._branch(hidden_states, self.ffn_norm, self.post_ffn_norm, self.mlp)
+            return mlp + attn + hidden_states  # GPT-NeoX's order of the sum, so that parity is bit-exact
         hidden_states = self._residual(hidden_states, self.attn_norm, self.post_attn_norm, self.self_attn, **attention)
         if self.cross_attn is not None:
             hidden_states = self._residual(

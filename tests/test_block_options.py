@@ -151,3 +151,16 @@ def test_padding_aware_positions_make_left_padding_harmless():
 def test_encoder_decoder_refuses_per_layer_attention_kinds():
     with pytest.raises(ValueError, match="sliding_window"):
         TfmEncoderDecoderConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=2, sliding_window=4)
+
+
+def test_layer_types_follow_a_new_depth_only_when_uniform():
+    """`from_pretrained(path, num_hidden_layers=N)` sets the depth after construction: a layer_types that says the same
+    of every layer follows it, a per-layer pattern is an error naming layer_types (not an IndexError)."""
+    uniform = tiny_config(**ROPE)
+    uniform.num_hidden_layers = 3
+    assert uniform.layer_types == ["full_attention"] * 3
+    assert len(TfmDecoderForCausalLM(uniform).model.layers) == 3
+    alternating = tiny_config(**ALTERNATING)
+    alternating.num_hidden_layers = 3
+    with pytest.raises(ValueError, match="layer_types"):
+        TfmDecoderForCausalLM(alternating)

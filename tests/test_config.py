@@ -57,7 +57,8 @@ INVALID = [
         for field in ("num_key_value_heads", "head_dim", "intermediate_size", "max_position_embeddings")
     ],
     # issue 13's block options
-    ("layer_types", dict(layer_types=["full_attention"])),  # 1 entry for 2 layers
+    # 3 entries for 2 layers (a list saying the same of every layer follows the depth instead)
+    ("layer_types", dict(layer_types=["full_attention", "sliding_attention", "full_attention"], sliding_window=4)),
     ("layer_types", dict(layer_types=["full_attention", "local"], sliding_window=4)),
     ("sliding_window", dict(layer_types=["full_attention", "sliding_attention"])),
     ("sliding_window", dict(sliding_window=0)),
@@ -245,7 +246,8 @@ CONFIG_JSON_MISTAKES = {
         AutoModelForMaskedLM,
         "tfm_decoder",
         r"config\.json holds model_type 'tfm_decoder', which AutoModelForMaskedLM cannot load; model_type "
-        r"'tfm_decoder' loads with AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification$",
+        r"'tfm_decoder' loads with AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification, "
+        r"AutoModelForTokenClassification, AutoModelForQuestionAnswering$",
     ),
 }
 
