@@ -9,7 +9,14 @@ a buffer) as `lm_head.bias`. Weights are renamed only. BART's training-only regu
 from transformers import BartConfig, BartForConditionalGeneration
 
 from .configuration_tfm import TfmEncoderDecoderConfig
-from .convert_common import inverted, load_exact, renamed_fields, require_compatible, require_one_token_table
+from .convert_common import (
+    converted_config,
+    inverted,
+    load_exact,
+    renamed_fields,
+    require_one_token_table,
+    require_paradigm,
+)
 from .modeling_tfm import TfmEncoderDecoderForConditionalGeneration
 
 # BartConfig field -> TfmEncoderDecoderConfig field, for every field with a direct counterpart
@@ -63,12 +70,22 @@ _CROSS_NAMES = {
 _TOKEN_TABLE_COPIES = ["model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight"]
 
 
-def bart_config_to_tfm(config: BartConfig) -> TfmEncoderDecoderConfig:
-    require_compatible(
-        config,
-        "TfmEncoderDecoderConfig",
-        {"decoder_attention_heads": config.encoder_attention_heads, "decoder_ffn_dim": config.encoder_ffn_dim},
-    )
+# BartConfig fields a converted BartForConditionalGeneration computes the same outputs without
+_IRRELEVANT = {
+    **dict.fromkeys(
+        ("activation_dropout", "encoder_layerdrop", "decoder_layerdrop"),
+        "a training-only regularizer hf_tfm has no counterpart for; inference is exact",
+    ),
+    "classifier_dropout": "read only by BART's classification head",
+    **dict.fromkeys(
+        ("add_bias_logits", "add_final_layer_norm", "classif_dropout", "normalize_before", "normalize_embedding"),
+        "a transformers 4.x BartConfig key that transformers 5's BART never reads",
+    ),
+    "forced_eos_token_id": "a generation default, carried over by the model's generation_config",
+}
+
+
+def _to_tfm(config: BartConfig) -> TfmEncoderDecoderConfig:
     return TfmEncoderDecoderConfig(
         **renamed_fields(config, _CONFIG_NAMES),
         **_BART_ARCHITECTURE,
@@ -78,22 +95,8 @@ def bart_config_to_tfm(config: BartConfig) -> TfmEncoderDecoderConfig:
     )
 
 
-def tfm_config_to_bart(config: TfmEncoderDecoderConfig) -> BartConfig:
-    require_compatible(
-        config,
-        "BartConfig",
-        {
-            "model_type": "tfm_encoder_decoder",
-            **_BART_ARCHITECTURE,
-            "num_key_value_heads": config.num_attention_heads,
-            "type_vocab_size": 0,
-            "embedding_dropout": config.hidden_dropout,  # BART has one `dropout`
-        },
-        unsupported={
-            "head_dim": config.head_dim * config.num_attention_heads != config.hidden_size,
-            "attention_multiplier": config.attention_multiplier not in (None, config.head_dim**-0.5),
-        },
-    )
+def _to_bart(config: TfmEncoderDecoderConfig) -> BartConfig:
+    require_paradigm(config, TfmEncoderDecoderConfig, "BartConfig")
     return BartConfig(
         **renamed_fields(config, inverted(_CONFIG_NAMES)),
         decoder_attention_heads=config.num_attention_heads,
@@ -102,6 +105,14 @@ def tfm_config_to_bart(config: TfmEncoderDecoderConfig) -> BartConfig:
         attention_dropout=config.attention_dropout,
         forced_eos_token_id=None,  # a generation default: carried by generation_config, not by TfmConfig
     )
+
+
+def bart_config_to_tfm(config: BartConfig) -> TfmEncoderDecoderConfig:
+    return converted_config(config, _to_tfm, _to_bart, irrelevant=_IRRELEVANT)
+
+
+def tfm_config_to_bart(config: TfmEncoderDecoderConfig) -> BartConfig:
+    return converted_config(config, _to_bart, _to_tfm)
 
 
 def _key_pairs(encoder_layers: int, decoder_layers: int) -> list[tuple[str, str]]:

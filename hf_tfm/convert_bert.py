@@ -8,11 +8,13 @@ Every BERT linear layer is an `nn.Linear` like ours, so weights only change name
 Not carried over: `padding_idx` of BERT's word embeddings (it only zeroes that row's gradient in training).
 """
 
+import copy
+
 import torch
 from transformers import BertConfig, BertForMaskedLM, BertModel
 
 from .configuration_tfm import TfmEncoderConfig
-from .convert_common import inverted, load_exact, renamed_fields, require_compatible
+from .convert_common import converted_config, inverted, load_exact, renamed_fields
 from .modeling_tfm import TfmEncoderForMaskedLM, TfmEncoderModel
 
 # BertConfig field -> TfmEncoderConfig field, for every field with a direct counterpart
@@ -73,18 +75,7 @@ _MLM_NAMES = {
 }
 
 
-def bert_config_to_tfm(config: BertConfig, use_pooler: bool = True) -> TfmEncoderConfig:
-    position = getattr(config, "position_embedding_type", "absolute")  # not a field since transformers 5
-    require_compatible(
-        config,
-        "TfmEncoderConfig",
-        {"is_decoder": False, "add_cross_attention": False},
-        unsupported={
-            "position_embedding_type": position != "absolute",
-            # our classifier heads drop out with hidden_dropout
-            "classifier_dropout": config.classifier_dropout not in (None, config.hidden_dropout_prob),
-        },
-    )
+def _to_tfm(config: BertConfig, use_pooler: bool = True) -> TfmEncoderConfig:
     return TfmEncoderConfig(
         **renamed_fields(config, _CONFIG_NAMES),
         **_BERT_ARCHITECTURE,
@@ -93,20 +84,28 @@ def bert_config_to_tfm(config: BertConfig, use_pooler: bool = True) -> TfmEncode
     )
 
 
-def tfm_config_to_bert(config: TfmEncoderConfig) -> BertConfig:
-    head_scale = config.head_dim**-0.5
-    require_compatible(
-        config,
-        "BertConfig",
-        {**_BERT_ARCHITECTURE, "num_key_value_heads": config.num_attention_heads, "is_decoder": False},
-        unsupported={
-            "head_dim": config.head_dim * config.num_attention_heads != config.hidden_size,
-            "type_vocab_size": config.type_vocab_size == 0,  # BERT always adds a token-type embedding
-            "attention_multiplier": config.attention_multiplier not in (None, head_scale),
-            "embedding_dropout": config.embedding_dropout != config.hidden_dropout,
-        },
-    )
+def _to_bert(config: TfmEncoderConfig) -> BertConfig:
+    if config.type_vocab_size == 0:  # BertConfig takes 0, but BertModel still looks up token type 0
+        raise ValueError(
+            f"Cannot convert {type(config).__name__} to BertConfig exactly: type_vocab_size=0, and BERT always adds "
+            "a token-type embedding"
+        )
     return BertConfig(**renamed_fields(config, inverted(_CONFIG_NAMES)))
+
+
+def bert_config_to_tfm(config: BertConfig, use_pooler: bool = True) -> TfmEncoderConfig:
+    irrelevant = {}
+    if getattr(config, "position_embedding_type", "absolute") == "absolute":  # not a field since transformers 5
+        irrelevant["position_embedding_type"] = "transformers 5's BERT only has absolute positions"
+    if config.classifier_dropout == config.hidden_dropout_prob:  # what hf_tfm's classifier heads drop out with
+        config = copy.deepcopy(config)
+        config.classifier_dropout = None
+    return converted_config(config, lambda bert: _to_tfm(bert, use_pooler), _to_bert, irrelevant=irrelevant)
+
+
+def tfm_config_to_bert(config: TfmEncoderConfig) -> BertConfig:
+    # BertModel takes its pooler as an argument (add_pooling_layer): the config keeps whichever the model has
+    return converted_config(config, _to_bert, lambda bert: _to_tfm(bert, config.use_pooler))
 
 
 def _module_names(num_layers: int, mlm: bool, pooler: bool) -> dict[str, str]:

@@ -1,14 +1,16 @@
-"""What every exact-parity converter shares: refuse configs that cannot be expressed, rename fields and weights, and
-load weights strictly."""
+"""What every exact-parity converter shares: convert configs and refuse what does not survive the round trip, rename
+fields and weights, and load weights strictly."""
 
 import copy
+import dataclasses
 
 import torch
 from torch import nn
 
-# score scaling and LM-head options that GPT-2, Llama and Mixtral do not have
-PLAIN_LM_HEAD = {"attention_multiplier": None, "scale_lm_head_input": False, "lm_head_bias": False}
-# what every Llama-family decoder is beyond its blocks: a final norm, bare token embeddings, attention dropout only
+from .configuration_tfm import TfmConfig, TfmEncoderConfig
+
+# what every Llama-family decoder is beyond its blocks (all TfmDecoderConfig defaults, stated so that a mapping to
+# hf_tfm reads as the whole architecture): a final norm, bare token embeddings, attention dropout only, plain head
 LLAMA_FAMILY_STACK = {
     "final_norm": True,
     "embedding_norm": False,
@@ -16,18 +18,29 @@ LLAMA_FAMILY_STACK = {
     "type_vocab_size": 0,
     "embedding_dropout": 0.0,
     "hidden_dropout": 0.0,
-    **PLAIN_LM_HEAD,
+    "attention_multiplier": None,
+    "scale_lm_head_input": False,
+    "lm_head_bias": False,
 }
 
 
 def require_compatible(config, target: str, expected: dict[str, object], unsupported: dict[str, bool] | None = None):
-    """Raise one ValueError naming every field of `config` the target cannot express exactly: each field in
-    `expected` whose value differs, and each field flagged True in `unsupported`."""
+    """Raise one ValueError naming every field of `config` whose value differs from `expected` or is flagged True in
+    `unsupported`: a precondition on an hf_tfm model (upcycling). Converters check with `converted_config`."""
     bad = [field for field, value in expected.items() if getattr(config, field) != value]
     bad += [field for field, flagged in (unsupported or {}).items() if flagged]
     if bad:
         details = ", ".join(f"{field}={getattr(config, field)!r}" for field in bad)
         raise ValueError(f"Cannot convert {type(config).__name__} to {target} exactly: unsupported {details}")
+
+
+def require_paradigm(config, config_class: type, target: str) -> None:
+    """A mapping that reads one paradigm's fields (an encoder-decoder's `decoder_layers`) takes only that paradigm."""
+    if not isinstance(config, config_class):
+        raise ValueError(
+            f"Cannot convert {type(config).__name__} to {target}: model_type={config.model_type!r}, but {target} "
+            f"converts {config_class.model_type!r} models"
+        )
 
 
 def renamed_fields(config, names: dict[str, str]) -> dict[str, object]:
@@ -91,27 +104,92 @@ def renamed_model(model: nn.Module, target: nn.Module, renames: dict[str, str]) 
     return load_exact(target, renamed_keys(model.state_dict(), renames))
 
 
-# config.json keys that describe a file, a run or a task, not the function the weights compute
+# config.json keys that describe a file, a run or a task, not the function the weights compute (`model_type` and
+# `is_decoder` are compared: a bidirectional encoder is not a causal decoder, even with equal fields). The second
+# line: transformers 4.x configs carried these, and transformers 5 keeps them as attributes that nothing reads.
 NOT_ARCHITECTURE = frozenset(
     {
-        "_name_or_path", "architectures", "dtype", "torch_dtype", "transformers_version", "model_type", "auto_map",
-        "use_cache", "output_attentions", "output_hidden_states", "return_dict", "chunk_size_feed_forward",
-        "id2label", "label2id", "problem_type", "tokenizer_class", "is_decoder", "is_encoder_decoder",
+        "_name_or_path", "architectures", "dtype", "torch_dtype", "transformers_version", "auto_map", "use_cache",
+        "output_attentions", "output_hidden_states", "return_dict", "chunk_size_feed_forward", "id2label", "label2id",
+        "problem_type", "tokenizer_class", "task_specific_params", "finetuning_task", "gradient_checkpointing",
+        "output_past", "torchscript", "use_bfloat16", "xla_device", "_num_labels", "prefix",
     }
 )  # fmt: skip
+# Keys every transformers 4.x config carried that transformers 5 declares only on the config classes whose models
+# read them (BERT's `is_decoder`, GPT-2's `add_cross_attention`): compared there, a leftover anywhere else.
+DECLARED_WHERE_READ = frozenset({"is_decoder", "add_cross_attention", "tie_encoder_decoder", "pruned_heads"})
+
+# Fields only a Mixture-of-Experts layer reads. A field missing here is compared like any other: forgetting one makes
+# converters refuse too much, never too little.
+MOE_FIELDS = (
+    "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step", "mlp_only_layers", "moe_layers",
+    "shared_expert_intermediate_size", "shared_expert_gate", "scoring_func", "norm_topk_prob", "router_jitter_noise",
+    "router_aux_loss_coef", "router_z_loss_coef", "router_bias_update_rate", "capacity_factor",
+    "output_router_logits",
+)  # fmt: skip
+
+
+def unread_fields(config: TfmConfig) -> dict[str, str]:
+    """The fields an hf_tfm model built from `config` never reads, given its other fields, each with the reason.
+    Dropping them changes nothing the model computes, so `converted_config` does not refuse them: a dense model's
+    router settings (a dense Llama-shaped model converts whatever its `router_aux_loss_coef`), LayerNorm's bias
+    under RMSNorm, the position options of a scheme not in use."""
+    unread = {}
+    depth = max(config.num_hidden_layers, getattr(config, "decoder_layers", None) or 0)
+    if config.num_experts == 0:
+        unread |= dict.fromkeys(MOE_FIELDS, "a dense model (num_experts=0) has no router and no experts")
+    elif all(config.is_moe_layer(i) for i in range(depth)):
+        unread["intermediate_size"] = "every layer is a Mixture of Experts: no dense feed-forward reads it"
+    if config.norm_type == "rmsnorm":
+        unread["norm_bias"] = "RMSNorm has no bias"
+    else:
+        unread["rmsnorm_unit_offset"] = "read by RMSNorm only"
+    position = config.position_embedding_type
+    if position != "relative_bias":
+        for field in ("relative_attention_num_buckets", "relative_attention_max_distance"):
+            unread[field] = f"read by relative_bias positions only, not {position}"
+    if position not in ("learned", "sinusoidal"):
+        unread["position_offset"] = f"read by position tables only, not {position}"
+    if position not in ("learned", "sinusoidal", "rope"):
+        unread["max_position_embeddings"] = f"{position} positions have no table and no RoPE scaling"
+    if not isinstance(config, TfmEncoderConfig):
+        unread["use_pooler"] = "only an encoder has a pooler"
+    if "sliding_attention" not in (config.layer_types or ()):  # an encoder-decoder has none
+        unread["sliding_window"] = "no layer is a sliding_attention layer"
+    return unread
+
+
+def _normal_form(fields: dict) -> dict:
+    """An hf_tfm config's fields with the default attention scale written one way (None), however it was given."""
+    fields = dict(fields)
+    if fields.get("attention_multiplier") == fields["head_dim"] ** -0.5:
+        fields["attention_multiplier"] = None
+    if fields.get("query_pre_attn_scalar") == fields["head_dim"]:
+        fields["query_pre_attn_scalar"] = None
+    return fields
 
 
 def converted_config(config, to_other, back, irrelevant: dict[str, str] | None = None):
     """`to_other(config)`, refused when it cannot express `config` exactly. Every key of both configs' `to_dict()`
     is checked, not a hand-kept list: `config -> to_other -> back` must give `config` again, so a field the mapping
-    drops or cannot represent comes back changed and is named in the error. `irrelevant` names (with the reason)
-    the fields that may change because the architecture never reads them (Qwen2's `max_window_layers` without a
-    sliding window)."""
+    drops or cannot represent comes back changed and is named in the error, a field added to either config class
+    included. Not compared: `NOT_ARCHITECTURE`, the `DECLARED_WHERE_READ` keys `config`'s class does not declare,
+    and `irrelevant`: the fields (with the reason) that may change because the architecture never reads them
+    (Qwen2's `max_window_layers` without a sliding window). From an hf_tfm config, `unread_fields` are not compared
+    either, and the default attention scale may be given either way. A key absent on one side equals None."""
     other = to_other(config)
     before, after = config.to_dict(), back(other).to_dict()
-    skip = NOT_ARCHITECTURE | set(irrelevant or {})
+    declared = {field.name for field in dataclasses.fields(config)}
+    skip = NOT_ARCHITECTURE | (DECLARED_WHERE_READ - declared) | set(irrelevant or {})
+    if isinstance(config, TfmConfig):
+        before, after = _normal_form(before), _normal_form(after)
+        skip |= set(unread_fields(config))
     lost = sorted(key for key in before.keys() | after.keys() if key not in skip and before.get(key) != after.get(key))
     if lost:
-        details = ", ".join(f"{key}={before.get(key)!r}" for key in lost)
+        details = ", ".join(f"{key}={_shown(before, key)} (comes back as {_shown(after, key)})" for key in lost)
         raise ValueError(f"Cannot convert {type(config).__name__} to {type(other).__name__} exactly: {details}")
     return other
+
+
+def _shown(fields: dict, key: str) -> str:
+    return repr(fields[key]) if key in fields else "<unset>"

@@ -4,11 +4,13 @@ GPT-2 stores linear layers as `Conv1D` (weight `[in, out]`) and fuses q, k, v in
 (weight `[out, in]`) with separate projections, so weights are split and transposed on the way in and back.
 """
 
+import copy
+
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from .configuration_tfm import TfmDecoderConfig
-from .convert_common import PLAIN_LM_HEAD, inverted, load_exact, renamed_fields, require_compatible
+from .convert_common import converted_config, inverted, load_exact, renamed_fields
 from .modeling_tfm import TfmDecoderForCausalLM
 
 # per-layer renames whose tensors need only a transpose (Conv1D -> Linear) or nothing (norms)
@@ -48,14 +50,18 @@ _GPT2_ARCHITECTURE = dict(
     attention_bias=True,
     mlp_bias=True,
 )
+# GPT2Config fields GPT2LMHeadModel never reads in a way that changes what it computes
+_IRRELEVANT = {
+    **dict.fromkeys(
+        ("summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels", "summary_first_dropout"),
+        "read only by GPT2DoubleHeadsModel's multiple-choice head",
+    ),
+    "reorder_and_upcast_attn": "the same attention, computed in float32 (a half-precision eager training option)",
+    "n_ctx": "an old GPT2Config key transformers 5 keeps but never reads; n_positions sizes the position table",
+}
 
 
-def gpt2_config_to_tfm(config: GPT2Config) -> TfmDecoderConfig:
-    require_compatible(
-        config,
-        "TfmDecoderConfig",
-        {"scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False, "add_cross_attention": False},
-    )
+def _to_tfm(config: GPT2Config) -> TfmDecoderConfig:
     return TfmDecoderConfig(
         **renamed_fields(config, _CONFIG_NAMES),
         **_GPT2_ARCHITECTURE,
@@ -63,23 +69,21 @@ def gpt2_config_to_tfm(config: GPT2Config) -> TfmDecoderConfig:
     )
 
 
+def _to_gpt2(config: TfmDecoderConfig) -> GPT2Config:
+    # n_inner=None is GPT-2's way of writing the default width 4 * n_embd
+    n_inner = None if config.intermediate_size == 4 * config.hidden_size else config.intermediate_size
+    return GPT2Config(**renamed_fields(config, inverted(_CONFIG_NAMES)), n_inner=n_inner)
+
+
+def gpt2_config_to_tfm(config: GPT2Config) -> TfmDecoderConfig:
+    if config.n_inner == 4 * config.n_embd:  # the default width written out: compare it as GPT-2 writes it back
+        config = copy.deepcopy(config)
+        config.n_inner = None
+    return converted_config(config, _to_tfm, _to_gpt2, irrelevant=_IRRELEVANT)
+
+
 def tfm_config_to_gpt2(config: TfmDecoderConfig) -> GPT2Config:
-    require_compatible(
-        config,
-        "GPT2Config",
-        {
-            **_GPT2_ARCHITECTURE,
-            "num_key_value_heads": config.num_attention_heads,
-            "norm_bias": True,
-            "final_norm": True,
-            "embedding_norm": False,
-            "scale_embeddings": False,
-            "type_vocab_size": 0,
-            **PLAIN_LM_HEAD,
-        },
-        unsupported={"head_dim": config.head_dim * config.num_attention_heads != config.hidden_size},
-    )
-    return GPT2Config(**renamed_fields(config, inverted(_CONFIG_NAMES)), n_inner=config.intermediate_size)
+    return converted_config(config, _to_gpt2, _to_tfm)
 
 
 def gpt2_to_tfm(model: GPT2LMHeadModel) -> TfmDecoderForCausalLM:

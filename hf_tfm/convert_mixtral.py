@@ -4,10 +4,12 @@ Mixtral is Llama with every feed-forward replaced by a softmax top-k router over
 layout hf_tfm uses too; conversion is a rename plus a config mapping.
 """
 
+import copy
+
 from transformers import MixtralConfig, MixtralForCausalLM
 
 from .configuration_tfm import TfmDecoderConfig
-from .convert_common import LLAMA_FAMILY_STACK, inverted, renamed_model, require_compatible
+from .convert_common import converted_config, inverted, renamed_model
 from .convert_llama import (
     LLAMA_ARCHITECTURE,
     LLAMA_FAMILY_NAMES,
@@ -18,17 +20,18 @@ from .convert_llama import (
 from .modeling_tfm import TfmDecoderForCausalLM
 
 _RENAMES = {**LLAMA_RENAMES, ".mlp.gate.weight": ".mlp.router.weight"}
-# MixtralConfig field -> TfmDecoderConfig field, for every field with a direct counterpart
+# MixtralConfig field -> TfmDecoderConfig field, for every field with a direct counterpart (head_dim is mapped apart)
 _CONFIG_NAMES = (
-    LLAMA_FAMILY_NAMES
+    {theirs: ours for theirs, ours in LLAMA_FAMILY_NAMES.items() if theirs != "head_dim"}
     | {name: name for name in ("num_experts_per_tok", "router_aux_loss_coef", "router_jitter_noise")}
     | {"output_router_logits": "output_router_logits"}
     | {"num_local_experts": "num_experts", "intermediate_size": "moe_intermediate_size"}
 )
-# what Mixtral always is, in TfmConfig terms
+# what Mixtral always is, in TfmConfig terms: every layer routes each token to its top-k of softmax scores
 _MIXTRAL_ARCHITECTURE = dict(
     **LLAMA_ARCHITECTURE,
     attention_bias=False,
+    mlp_bias=False,
     scoring_func="softmax",
     norm_topk_prob=True,
     decoder_sparse_step=1,
@@ -41,21 +44,34 @@ _MIXTRAL_ARCHITECTURE = dict(
 )
 
 
-def mixtral_config_to_tfm(config: MixtralConfig) -> TfmDecoderConfig:
-    require_compatible(config, "TfmDecoderConfig", {"sliding_window": None})
+def _to_tfm(config: MixtralConfig) -> TfmDecoderConfig:
+    # no dense layer reads intermediate_size; giving it the expert width keeps a fresh config's defaults sensible
+    head_dim = config.head_dim or config.hidden_size // config.num_attention_heads
     return llama_family_config_to_tfm(
-        config, _CONFIG_NAMES, _MIXTRAL_ARCHITECTURE, mlp_bias=False, intermediate_size=config.intermediate_size
+        config, _CONFIG_NAMES, _MIXTRAL_ARCHITECTURE, head_dim=head_dim, intermediate_size=config.intermediate_size
     )
+
+
+def _to_mixtral(config: TfmDecoderConfig) -> MixtralConfig:
+    if config.num_experts == 0:  # MixtralConfig takes num_local_experts=0, but builds no working model from it
+        raise ValueError(
+            f"Cannot convert {type(config).__name__} to MixtralConfig exactly: num_experts=0 is a dense model, and "
+            "every Mixtral layer routes over experts"
+        )
+    # MixtralConfig keeps head_dim=None for the width its modeling code derives, hidden_size // num_attention_heads
+    head_dim = None if config.head_dim == config.hidden_size // config.num_attention_heads else config.head_dim
+    return tfm_config_to_llama_family(config, MixtralConfig, _CONFIG_NAMES, head_dim=head_dim)
+
+
+def mixtral_config_to_tfm(config: MixtralConfig) -> TfmDecoderConfig:
+    if config.head_dim == config.hidden_size // config.num_attention_heads:  # compare it as Mixtral writes it back
+        config = copy.deepcopy(config)
+        config.head_dim = None
+    return converted_config(config, _to_tfm, _to_mixtral)
 
 
 def tfm_config_to_mixtral(config: TfmDecoderConfig) -> MixtralConfig:
-    require_compatible(
-        config,
-        "MixtralConfig",
-        {**_MIXTRAL_ARCHITECTURE, **LLAMA_FAMILY_STACK},
-        unsupported={"num_experts": config.num_experts == 0},
-    )
-    return tfm_config_to_llama_family(config, MixtralConfig, _CONFIG_NAMES)
+    return converted_config(config, _to_mixtral, _to_tfm)
 
 
 def mixtral_to_tfm(model: MixtralForCausalLM) -> TfmDecoderForCausalLM:

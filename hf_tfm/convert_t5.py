@@ -11,12 +11,21 @@ scaling from `scale_decoder_outputs`. Every linear layer matches, so weights are
 placement differs slightly (T5 also drops inside the FFN and after the final norm).
 """
 
+import copy
+
 import torch
 from torch import nn
 from transformers import T5Config, T5ForConditionalGeneration
 
 from .configuration_tfm import TfmEncoderDecoderConfig
-from .convert_common import inverted, load_exact, renamed_fields, require_compatible, require_one_token_table
+from .convert_common import (
+    converted_config,
+    inverted,
+    load_exact,
+    renamed_fields,
+    require_one_token_table,
+    require_paradigm,
+)
 from .modeling_tfm import TfmEncoderDecoderForConditionalGeneration
 
 # T5Config field -> TfmEncoderDecoderConfig field, for every field with a direct counterpart
@@ -49,9 +58,16 @@ _T5_ARCHITECTURE = dict(
 )
 
 
-def t5_config_to_tfm(config: T5Config, tie_word_embeddings: bool | None = None) -> TfmEncoderDecoderConfig:
-    """`tie_word_embeddings` defaults to the saved flag (`scale_decoder_outputs`): tied v1.0, untied v1.1."""
-    start = getattr(config, "decoder_start_token_id", None)
+# fields of one side the other cannot hold and a converted T5ForConditionalGeneration never needs
+_T5_IRRELEVANT = {
+    "initializer_factor": "read only to initialise weights; converted weights are given",
+    "classifier_dropout": "read only by T5's classification heads",
+    "n_positions": "a transformers 4.x T5Config key that transformers 5's T5 never reads (no position table)",
+}
+_TFM_IRRELEVANT = {"initializer_range": "read only to initialise weights; converted weights are given"}
+
+
+def _to_tfm(config: T5Config, tie_word_embeddings: bool | None = None) -> TfmEncoderDecoderConfig:
     return TfmEncoderDecoderConfig(
         **renamed_fields(config, _CONFIG_NAMES),
         **_T5_ARCHITECTURE,
@@ -61,27 +77,17 @@ def t5_config_to_tfm(config: T5Config, tie_word_embeddings: bool | None = None) 
         **dict.fromkeys(("hidden_dropout", "attention_dropout", "embedding_dropout"), float(config.dropout_rate)),
         tie_word_embeddings=config.scale_decoder_outputs if tie_word_embeddings is None else tie_word_embeddings,
         bos_token_id=getattr(config, "bos_token_id", None),
-        decoder_start_token_id=config.pad_token_id if start is None else start,  # T5 starts decoding with pad
+        decoder_start_token_id=getattr(config, "decoder_start_token_id", None),
     )
 
 
-def tfm_config_to_t5(config: TfmEncoderDecoderConfig) -> T5Config:
-    require_compatible(
-        config,
-        "T5Config",
-        {
-            "model_type": "tfm_encoder_decoder",
-            **_T5_ARCHITECTURE,
-            "num_key_value_heads": config.num_attention_heads,
-            "type_vocab_size": 0,
-            "attention_dropout": config.hidden_dropout,  # T5 has one dropout_rate
-            "embedding_dropout": config.hidden_dropout,
-        },
-    )
+def _to_t5(config: TfmEncoderDecoderConfig) -> T5Config:
+    require_paradigm(config, TfmEncoderDecoderConfig, "T5Config")
     gated = config.ffn_type == "glu"
-    # T5 spells the GELU-tanh gate "gated-gelu"; every other activation by its own name
+    # T5 spells the GELU-tanh gate "gated-gelu"; every other activation by its own name (a GELU gate comes back as
+    # GELU-tanh and is refused by name)
     activation = "gelu" if gated and config.hidden_act == "gelu_new" else config.hidden_act
-    t5_config = T5Config(
+    return T5Config(
         **renamed_fields(config, inverted(_CONFIG_NAMES)),
         bos_token_id=config.bos_token_id,
         feed_forward_proj=f"gated-{activation}" if gated else activation,
@@ -89,8 +95,21 @@ def tfm_config_to_t5(config: TfmEncoderDecoderConfig) -> T5Config:
         tie_word_embeddings=config.scale_lm_head_input,  # T5Config stores it as scale_decoder_outputs
         decoder_start_token_id=config.decoder_start_token_id,
     )
-    require_compatible(config, "T5Config", {"hidden_act": t5_config.dense_act_fn})
-    return t5_config
+
+
+def t5_config_to_tfm(config: T5Config, tie_word_embeddings: bool | None = None) -> TfmEncoderDecoderConfig:
+    """`tie_word_embeddings` defaults to the saved flag (`scale_decoder_outputs`): tied v1.0, untied v1.1."""
+    if getattr(config, "decoder_start_token_id", None) is None:  # T5 starts decoding with pad
+        config = copy.deepcopy(config)
+        config.decoder_start_token_id = config.pad_token_id
+    return converted_config(config, lambda t5: _to_tfm(t5, tie_word_embeddings), _to_t5, irrelevant=_T5_IRRELEVANT)
+
+
+def tfm_config_to_t5(config: TfmEncoderDecoderConfig) -> T5Config:
+    # T5Config cannot hold the tie (see the module docstring): the converted model's tensors carry it
+    return converted_config(
+        config, _to_t5, lambda t5: _to_tfm(t5, config.tie_word_embeddings), irrelevant=_TFM_IRRELEVANT
+    )
 
 
 def _key_pairs(num_layers: int, num_decoder_layers: int, gated: bool) -> list[tuple[str, str]]:

@@ -2,11 +2,12 @@
 
 import pytest
 import torch
-from conftest import VOCAB, assert_same_state_dict, perturb, tiny_model
+from conftest import VOCAB, assert_same_state_dict, perturb, tiny_config, tiny_model
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from hf_tfm.convert_gpt2 import gpt2_to_tfm, tfm_to_gpt2
-from hf_tfm.convert_llama import llama_to_tfm, tfm_to_llama
+from hf_tfm import TfmEncoderConfig
+from hf_tfm.convert_gpt2 import gpt2_config_to_tfm, gpt2_to_tfm, tfm_config_to_gpt2, tfm_to_gpt2
+from hf_tfm.convert_llama import llama_config_to_tfm, llama_to_tfm, tfm_config_to_llama, tfm_to_llama
 
 ATOL = 1e-4
 PAD = 0
@@ -136,3 +137,94 @@ def test_inexpressible_config_raises(convert, make_source, field):
     """A config the target architecture cannot express raises ValueError naming the offending field."""
     with pytest.raises(ValueError, match=field):
         convert(make_source())
+
+
+LLAMA_SHAPED = dict(
+    position_embedding_type="rope", norm_type="rmsnorm", ffn_type="glu", attention_bias=False, mlp_bias=False
+)
+PARTIAL_ROPE = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
+
+
+@pytest.mark.parametrize(
+    "convert, fields, field",
+    [
+        (tfm_config_to_llama, dict(qk_norm="per_head"), "qk_norm"),
+        (tfm_config_to_llama, dict(sliding_window=4), "sliding_window"),
+        (
+            tfm_config_to_llama,
+            dict(sliding_window=4, layer_types=["sliding_attention", "full_attention"]),
+            "layer_types",
+        ),
+        (tfm_config_to_llama, dict(attention_out_bias=True), "attention_out_bias"),
+        (tfm_config_to_llama, dict(norm_position="sandwich"), "norm_position"),
+        (tfm_config_to_llama, dict(rmsnorm_unit_offset=True), "rmsnorm_unit_offset"),
+        (tfm_config_to_llama, dict(attn_logit_softcapping=50.0), "attn_logit_softcapping"),
+        (tfm_config_to_llama, dict(query_pre_attn_scalar=16.0), "query_pre_attn_scalar"),
+        (tfm_config_to_llama, dict(nope_layers=[1]), "nope_layers"),
+        (tfm_config_to_llama, dict(rope_parameters=PARTIAL_ROPE), "rope_parameters"),  # Llama rotates every feature
+        (tfm_config_to_gpt2, dict(parallel_residual=True), "parallel_residual"),
+        (tfm_config_to_gpt2, dict(final_logit_softcapping=30.0), "final_logit_softcapping"),
+        (tfm_config_to_gpt2, dict(first_layer_attn_norm=False), "first_layer_attn_norm"),
+    ],
+)
+def test_new_block_options_are_refused_without_a_list(convert, fields, field):
+    """Options TfmConfig gained after these converters were written are refused by name: the round trip compares
+    every field, and no converter lists them."""
+    shape = LLAMA_SHAPED if convert is tfm_config_to_llama else {}
+    convert(tiny_config(**shape))  # the baseline converts
+    with pytest.raises(ValueError, match=rf"\b{field}="):
+        convert(tiny_config(**{**shape, **fields}))
+
+
+def test_fields_the_model_never_reads_do_not_block_conversion():
+    """A dense model's router settings, LayerNorm's bias under RMSNorm, the default attention scale written out and
+    a window no layer uses change nothing the model computes: they are not compared (the decision in
+    convert_common.unread_fields)."""
+    unread = dict(router_aux_loss_coef=0.5, num_experts_per_tok=4, norm_topk_prob=False, capacity_factor=1.25)
+    unread |= dict(norm_bias=False, attention_multiplier=8**-0.5, sliding_window=4, layer_types=["full_attention"] * 2)
+    llama = tfm_config_to_llama(tiny_config(**LLAMA_SHAPED, **unread))
+    assert llama.num_attention_heads == 4 and not hasattr(llama, "router_aux_loss_coef")
+    with pytest.raises(ValueError, match="num_experts=4"):  # experts themselves are read
+        tfm_config_to_llama(tiny_config(**LLAMA_SHAPED, **unread, num_experts=4))
+
+
+def test_a_config_of_another_paradigm_is_refused():
+    """An encoder with GPT-2's every field would still attend both ways: model_type and is_decoder are compared."""
+    with pytest.raises(ValueError, match=r"is_decoder=False.*model_type='tfm_encoder'"):
+        tfm_config_to_gpt2(tiny_config(TfmEncoderConfig, type_vocab_size=0))
+
+
+# what transformers 4.x wrote into every config.json; transformers 5 keeps these as attributes nothing reads
+LEGACY_KEYS = dict(
+    is_decoder=False, add_cross_attention=False, output_past=True, torchscript=False, use_bfloat16=False,
+    pruned_heads={}, tie_encoder_decoder=False, _num_labels=1, gradient_checkpointing=False,
+)  # fmt: skip
+GPT2_SMALL = dict(
+    activation_function="gelu_new", attn_pdrop=0.1, bos_token_id=50256, embd_pdrop=0.1, eos_token_id=50256,
+    initializer_range=0.02, layer_norm_epsilon=1e-05, model_type="gpt2", n_ctx=1024, n_embd=768, n_head=12,
+    n_layer=12, n_positions=1024, resid_pdrop=0.1, summary_activation=None, summary_first_dropout=0.1,
+    summary_proj_to_labels=True, summary_type="cls_index", summary_use_proj=True, vocab_size=50257,
+    task_specific_params={"text-generation": {"do_sample": True, "max_length": 50}},
+)  # fmt: skip
+LLAMA_2 = dict(
+    bos_token_id=1, eos_token_id=2, hidden_act="silu", hidden_size=4096, initializer_range=0.02,
+    intermediate_size=11008, max_position_embeddings=4096, model_type="llama", num_attention_heads=32,
+    num_hidden_layers=32, num_key_value_heads=32, pretraining_tp=1, rms_norm_eps=1e-05, rope_scaling=None,
+    tie_word_embeddings=False, vocab_size=32000,
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "config_class, fields, to_tfm, back",
+    [
+        (GPT2Config, GPT2_SMALL, gpt2_config_to_tfm, tfm_config_to_gpt2),
+        (LlamaConfig, LLAMA_2, llama_config_to_tfm, tfm_config_to_llama),
+    ],
+    ids=["gpt2", "llama-2"],
+)
+def test_published_configs_convert_both_ways(config_class, fields, to_tfm, back):
+    """The config.json of gpt2 and Llama-2-7B as published (old keys included) converts both ways: keys the
+    reference never reads are named as such, not refused."""
+    config = config_class.from_dict({**fields, **LEGACY_KEYS})
+    converted = back(to_tfm(config))
+    assert converted.to_dict()["vocab_size"] == fields["vocab_size"]
