@@ -1,0 +1,117 @@
+"""GPTNeoXForCausalLM <-> hf_tfm, exact both ways: fused per-head query_key_value, partial rotary (rotary_pct),
+parallel and sequential residuals, biases everywhere, an untied LM head."""
+
+import pytest
+import torch
+from conftest import VOCAB, perturb, tiny_config
+from parity_harness import assert_generate_matches, assert_logits_match, assert_round_trip, padded_batch
+from transformers import AutoModelForCausalLM, GPTNeoXConfig, GPTNeoXForCausalLM
+
+from hf_tfm.convert_gpt_neox import gpt_neox_config_to_tfm, gpt_neox_to_tfm, tfm_config_to_gpt_neox, tfm_to_gpt_neox
+
+
+def gpt_neox_config(**overrides) -> GPTNeoXConfig:
+    fields = dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,  # head_dim 16: rotary_pct 0.25 rotates 4 of its 16 features
+        intermediate_size=64,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    return GPTNeoXConfig(**{**fields, **overrides})
+
+
+def gpt_neox(**overrides) -> GPTNeoXForCausalLM:
+    return perturb(GPTNeoXForCausalLM(gpt_neox_config(**overrides)))
+
+
+VARIANTS = [
+    pytest.param(dict(use_parallel_residual=True), id="parallel"),
+    pytest.param(dict(use_parallel_residual=False, attention_bias=False, rotary_pct=0.5), id="sequential-nobias"),
+]
+
+
+@pytest.mark.parametrize("overrides", VARIANTS)
+def test_gpt_neox_parity(overrides):
+    ref = gpt_neox(**overrides)
+    ours = gpt_neox_to_tfm(ref)
+    config = ours.config
+    assert config.parallel_residual == ref.config.use_parallel_residual
+    assert config.rope_parameters["partial_rotary_factor"] == ref.config.rope_parameters["partial_rotary_factor"] < 1
+    for attn in ("eager", "sdpa"):
+        assert_logits_match(ref, ours, attn=attn)
+    assert_generate_matches(ref, ours, num_beams=1)
+    assert_generate_matches(ref, ours, num_beams=3)
+    back = tfm_to_gpt_neox(ours)
+    assert_logits_match(ref, back)
+
+
+@pytest.mark.parametrize("overrides", [*VARIANTS, pytest.param(dict(tie_word_embeddings=True), id="tied")])
+def test_gpt_neox_round_trip(overrides):
+    assert_round_trip(gpt_neox(**overrides), gpt_neox_to_tfm, tfm_to_gpt_neox)
+
+
+def test_converted_gpt_neox_saves_and_loads(tmp_path):
+    """Partial RoPE's inv_freq is rebuilt right after from_pretrained (built on the meta device)."""
+    ours = gpt_neox_to_tfm(gpt_neox())
+    ours.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    input_ids = padded_batch()[0]
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(input_ids).logits, ours(input_ids).logits, atol=0, rtol=0)
+
+
+def test_fused_qkv_is_split_per_head():
+    """query_key_value's output rows are [heads, 3, head_dim]: head h's query is rows [3h*d, 3h*d + d)."""
+    ref = gpt_neox()
+    ours = gpt_neox_to_tfm(ref)
+    fused = ref.gpt_neox.layers[0].attention.query_key_value.weight
+    d = ref.config.hidden_size // ref.config.num_attention_heads
+    attn = ours.model.layers[0].self_attn
+    for name, part in (("q_proj", 0), ("k_proj", 1), ("v_proj", 2)):
+        split = getattr(attn, name).weight
+        for head in range(ref.config.num_attention_heads):
+            rows = slice((3 * head + part) * d, (3 * head + part + 1) * d)
+            assert torch.equal(split[head * d : (head + 1) * d], fused[rows])
+
+
+def test_full_rotary_round_trips_configs():
+    """rotary_pct=1.0 is hf_tfm's plain RoPE and comes back as 1.0 (GPTNeoXConfig would otherwise default to 0.25)."""
+    config = gpt_neox_config(rotary_pct=1.0)
+    ours = gpt_neox_config_to_tfm(config)
+    assert ours.rope_parameters.get("partial_rotary_factor", 1.0) == 1.0
+    assert tfm_config_to_gpt_neox(ours).rope_parameters["partial_rotary_factor"] == 1.0
+
+
+def test_gpt_neox_config_hf_tfm_cannot_express_is_refused():
+    """12 * 0.25 = 3 rotary features: GPT-NeoX then rotates 4 with frequencies of a 3-wide band; hf_tfm refuses."""
+    with pytest.raises(ValueError, match="partial_rotary_factor"):
+        gpt_neox_config_to_tfm(gpt_neox_config(hidden_size=24, rotary_pct=0.25))
+
+
+GPT_NEOX_SHAPED = dict(position_embedding_type="rope", parallel_residual=True, tie_word_embeddings=False)
+
+
+def test_gpt_neox_shaped_tfm_config_converts():
+    config = tfm_config_to_gpt_neox(tiny_config(**GPT_NEOX_SHAPED))
+    assert config.use_parallel_residual and config.rope_parameters["partial_rotary_factor"] == 1.0
+
+
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        (dict(num_key_value_heads=2), "num_key_value_heads"),
+        (dict(qk_norm="per_head"), "qk_norm"),
+        (dict(norm_type="rmsnorm"), "norm_type"),
+        (dict(attention_out_bias=False), "attention_out_bias"),
+        (dict(embedding_dropout=0.1), "embedding_dropout"),
+    ],
+)
+def test_tfm_config_gpt_neox_cannot_express_is_refused(overrides, field):
+    config = tiny_config(**{**GPT_NEOX_SHAPED, **overrides})
+    with pytest.raises(ValueError, match=field):
+        tfm_config_to_gpt_neox(config)

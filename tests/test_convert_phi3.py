@@ -1,0 +1,162 @@
+"""Phi3ForCausalLM <-> hf_tfm, exact both ways: fused qkv_proj and gate_up_proj split on the way in and fused on
+the way back, GQA, partial rotary, a sliding window (every layer) shorter than the test sequence with generation
+past it, and LongRoPE with its short and its long factors."""
+
+import pytest
+import torch
+from conftest import VOCAB, perturb, tiny_config
+from parity_harness import ATOL, assert_generate_matches, assert_logits_match, assert_round_trip, padded_batch
+from transformers import Phi3Config, Phi3ForCausalLM
+
+from hf_tfm.convert_phi3 import phi3_config_to_tfm, phi3_to_tfm, tfm_config_to_phi3, tfm_to_phi3
+
+WINDOW = 4  # shorter than the 9-token test batch
+PARTIAL = dict(rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5))
+
+
+def longrope(original_max_position_embeddings: int, partial_rotary_factor: float = 1.0) -> dict:
+    """LongRoPE over 8 * factor rotated features: 4 * factor short and long factors. The test batch has 9
+    tokens, so an original length of 8 runs the long factors and one of 16 the short ones."""
+    pairs = int(4 * partial_rotary_factor)
+    rope = dict(
+        rope_type="longrope",
+        rope_theta=10000.0,
+        partial_rotary_factor=partial_rotary_factor,
+        short_factor=[1.0 + i / 2 for i in range(pairs)],
+        long_factor=[4.0 * 2**i for i in range(pairs)],
+    )
+    return dict(rope_parameters=rope, original_max_position_embeddings=original_max_position_embeddings)
+
+
+def phi3_config(**overrides) -> Phi3Config:
+    fields = dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    return Phi3Config(**{**fields, **overrides})
+
+
+def phi3(**overrides) -> Phi3ForCausalLM:
+    torch.manual_seed(0)
+    return perturb(Phi3ForCausalLM(phi3_config(**overrides)))
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        pytest.param({}, id="default"),
+        pytest.param(dict(PARTIAL, sliding_window=WINDOW, tie_word_embeddings=True), id="partial-sliding-tied"),
+        pytest.param(longrope(8), id="longrope-long"),
+        pytest.param(longrope(16, partial_rotary_factor=0.5), id="longrope-short-partial"),
+    ],
+)
+def test_phi3_parity(overrides):
+    ref = phi3(**overrides)
+    ours = phi3_to_tfm(ref)
+    for attn in ("eager", "sdpa"):
+        assert_logits_match(ref, ours, attn=attn)
+    assert_generate_matches(ref, ours, num_beams=1, max_new_tokens=6)
+    assert_generate_matches(ref, ours, num_beams=3, max_new_tokens=6)
+    assert_logits_match(ref, tfm_to_phi3(ours), attn="sdpa")
+
+
+def test_phi3_static_cache_generation_past_the_window():
+    ref = phi3(sliding_window=WINDOW)
+    ours = phi3_to_tfm(ref)
+    assert ours.config.layer_types == ["sliding_attention"] * 2
+    input_ids, attention_mask, _ = padded_batch()
+    kwargs = dict(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        pad_token_id=0,
+        do_sample=False,
+        max_new_tokens=6,
+        cache_implementation="static",
+    )
+    assert torch.equal(ours.generate(**kwargs), ref.generate(**kwargs))
+
+
+@pytest.mark.xfail(strict=True, reason="hf_tfm keeps the cache when LongRoPE switches to its long factors")
+def test_longrope_generation_across_the_original_length():
+    """Phi-3's `prepare_inputs_for_generation` drops the cache when the sequence first outgrows
+    original_max_position_embeddings and recomputes every position with the long factors; hf_tfm keeps the keys it
+    cached with the short ones, so generation that crosses that length differs."""
+    ref = phi3(**longrope(10))
+    assert_generate_matches(ref, phi3_to_tfm(ref), num_beams=1, max_new_tokens=6)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        pytest.param(PARTIAL, id="partial"),
+        pytest.param(dict(sliding_window=WINDOW), id="window"),
+        pytest.param(longrope(8), id="longrope"),
+    ],
+)
+def test_each_option_changes_the_reference(overrides):
+    """Each option changes the reference logits well beyond the tolerance at the test shape, so the parity above
+    proves hf_tfm applies it."""
+    ref, other = phi3(), phi3(**overrides)
+    other.load_state_dict(ref.state_dict())
+    input_ids = padded_batch()[0][:1]
+    with torch.no_grad():
+        assert (ref(input_ids).logits - other(input_ids).logits).abs().max() > 100 * ATOL
+
+
+@pytest.mark.parametrize(
+    "overrides", [{}, pytest.param(dict(longrope(8), tie_word_embeddings=True, num_key_value_heads=1), id="mqa")]
+)
+def test_phi3_round_trip(overrides):
+    assert_round_trip(phi3(**overrides), phi3_to_tfm, tfm_to_phi3)
+
+
+def test_phi3_fields():
+    """resid_pdrop is the dropout on each sublayer's output; embd_pdrop is never applied by Phi3Model, and
+    original_max_position_embeddings is read only by LongRoPE."""
+    config = phi3_config_to_tfm(phi3_config(resid_pdrop=0.1, embd_pdrop=0.2, original_max_position_embeddings=32))
+    assert config.hidden_dropout == 0.1 and config.embedding_dropout == 0.0
+    assert tfm_config_to_phi3(config).resid_pdrop == 0.1
+    config = phi3_config_to_tfm(phi3_config(**longrope(8)))
+    assert config.rope_parameters["original_max_position_embeddings"] == 8
+    assert tfm_config_to_phi3(config).original_max_position_embeddings == 8
+
+
+PHI3_SHAPED = dict(
+    position_embedding_type="rope",
+    norm_type="rmsnorm",
+    ffn_type="glu",
+    hidden_act="silu",
+    attention_bias=False,
+    mlp_bias=False,
+)
+
+
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        (dict(attention_bias=True), "attention_bias"),
+        (dict(mlp_bias=True), "mlp_bias"),
+        (dict(embedding_dropout=0.1), "embedding_dropout"),
+        (dict(sliding_window=WINDOW, layer_types=["full_attention", "sliding_attention"]), "layer_types"),
+        (dict(nope_layers=[0]), "nope_layers"),
+        (dict(qk_norm="projection"), "qk_norm"),
+        (dict(norm_position="output"), "norm_position"),
+    ],
+)
+def test_tfm_config_phi3_cannot_express_is_refused(overrides, field):
+    assert tfm_config_to_phi3(tiny_config(**PHI3_SHAPED))  # the shape itself converts
+    with pytest.raises(ValueError, match=field):
+        tfm_config_to_phi3(tiny_config(**{**PHI3_SHAPED, **overrides}))
+
+
+def test_phi3_config_hf_tfm_cannot_express_is_refused():
+    with pytest.raises(ValueError, match="clip_qkv"):  # a key the converter does not know is refused, not dropped
+        phi3_config_to_tfm(phi3_config(clip_qkv=8.0))

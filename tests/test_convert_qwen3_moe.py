@@ -1,0 +1,192 @@
+"""Qwen3MoeForCausalLM <-> hf_tfm, exact both ways: per-head QK-norm with softmax top-k experts renormalised or not
+(`norm_topk_prob`), MoE layers picked by `decoder_sparse_step` and `mlp_only_layers` (dense GLU elsewhere), a window
+on every layer (dynamic and static caches), and the same router logits, aux loss and loss with labels as the
+reference."""
+
+import pytest
+import torch
+from conftest import VOCAB, perturb, tiny_model
+from parity_harness import ATOL, assert_generate_matches, assert_logits_match, assert_round_trip, padded_batch
+from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+from hf_tfm.convert_qwen3_moe import (
+    qwen3_moe_config_to_tfm,
+    qwen3_moe_to_tfm,
+    tfm_config_to_qwen3_moe,
+    tfm_to_qwen3_moe,
+)
+
+E, K = 4, 2
+WINDOW = 4  # the harness's prompts are 9 tokens long
+
+
+def qwen3_moe(**overrides) -> Qwen3MoeForCausalLM:
+    fields = dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,  # the dense layers' width, apart from the experts'
+        moe_intermediate_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        num_experts=E,
+        num_experts_per_tok=K,
+        norm_topk_prob=True,
+        router_aux_loss_coef=0.02,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    torch.manual_seed(0)
+    return perturb(Qwen3MoeForCausalLM(Qwen3MoeConfig(**{**fields, **overrides})))
+
+
+VARIANTS = [
+    pytest.param({}, [True, True], id="normed"),
+    pytest.param(dict(norm_topk_prob=False, decoder_sparse_step=2), [False, True], id="unnormed-step2"),
+    pytest.param(
+        dict(mlp_only_layers=[1], use_sliding_window=True, sliding_window=WINDOW, attention_bias=True),
+        [True, False],
+        id="mlp_only-window-bias",
+    ),
+    pytest.param(dict(head_dim=16, tie_word_embeddings=True), [True, True], id="head_dim-tied"),
+    pytest.param(dict(head_dim=8), [True, True], id="head_dim-derived"),  # the key, with the value it derives
+]
+
+
+def moe_layers(model) -> list[bool]:
+    return [model.config.is_moe_layer(i) for i in range(model.config.num_hidden_layers)]
+
+
+@pytest.mark.parametrize("overrides, moe", VARIANTS)
+def test_qwen3_moe_parity(overrides, moe):
+    ref = qwen3_moe(**overrides)
+    ours = qwen3_moe_to_tfm(ref)
+    assert moe_layers(ours) == moe
+    assert ours.config.layer_types == ["sliding_attention" if ref.config.sliding_window else "full_attention"] * 2
+    for attn in ("eager", "sdpa"):
+        assert_logits_match(ref, ours, attn=attn)
+    for cache in ("dynamic", "static"):
+        for model in (ref, ours):
+            model.generation_config.cache_implementation = cache
+        assert_generate_matches(ref, ours, num_beams=1)
+        assert_generate_matches(ref, ours, num_beams=3)
+    assert_logits_match(ref, tfm_to_qwen3_moe(ours))
+
+
+@pytest.mark.parametrize("experts", ["eager", "grouped_mm"])
+@pytest.mark.parametrize("overrides, moe", VARIANTS[:2])
+def test_qwen3_moe_router_logits_aux_loss_and_loss_match(overrides, moe, experts):
+    """With labels and output_router_logits: one router-logits tensor per MoE layer, the same aux loss (Mixtral's
+    load balancing over the real tokens) and the same loss (cross-entropy + router_aux_loss_coef * aux)."""
+    ref = qwen3_moe(**overrides)
+    ours = qwen3_moe_to_tfm(ref)
+    for model in (ref, ours):
+        model.set_experts_implementation(experts)
+    input_ids, attention_mask, position_ids = padded_batch()
+    labels = input_ids.masked_fill(attention_mask == 0, -100)
+    kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, labels=labels)
+    with torch.no_grad():
+        expected = ref(**kwargs, output_router_logits=True)
+        actual = ours(**kwargs, output_router_logits=True)
+    real = attention_mask.bool().reshape(-1)
+    assert len(actual.router_logits) == len(expected.router_logits) == sum(moe)
+    for mine, theirs in zip(actual.router_logits, expected.router_logits):
+        torch.testing.assert_close(mine[real], theirs[real], atol=ATOL, rtol=0)
+    assert ref.config.router_aux_loss_coef * expected.aux_loss > 100 * ATOL  # the aux term shows in the loss
+    torch.testing.assert_close(actual.aux_loss, expected.aux_loss, atol=ATOL, rtol=0)
+    torch.testing.assert_close(actual.loss, expected.loss, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("overrides, moe", VARIANTS)
+def test_qwen3_moe_round_trip(overrides, moe):
+    assert_round_trip(qwen3_moe(**overrides), qwen3_moe_to_tfm, tfm_to_qwen3_moe)
+
+
+def qwen3_moe_shaped(**overrides):
+    """An hf_tfm model that is a Qwen3-MoE except for `overrides`."""
+    fields = dict(
+        position_embedding_type="rope",
+        norm_type="rmsnorm",
+        ffn_type="glu",
+        qk_norm="per_head",
+        attention_bias=False,
+        mlp_bias=False,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+        num_experts=E,
+        num_experts_per_tok=K,
+        moe_intermediate_size=16,
+    )
+    return tiny_model(**{**fields, **overrides})
+
+
+INEXPRESSIBLE = [
+    (lambda: qwen3_moe_shaped(scoring_func="sigmoid"), "scoring_func"),
+    (lambda: qwen3_moe_shaped(shared_expert_intermediate_size=16), "shared_expert_intermediate_size"),
+    (lambda: qwen3_moe_shaped(router_z_loss_coef=0.01), "router_z_loss_coef"),
+    (lambda: qwen3_moe_shaped(capacity_factor=1.25), "capacity_factor"),
+    (lambda: qwen3_moe_shaped(moe_layers=[1]), "moe_layers"),
+    # Qwen3-MoE windows every layer or none
+    (
+        lambda: qwen3_moe_shaped(sliding_window=WINDOW, layer_types=["full_attention", "sliding_attention"]),
+        "layer_types",
+    ),
+]
+
+
+@pytest.mark.parametrize("make_source, field", INEXPRESSIBLE, ids=[case[1] for case in INEXPRESSIBLE])
+def test_tfm_config_qwen3_moe_cannot_express_raises(make_source, field):
+    assert isinstance(tfm_config_to_qwen3_moe(qwen3_moe_shaped().config), Qwen3MoeConfig)  # the baseline converts
+    with pytest.raises(ValueError, match=field) as error:
+        tfm_to_qwen3_moe(make_source())
+    others = [name for _, name in INEXPRESSIBLE if name != field and f"{name}=" in str(error.value)]
+    assert not others, str(error.value)
+
+
+def test_qwen3_moe_config_key_it_does_not_read_raises():
+    """Every Qwen3-MoE field has an hf_tfm counterpart; a key it does not declare is refused by name: Qwen3-MoE
+    windows every layer whatever `layer_types` say, while its cache would follow them."""
+    config = qwen3_moe(use_sliding_window=True, sliding_window=WINDOW).config
+    config.layer_types = ["full_attention", "sliding_attention"]
+    with pytest.raises(ValueError, match="layer_types"):
+        qwen3_moe_config_to_tfm(config)
+
+
+# Qwen3-30B-A3B's config.json: a head_dim twice hidden_size // heads, and a max_window_layers Qwen3-MoE never reads
+QWEN3_30B_A3B = {
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "decoder_sparse_step": 1,
+    "head_dim": 128,
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "max_position_embeddings": 40960,
+    "max_window_layers": 48,
+    "mlp_only_layers": [],
+    "model_type": "qwen3_moe",
+    "moe_intermediate_size": 768,
+    "norm_topk_prob": True,
+    "num_attention_heads": 32,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "num_hidden_layers": 48,
+    "num_key_value_heads": 4,
+    "rope_scaling": None,
+    "rope_theta": 1000000.0,
+    "sliding_window": None,
+    "use_sliding_window": False,
+    "vocab_size": 151936,
+}
+
+
+def test_released_qwen3_moe_config_converts():
+    config = qwen3_moe_config_to_tfm(Qwen3MoeConfig.from_dict(QWEN3_30B_A3B))
+    assert (config.head_dim, config.num_experts, config.num_experts_per_tok, config.norm_topk_prob) == (
+        128,
+        128,
+        8,
+        True,
+    )
+    assert (config.moe_intermediate_size, config.intermediate_size, config.sliding_window) == (768, 6144, None)
+    back = tfm_config_to_qwen3_moe(config)
+    assert (back.head_dim, back.num_experts, back.mlp_only_layers) == (128, 128, [])

@@ -1,0 +1,162 @@
+"""RobertaForMaskedLM / RobertaModel <-> hf_tfm, exact both ways: positions counted over the non-padding tokens from
+`pad_token_id + 1` (right- and left-padded batches, no position_ids given), one token type, the MLM head with its
+gelu, and the pooler."""
+
+import pytest
+import torch
+from conftest import VOCAB, perturb, tiny_config
+from parity_harness import assert_logits_match, assert_round_trip, padded_batch
+from transformers import RobertaConfig, RobertaForMaskedLM, RobertaModel
+
+from hf_tfm import TfmEncoderConfig, TfmEncoderForMaskedLM, TfmEncoderModel
+from hf_tfm.convert_roberta import roberta_config_to_tfm, roberta_to_tfm, tfm_config_to_roberta, tfm_to_roberta
+
+
+def roberta_config(**overrides) -> RobertaConfig:
+    fields = dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=40,
+        type_vocab_size=1,  # as roberta-base
+        layer_norm_eps=1e-5,
+        pad_token_id=0,  # the harness pads with 0
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    return RobertaConfig(**{**fields, **overrides})
+
+
+def roberta(cls=RobertaForMaskedLM, add_pooling_layer=True, **overrides):
+    torch.manual_seed(0)
+    config = roberta_config(**overrides)
+    return perturb(cls(config, add_pooling_layer=add_pooling_layer) if cls is RobertaModel else cls(config))
+
+
+def untied_roberta_mlm():
+    """Untied, RoBERTa keeps `lm_head.bias` apart from `lm_head.decoder.bias` (only the latter reaches the logits):
+    equal, as training leaves them, they convert."""
+    model = roberta(tie_word_embeddings=False)
+    with torch.no_grad():
+        model.lm_head.bias.copy_(model.lm_head.decoder.bias)
+    return model
+
+
+MODELS = [
+    pytest.param(lambda: roberta(), id="mlm"),
+    pytest.param(untied_roberta_mlm, id="mlm-untied"),
+    pytest.param(lambda: roberta(RobertaModel), id="model"),
+    pytest.param(lambda: roberta(RobertaModel, add_pooling_layer=False, hidden_act="relu", type_vocab_size=2),
+                 id="model-no-pooler-relu-2types"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("make_roberta", MODELS)
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_roberta_logits_match(make_roberta, attn):
+    """Each model derives its own positions from the padding, as RoBERTa is used."""
+    ref = make_roberta()
+    ours = roberta_to_tfm(ref)
+    assert ours.config.position_offset == 1 and ours.config.max_position_embeddings == 39
+    assert_logits_match(ref, ours, attn, position_ids=False)
+    assert_logits_match(ref, tfm_to_roberta(ours), attn, position_ids=False)
+
+
+@pytest.mark.parametrize("make_roberta", MODELS)
+def test_roberta_round_trip(make_roberta):
+    assert_round_trip(make_roberta(), roberta_to_tfm, tfm_to_roberta)
+
+
+def test_roberta_base_token_ids_and_inputs():
+    """roberta-base's ids (bos 0, pad 1, eos 2: positions start at 2), token_type_ids given, inputs_embeds, and
+    explicit position_ids, which RoBERTa reads as table rows and hf_tfm as positions (row = id + offset)."""
+    ref = roberta(pad_token_id=1, bos_token_id=0, eos_token_id=2, max_position_embeddings=42)
+    ours = roberta_to_tfm(ref)
+    assert ours.config.position_offset == 2 and ours.config.max_position_embeddings == 40
+    for left in (False, True):
+        input_ids, attention_mask, positions = padded_batch(left=left)
+        input_ids[attention_mask == 0] = 1
+        real = attention_mask.bool()
+        inputs = dict(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=torch.zeros_like(input_ids))
+        with torch.no_grad():
+            expected = ref(**inputs).logits
+            torch.testing.assert_close(ours(**inputs).logits[real], expected[real], atol=1e-4, rtol=0)
+            shifted = ref(**inputs, position_ids=positions + 2).logits
+            torch.testing.assert_close(ours(**inputs, position_ids=positions).logits[real], shifted[real])
+    embeds = ref.roberta.embeddings.word_embeddings(input_ids)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(inputs_embeds=embeds).logits, ref(inputs_embeds=embeds).logits)
+
+
+@pytest.mark.parametrize(
+    "make_source, field",
+    [
+        (lambda: roberta_config(is_decoder=True), "is_decoder"),
+        (lambda: roberta_config(add_cross_attention=True), "add_cross_attention"),
+        (lambda: roberta_config(classifier_dropout=0.3), "classifier_dropout"),
+        (lambda: roberta_config(position_embedding_type="relative_key"), "position_embedding_type"),
+        (lambda: roberta_config(pad_token_id=None), "pad_token_id"),
+    ],
+)
+def test_roberta_config_hf_tfm_cannot_express_is_refused(make_source, field):
+    with pytest.raises(ValueError, match=field):
+        roberta_config_to_tfm(make_source())
+
+
+def test_roberta_classifier_dropout_equal_to_hidden_dropout_converts():
+    assert roberta_config_to_tfm(roberta_config(classifier_dropout=0.1)).hidden_dropout == 0.1
+
+
+def test_roberta_models_hf_tfm_cannot_express_are_refused():
+    with pytest.raises(ValueError, match="hidden_act"):  # RoBERTa's MLM head is gelu whatever hidden_act says
+        roberta_to_tfm(roberta(hidden_act="relu"))
+    untied = untied_roberta_mlm()
+    with torch.no_grad():
+        untied.lm_head.bias.add_(1.0)
+    with pytest.raises(ValueError, match="lm_head.bias"):
+        roberta_to_tfm(untied)
+
+
+ROBERTA_SHAPED = dict(
+    norm_position="post",
+    embedding_norm=True,
+    final_norm=False,
+    position_ids_from_padding=True,
+    position_offset=1,
+    type_vocab_size=1,
+)
+
+
+@pytest.mark.parametrize("cls", [TfmEncoderForMaskedLM, TfmEncoderModel])
+def test_roberta_shaped_tfm_converts(cls):
+    torch.manual_seed(0)
+    ours = perturb(cls(tiny_config(TfmEncoderConfig, **ROBERTA_SHAPED)))
+    ref = tfm_to_roberta(ours)
+    assert ref.config.max_position_embeddings == 64 + 1
+    assert_logits_match(ref, ours, position_ids=False)
+
+
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        (dict(norm_position="pre"), "norm_position"),
+        (dict(final_norm=True), "final_norm"),
+        (dict(position_ids_from_padding=False), "position_ids_from_padding"),
+        (dict(position_offset=0), "position_offset"),
+        (dict(type_vocab_size=0), "type_vocab_size"),
+        (dict(num_key_value_heads=2), "num_key_value_heads"),
+        (dict(embedding_dropout=0.2), "embedding_dropout"),
+        (dict(ffn_type="glu"), "ffn_type"),
+    ],
+)
+def test_tfm_config_roberta_cannot_express_is_refused(overrides, field):
+    with pytest.raises(ValueError, match=field):
+        tfm_config_to_roberta(tiny_config(TfmEncoderConfig, **{**ROBERTA_SHAPED, **overrides}))
+
+
+def test_tfm_mlm_roberta_cannot_express_is_refused():
+    ours = TfmEncoderForMaskedLM(tiny_config(TfmEncoderConfig, **ROBERTA_SHAPED, hidden_act="relu"))
+    with pytest.raises(ValueError, match="hidden_act"):
+        tfm_to_roberta(ours)
