@@ -4,7 +4,7 @@ its command line. `python -m hf_tfm.cli ...` (e.g. under `accelerate launch -m h
 import json
 from pathlib import Path
 
-from hf_tfm_cli import CONVERTERS, main
+from hf_tfm_cli import CONVERTERS, PARADIGM_CLASSES, Converter, main
 
 __all__ = ["main", "run_command"]
 
@@ -25,22 +25,37 @@ def _copy_tokenizer(source: str, destination: str) -> None:
         pass  # a folder without tokenizer files carries weights only
 
 
+def _converter_for(model_type: str | None, to: str | None) -> tuple[Converter, str]:
+    """The family and the direction ("to_tfm" or "from_tfm") a source folder's model_type and `--to` ask for."""
+    problem = f"error: no converter for model_type={model_type!r} with --to {to}"
+    if model_type in CONVERTERS:
+        if to is not None:
+            raise SystemExit(f"{problem}: a {model_type} folder converts to hf_tfm (leave --to out)")
+        return CONVERTERS[model_type], "to_tfm"
+    back = [name for name, converter in CONVERTERS.items() if converter.paradigm == model_type]
+    if not back:
+        raise SystemExit(f"{problem}: SOURCE must hold an hf_tfm model or one of {', '.join(CONVERTERS)}")
+    if to not in back:  # None too: an hf_tfm folder needs a target
+        raise SystemExit(f"{problem}: a {model_type} model converts back with --to {' | '.join(back)}")
+    return CONVERTERS[to], "from_tfm"
+
+
 def _convert(source: str, destination: str, to: str | None) -> None:
     import importlib
 
     from .training.checkpoints import load_saved
 
     model_type = _saved_config(source).get("model_type")
-    if (model_type, to) not in CONVERTERS:
-        known = ", ".join(m + (f" --to {t}" if t else "") for m, t in CONVERTERS)
-        raise SystemExit(f"error: no converter for model_type={model_type!r} with --to {to}; known: {known}")
-    module, function = CONVERTERS[model_type, to].split(".")
-    converter = getattr(importlib.import_module(f"hf_tfm.{module}"), function)
+    converter, direction = _converter_for(model_type, to)
+    takes = converter.references if direction == "to_tfm" else PARADIGM_CLASSES[converter.paradigm]
     model = load_saved(source)
-    converted = converter(model)
+    found = type(model).__name__
+    if found not in takes:  # a head the converter has no counterpart for
+        raise SystemExit(f"error: {source} holds a {found}; the {converter.name} converter takes {' or '.join(takes)}")
+    converted = getattr(importlib.import_module(converter.module), getattr(converter, direction))(model)
     converted.save_pretrained(destination)
     _copy_tokenizer(source, destination)
-    print(f"converted {model_type} ({type(model).__name__}) -> {type(converted).__name__}: {destination}")
+    print(f"converted {model_type} ({found}) -> {type(converted).__name__}: {destination}")
 
 
 def _upcycle(source: str, destination: str, num_experts: int, top_k: int) -> None:

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import VOCAB, assert_same_state_dict
+from conftest import VOCAB, assert_same_state_dict, perturb
 from test_minilm import minilm_dir
-from test_t5_bart_parity import bart, t5
 from transformers import (
     AutoConfig,
     AutoModel,
@@ -18,61 +17,108 @@ from transformers import (
     AutoModelForMaskedLM,
     AutoModelForSeq2SeqLM,
     GPT2Config,
-    GPT2LMHeadModel,
+    GPT2Model,
 )
 
-from hf_tfm import TfmDecoderForCausalLM, preset_names
+from hf_tfm import TfmDecoderForCausalLM, preset_config, preset_names
 from hf_tfm.cli import main
+from hf_tfm.training.checkpoints import load_saved
 from hf_tfm.training.corpus import stdlib_docstrings
-from hf_tfm_cli import EXAMPLES, TASKS, RunSpec, build_parser, spec_from_args
+from hf_tfm_cli import CONVERTERS, EXAMPLES, PARADIGM_CLASSES, TASKS, RunSpec, build_parser, spec_from_args
 from hf_tfm_cli import main as cli_main
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_convert_command_round_trip(tmp_path):
-    """`hf-tfm convert` turns a GPT-2 folder into hf_tfm and back without changing a weight or a logit."""
+# a reference family's default config with every size below shrunk to a tiny one (where the family has the field)
+TINY_SIZES = {
+    **dict.fromkeys(("hidden_size", "n_embd", "d_model"), 32),
+    **dict.fromkeys(("num_hidden_layers", "n_layer", "num_layers", "encoder_layers", "decoder_layers"), 2),
+    "num_decoder_layers": 2,
+    **dict.fromkeys(("num_attention_heads", "n_head", "num_heads"), 4),
+    **dict.fromkeys(("encoder_attention_heads", "decoder_attention_heads"), 4),
+    **dict.fromkeys(("num_key_value_heads", "num_experts_per_tok"), 2),
+    **dict.fromkeys(("head_dim", "d_kv"), 8),
+    **dict.fromkeys(("intermediate_size", "d_ff", "encoder_ffn_dim", "decoder_ffn_dim"), 64),
+    "moe_intermediate_size": 16,
+    **dict.fromkeys(("num_experts", "num_local_experts"), 4),
+    **dict.fromkeys(("max_position_embeddings", "n_positions"), 64),
+    "vocab_size": VOCAB,
+}
+
+
+def tiny_reference(converter, reference: str):
+    """`reference` (a transformers class of `converter`'s family) built from the family's default config, shrunk:
+    what a published checkpoint of the family looks like, at a size that runs in milliseconds."""
+    import transformers
+
+    defaults = AutoConfig.for_model(converter.name).to_dict()
+    fields = {key: value for key, value in TINY_SIZES.items() if defaults.get(key) is not None}
+    ids = {key: value for key, value in defaults.items() if key.endswith("token_id") and isinstance(value, int)}
+    large = sorted({value for value in ids.values() if value >= VOCAB})
+    small = {value: VOCAB - 1 - i for i, value in enumerate(large)}  # equal ids stay equal (ModernBERT's cls, bos)
+    fields |= {key: small[value] for key, value in ids.items() if value in small}
     torch.manual_seed(0)
-    gpt2 = GPT2LMHeadModel(
-        GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=VOCAB, n_positions=64, bos_token_id=1, eos_token_id=2)
-    ).eval()
-    gpt2.save_pretrained(tmp_path / "gpt2")
-    main(["convert", str(tmp_path / "gpt2"), str(tmp_path / "tfm")])
-    main(["convert", str(tmp_path / "tfm"), str(tmp_path / "back"), "--to", "gpt2"])
-    ours = AutoModelForCausalLM.from_pretrained(tmp_path / "tfm").eval()
-    back = AutoModelForCausalLM.from_pretrained(tmp_path / "back").eval()
-    assert isinstance(ours, TfmDecoderForCausalLM) and isinstance(back, GPT2LMHeadModel)
-    ids = torch.randint(0, VOCAB, (2, 10))
+    config = AutoConfig.for_model(converter.name, **fields)
+    return perturb(getattr(transformers, reference)(config))
+
+
+def _outputs(model, ids):
+    decoder = {"decoder_input_ids": ids[:, :5]} if model.config.is_encoder_decoder else {}
     with torch.no_grad():
-        torch.testing.assert_close(ours(ids).logits, gpt2(ids).logits, rtol=0, atol=1e-5)
-    original, restored = gpt2.state_dict(), back.state_dict()
-    assert original.keys() == restored.keys()
-    assert all(torch.equal(original[k], restored[k]) for k in original)
+        output = model(ids, **decoder)
+    return output.logits if hasattr(output, "logits") else output.last_hidden_state
 
 
-@pytest.mark.parametrize("reference", ["minilm", "t5", "bart"])
-def test_convert_command_other_paradigms(tmp_path, reference):
-    """`hf-tfm convert` picks the right head from the folder's architectures and round-trips BERT, T5 and BART."""
-    if reference == "minilm":  # the real pretrained BertModel folder, tokenizer included
-        source, to = minilm_dir(), "bert"
-    else:
-        model = {"t5": t5, "bart": bart}[reference]()
-        model.save_pretrained(tmp_path / reference)
-        source, to = tmp_path / reference, reference
-    original = (
-        AutoModel.from_pretrained(source) if reference == "minilm" else AutoModelForSeq2SeqLM.from_pretrained(source)
-    )
+FAMILY_CLASSES = [
+    pytest.param(converter, reference, id=reference)
+    for converter in CONVERTERS.values()
+    for reference in converter.references
+]
+
+
+@pytest.mark.parametrize("converter, reference", FAMILY_CLASSES)
+def test_convert_command_round_trip_every_family(tmp_path, converter, reference):
+    """`hf-tfm convert` turns a saved checkpoint of every family in its table into hf_tfm and back: the saved hf_tfm
+    model computes the reference outputs, and the folder converted back holds the same class and state dict."""
+    pytest.importorskip(converter.module, reason=f"{converter.module} is not in this checkout yet")
+    original = tiny_reference(converter, reference)
+    original.save_pretrained(tmp_path / converter.name)
+    main(["convert", str(tmp_path / converter.name), str(tmp_path / "tfm")])
+    main(["convert", str(tmp_path / "tfm"), str(tmp_path / "back"), "--to", converter.name])
+    ours, back = load_saved(tmp_path / "tfm"), load_saved(tmp_path / "back")
+    assert type(ours).__name__ in PARADIGM_CLASSES[converter.paradigm] and type(back) is type(original)
+    assert_same_state_dict(back.state_dict(), original.state_dict())
+    ids = torch.randint(3, VOCAB, (2, 8))
+    expected = _outputs(original, ids)
+    assert expected.abs().max() > 100 * 1e-4  # not vacuous
+    torch.testing.assert_close(_outputs(ours, ids), expected, rtol=0, atol=1e-4)
+
+
+PRESET_FAMILIES = [
+    (preset, CONVERTERS[family])
+    for preset in preset_names()
+    if (family := preset.rsplit("-", 1)[0].replace("-", "_")) in CONVERTERS
+]
+
+
+@pytest.mark.parametrize("preset, converter", PRESET_FAMILIES, ids=[preset for preset, _ in PRESET_FAMILIES])
+def test_presets_named_after_a_family_convert_to_it(preset, converter):
+    """`llama-1.3m`, `qwen3-moe-2.9m`...: a preset named after a family is that family's architecture (fields its
+    own model never reads, such as a dense width beside experts, do not block it)."""
+    module = pytest.importorskip(converter.module, reason=f"{converter.module} is not in this checkout yet")
+    getattr(module, f"tfm_config_to_{converter.name}")(preset_config(preset))
+
+
+def test_convert_command_keeps_the_tokenizer(tmp_path):
+    """The real pretrained MiniLM folder (a BertModel) converts with its tokenizer, and back to the same weights."""
+    source = minilm_dir()
     main(["convert", str(source), str(tmp_path / "tfm")])
-    main(["convert", str(tmp_path / "tfm"), str(tmp_path / "back"), "--to", to])
-    back = (
-        AutoModel.from_pretrained(tmp_path / "back")
-        if reference == "minilm"
-        else AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "back")
-    )
+    main(["convert", str(tmp_path / "tfm"), str(tmp_path / "back"), "--to", "bert"])
+    original, back = AutoModel.from_pretrained(source), AutoModel.from_pretrained(tmp_path / "back")
     assert type(back) is type(original)
     assert_same_state_dict(back.state_dict(), original.state_dict())
-    if reference == "minilm":
-        assert (tmp_path / "tfm" / "tokenizer.json").is_file()  # the tokenizer travels with the weights
+    assert (tmp_path / "tfm" / "tokenizer.json").is_file()  # the tokenizer travels with the weights
 
 
 def test_convert_command_names_the_problem(tmp_path):
@@ -83,8 +129,36 @@ def test_convert_command_names_the_problem(tmp_path):
             "tfm_decoder", vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=4
         )
     ).save_pretrained(tmp_path / "tfm")
-    with pytest.raises(SystemExit, match="no converter for model_type='tfm_decoder' with --to None"):
+    decoders = " | ".join(name for name, converter in CONVERTERS.items() if converter.paradigm == "tfm_decoder")
+    with pytest.raises(SystemExit, match=f"with --to None: a tfm_decoder model converts back with --to {decoders}$"):
         main(["convert", str(tmp_path / "tfm"), str(tmp_path / "out")])
+    with pytest.raises(SystemExit, match="model_type='tfm_decoder' with --to bert: .* --to gpt2 | llama"):
+        main(["convert", str(tmp_path / "tfm"), str(tmp_path / "out"), "--to", "bert"])
+    GPT2Model(GPT2Config(n_embd=32, n_layer=1, n_head=4, vocab_size=VOCAB)).save_pretrained(tmp_path / "gpt2")
+    with pytest.raises(SystemExit, match="model_type='gpt2' with --to llama: a gpt2 folder converts to hf_tfm"):
+        main(["convert", str(tmp_path / "gpt2"), str(tmp_path / "out"), "--to", "llama"])
+    with pytest.raises(SystemExit, match="holds a GPT2Model; the gpt2 converter takes GPT2LMHeadModel$"):
+        main(["convert", str(tmp_path / "gpt2"), str(tmp_path / "out")])
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "config.json").write_text('{"model_type": "xlnet"}')
+    with pytest.raises(SystemExit, match="model_type='xlnet' with --to None: SOURCE must hold an hf_tfm model or one"):
+        main(["convert", str(tmp_path / "other"), str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
+
+
+def test_convert_table_is_the_parser_and_the_readme():
+    """One table: the parser's --to choices are its families, and README's converter table lists each family's
+    reference classes and module."""
+    convert = build_parser()._subparsers._group_actions[0].choices["convert"]
+    assert next(a for a in convert._actions if a.dest == "to").choices == list(CONVERTERS)
+    readme = (REPO / "README.md").read_text()
+    rows = {line for line in readme.splitlines() if line.startswith("| `") and "`hf_tfm.convert_" in line}
+    for converter in CONVERTERS.values():
+        row = next((line for line in rows if f"`{converter.module}`" in line), None)
+        assert row, f"README's converter table has no row for {converter.module}"
+        assert all(f"`{reference}`" in row for reference in converter.references), row
+        assert f"`{converter.to_tfm}`" in row and f"`{converter.from_tfm}`" in row, row
+    assert f"--to {'|'.join(CONVERTERS)}]" in readme
 
 
 @pytest.mark.parametrize(
