@@ -14,21 +14,27 @@ from transformers import (
     BartForConditionalGeneration,
     BertConfig,
     BertForMaskedLM,
+    Gemma2Config,
+    Gemma2ForCausalLM,
     GPT2Config,
     GPT2LMHeadModel,
     LlamaConfig,
     LlamaForCausalLM,
     MixtralConfig,
     MixtralForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
     T5Config,
     T5ForConditionalGeneration,
 )
 
 from hf_tfm.convert_bart import bart_to_tfm
 from hf_tfm.convert_bert import bert_to_tfm
+from hf_tfm.convert_gemma2 import gemma2_to_tfm
 from hf_tfm.convert_gpt2 import gpt2_to_tfm
 from hf_tfm.convert_llama import llama_to_tfm
 from hf_tfm.convert_mixtral import mixtral_to_tfm
+from hf_tfm.convert_qwen3 import qwen3_to_tfm
 from hf_tfm.convert_t5 import t5_to_tfm
 
 
@@ -58,6 +64,9 @@ KINDS = {
         (("decoder_start_token_id", 0),),
     ),
     "bart": PairKind("BartForConditionalGeneration", BartConfig, BartForConditionalGeneration, bart_to_tfm, "seq2seq"),
+    "qwen3": PairKind("Qwen3ForCausalLM", Qwen3Config, Qwen3ForCausalLM, qwen3_to_tfm, "causal"),
+    # eager on both sides: sdpa cannot soft-cap attention scores
+    "gemma2": PairKind("Gemma2ForCausalLM (eager)", Gemma2Config, Gemma2ForCausalLM, gemma2_to_tfm, "causal"),
 }
 
 
@@ -70,6 +79,16 @@ _CPU_DECODER = dict(
 )
 _GPU_DECODER = dict(
     hidden_size=768, num_hidden_layers=12, num_attention_heads=12, vocab_size=32000, max_position_embeddings=2048
+)
+
+_SMOKE_DECODER = dict(
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=64,
+    vocab_size=97,
+    max_position_embeddings=64,
 )
 
 PROFILES = {
@@ -92,6 +111,19 @@ PROFILES = {
             ),
             "llama": dict(
                 config=dict(_CPU_DECODER, num_key_value_heads=2, intermediate_size=688), batch=8, length=128
+            ),
+            "qwen3": dict(
+                config=dict(_CPU_DECODER, num_key_value_heads=2, head_dim=64, intermediate_size=688),
+                batch=8,
+                length=128,
+            ),
+            # alternating sliding (window 64, half the sequence) and full layers
+            "gemma2": dict(
+                config=dict(
+                    _CPU_DECODER, num_key_value_heads=2, head_dim=64, intermediate_size=688, sliding_window=64
+                ),
+                batch=8,
+                length=128,
             ),
             # the MoE issue's CPU shape (benchmarks/moe_cpu.py)
             "mixtral": dict(
@@ -149,6 +181,18 @@ PROFILES = {
             "bert": dict(config=dict(), batch=32, length=512),  # BertConfig() is BERT-base
             "llama": dict(
                 config=dict(_GPU_DECODER, num_key_value_heads=4, intermediate_size=2048), batch=16, length=1024
+            ),
+            "qwen3": dict(
+                config=dict(_GPU_DECODER, num_key_value_heads=4, head_dim=64, intermediate_size=2048),
+                batch=16,
+                length=1024,
+            ),
+            "gemma2": dict(
+                config=dict(
+                    _GPU_DECODER, num_key_value_heads=4, head_dim=64, intermediate_size=2048, sliding_window=512
+                ),
+                batch=16,
+                length=1024,
             ),
             # trains with bf16 weights: grouped_mm is not covered by autocast
             "mixtral": dict(
@@ -225,6 +269,16 @@ PROFILES = {
                     vocab_size=97,
                     max_position_embeddings=64,
                 ),
+                batch=2,
+                length=8,
+            ),
+            "qwen3": dict(
+                config=dict(_SMOKE_DECODER, head_dim=8),
+                batch=2,
+                length=8,
+            ),
+            "gemma2": dict(
+                config=dict(_SMOKE_DECODER, head_dim=8, sliding_window=4),
                 batch=2,
                 length=8,
             ),

@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelFo
 
 import hf_tfm
 from hf_tfm.hub.card import active_parameters
-from hf_tfm.presets import RENAMED
+from hf_tfm.presets import RENAMED, family_presets
 from hf_tfm.training.run import resolve_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -87,7 +87,7 @@ def preset_counts(name: str) -> tuple[int, int]:
 def test_preset_names_state_their_parameter_count(name):
     """`llama-1.3m` has 1.3 million parameters, rounded to the digits the name gives."""
     count, _ = preset_counts(name)
-    number = re.fullmatch(r"[a-z0-9]+-(\d+(?:\.(\d+))?)m", name)
+    number = re.fullmatch(r"[a-z0-9-]+?-(\d+(?:\.(\d+))?)m", name)
     assert number, f"preset {name} is not named <family>-<millions>m"
     decimals = len(number[2] or "")
     assert round(count / 1e6, decimals) == float(number[1]), f"{name} has {count:,} parameters"
@@ -124,7 +124,18 @@ def test_renamed_presets_name_their_new_name(old, new):
 
 
 def test_unknown_preset_lists_the_presets():
-    with pytest.raises(ValueError, match=r"no preset named 'gpt5-huge'; presets: bert-1.4m, gpt2-124m, llama-1.3m"):
+    with pytest.raises(
+        ValueError,
+        match=r"no preset named 'gpt5-huge'; presets: bert-1.4m, gemma2-1.3m, gpt-neox-1.8m, gpt2-124m, llama-1.3m",
+    ):
         hf_tfm.preset_path("gpt5-huge")
     with pytest.raises(ValueError, match="no preset named 'accelerate'"):  # the accelerate configs are no preset
         hf_tfm.preset_path("accelerate")
+
+
+@pytest.mark.parametrize("family", sorted(family_presets.FAMILIES))
+def test_family_presets_are_their_converters_output(family):
+    """Each family preset is what the family's converter makes of transformers' config for it, unchanged since."""
+    config = family_presets.family_config(family)
+    path = hf_tfm.preset_path(family_presets.preset_name(family, config)) / "config.json"
+    assert path.read_text() == family_presets.preset_json(config)
