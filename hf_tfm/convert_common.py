@@ -23,6 +23,41 @@ LLAMA_FAMILY_STACK = {
     "lm_head_bias": False,
 }
 
+# config fields that transformers' model configs and hf_tfm's name alike and mean alike: the core of every
+# converter's field table
+SHARED_FIELDS = (
+    "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "max_position_embeddings",
+    "initializer_range", "tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id",
+)  # fmt: skip
+
+
+def field_names(*same: str, **renamed: str) -> dict[str, str]:
+    """A `{source name: target name}` field table: `SHARED_FIELDS` and `same` under one name on both sides, plus
+    `renamed` (`source_name="target_name"`)."""
+    return {name: name for name in (*SHARED_FIELDS, *same)} | renamed
+
+
+def implicit_head_dim(config) -> int:
+    """The head width of a reference config without a `head_dim` field (Qwen2, OLMo2, SmolLM3, Phi-3): its modeling
+    code reads `getattr(config, "head_dim", hidden_size // num_attention_heads)`, so an extra `head_dim` key counts."""
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def head_dim_kwargs(config: TfmConfig) -> dict:
+    """`head_dim` for such a reference config: passed only when it is not the one derived from the widths, so a
+    config.json written back has no key the original did not have."""
+    derived = config.hidden_size // config.num_attention_heads
+    return {} if config.head_dim == derived else {"head_dim": config.head_dim}
+
+
+def without_derived_head_dim(config):
+    """`config` as the way back writes it, for the round-trip comparison: without a `head_dim` key that equals the
+    width the modeling code derives anyway (`head_dim_kwargs` writes the key only when it differs)."""
+    if getattr(config, "head_dim", None) == config.hidden_size // config.num_attention_heads:
+        config = copy.deepcopy(config)
+        del config.head_dim
+    return config
+
 
 def require_compatible(config, target: str, expected: dict[str, object], unsupported: dict[str, bool] | None = None):
     """Raise one ValueError naming every field of `config` whose value differs from `expected` or is flagged True in
@@ -100,8 +135,21 @@ def load_exact(
 
 
 def renamed_model(model: nn.Module, target: nn.Module, renames: dict[str, str]) -> nn.Module:
-    """`target` loaded with `model`'s weights, for layouts that differ only in names (`renames`: as `renamed_keys`)."""
-    return load_exact(target, renamed_keys(model.state_dict(), renames))
+    """`target` loaded with `model`'s weights and generation config, for layouts that differ only in names
+    (`renames`: as `renamed_keys`)."""
+    state = renamed_keys(model.state_dict(), renames)
+    return load_exact(target, state, generation_config=getattr(model, "generation_config", None))
+
+
+def renamed_modules(source: dict[str, torch.Tensor], modules: dict[str, str]) -> dict[str, torch.Tensor]:
+    """The `.weight` and `.bias` of each `{source module: target module}` entry, under the target's name. A module
+    without a bias has none to copy; a missing weight is left for `load_exact` to name."""
+    state = {}
+    for src, dst in modules.items():
+        for suffix in (".weight", ".bias"):
+            if src + suffix in source:
+                state[dst + suffix] = source[src + suffix]
+    return state
 
 
 # config.json keys that describe a file, a run or a task, not the function the weights compute (`model_type` and

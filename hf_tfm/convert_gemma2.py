@@ -13,8 +13,8 @@ import copy
 from transformers import Gemma2Config, Gemma2ForCausalLM
 
 from .configuration_tfm import TfmDecoderConfig
-from .convert_common import converted_config, inverted, load_exact, renamed_fields, renamed_keys
-from .convert_llama import llama_family_rope
+from .convert_common import converted_config, inverted, renamed_model
+from .convert_llama import llama_family_config_to_tfm, llama_family_names, tfm_config_to_llama_family
 from .modeling_tfm import TfmDecoderForCausalLM
 
 _RENAMES = {
@@ -25,28 +25,15 @@ _RENAMES = {
 }
 
 # Gemma2Config field -> TfmDecoderConfig field, for every field with a direct counterpart
-_CONFIG_NAMES = {
-    name: name
-    for name in (
-        "vocab_size",
-        "hidden_size",
-        "intermediate_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "num_key_value_heads",
-        "head_dim",
-        "max_position_embeddings",
-        "initializer_range",
-        "tie_word_embeddings",
-        "attention_bias",
-        "sliding_window",
-        "final_logit_softcapping",
-        "attn_logit_softcapping",
-        "bos_token_id",
-        "eos_token_id",
-        "pad_token_id",
-    )
-} | {"hidden_activation": "hidden_act", "rms_norm_eps": "layer_norm_eps"}
+_CONFIG_NAMES = llama_family_names(
+    "intermediate_size",
+    "attention_bias",
+    "sliding_window",
+    "final_logit_softcapping",
+    "attn_logit_softcapping",
+    without=("hidden_act",),
+    hidden_activation="hidden_act",
+)
 # what Gemma 2 always is, in TfmConfig terms
 _GEMMA2_ARCHITECTURE = dict(
     position_embedding_type="rope",
@@ -60,26 +47,25 @@ _GEMMA2_ARCHITECTURE = dict(
 
 
 def _to_tfm(config: Gemma2Config) -> TfmDecoderConfig:
-    return TfmDecoderConfig(
-        **renamed_fields(config, _CONFIG_NAMES),
-        **_GEMMA2_ARCHITECTURE,
+    return llama_family_config_to_tfm(
+        config,
+        _CONFIG_NAMES,
+        _GEMMA2_ARCHITECTURE,
         attention_out_bias=config.attention_bias,  # one flag for q, k, v and o
-        attention_dropout=float(config.attention_dropout),
         query_pre_attn_scalar=float(config.query_pre_attn_scalar),
-        rope_parameters=llama_family_rope(config),
         layer_types=list(config.layer_types),
     )
 
 
 def _to_gemma2(config: TfmDecoderConfig) -> Gemma2Config:
     scalar = config.query_pre_attn_scalar if config.query_pre_attn_scalar is not None else config.head_dim
-    return Gemma2Config(
-        **renamed_fields(config, inverted(_CONFIG_NAMES)),
-        attention_dropout=config.attention_dropout,
+    return tfm_config_to_llama_family(
+        config,
+        Gemma2Config,
+        _CONFIG_NAMES,
         # an int in Gemma2Config: a fractional value (or a scale set by attention_multiplier) comes back changed and
         # is refused by name
         query_pre_attn_scalar=int(scalar),
-        rope_parameters=llama_family_rope(config),
         layer_types=list(config.layer_types),
     )
 
@@ -100,8 +86,7 @@ def tfm_config_to_gemma2(config: TfmDecoderConfig) -> Gemma2Config:
 
 def gemma2_to_tfm(model: Gemma2ForCausalLM) -> TfmDecoderForCausalLM:
     """Convert a `Gemma2ForCausalLM` into a `TfmDecoderForCausalLM` with identical outputs."""
-    target = TfmDecoderForCausalLM(gemma2_config_to_tfm(model.config))
-    return load_exact(target, renamed_keys(model.state_dict(), _RENAMES), generation_config=model.generation_config)
+    return renamed_model(model, TfmDecoderForCausalLM(gemma2_config_to_tfm(model.config)), _RENAMES)
 
 
 def tfm_to_gemma2(model: TfmDecoderForCausalLM) -> Gemma2ForCausalLM:
@@ -109,5 +94,4 @@ def tfm_to_gemma2(model: TfmDecoderForCausalLM) -> Gemma2ForCausalLM:
     target = Gemma2ForCausalLM(tfm_config_to_gemma2(model.config))
     if target.config.attn_logit_softcapping is not None:
         target.set_attn_implementation("eager")  # transformers 5.17 defaults Gemma 2 to sdpa, which drops the cap
-    state = renamed_keys(model.state_dict(), inverted(_RENAMES))
-    return load_exact(target, state, generation_config=model.generation_config)
+    return renamed_model(model, target, inverted(_RENAMES))

@@ -10,29 +10,13 @@ import torch
 from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
 from .configuration_tfm import TfmDecoderConfig
-from .convert_common import converted_config, inverted, load_exact, renamed_fields
+from .convert_common import converted_config, field_names, inverted, load_exact, renamed_fields
 from .modeling_tfm import TfmDecoderForCausalLM
 
 # GPTNeoXConfig field -> TfmDecoderConfig field, for every field with a direct counterpart
-_CONFIG_NAMES = {
-    name: name
-    for name in (
-        "vocab_size",
-        "hidden_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "intermediate_size",
-        "hidden_act",
-        "max_position_embeddings",
-        "initializer_range",
-        "layer_norm_eps",
-        "tie_word_embeddings",
-        "attention_bias",
-        "bos_token_id",
-        "eos_token_id",
-        "pad_token_id",
-    )
-} | {"use_parallel_residual": "parallel_residual"}
+_CONFIG_NAMES = field_names(
+    "intermediate_size", "hidden_act", "layer_norm_eps", "attention_bias", use_parallel_residual="parallel_residual"
+)
 # what GPT-NeoX always is, in TfmConfig terms: LayerNorm (with bias) before each sublayer, a plain biased MLP, RoPE
 _GPT_NEOX_ARCHITECTURE = dict(
     position_embedding_type="rope",

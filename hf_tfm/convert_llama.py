@@ -7,30 +7,20 @@ Llama-family pieces (names, architecture, the two config mappings) serve `conver
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from .configuration_tfm import TfmDecoderConfig
-from .convert_common import LLAMA_FAMILY_STACK, converted_config, inverted, renamed_fields, renamed_model
+from .convert_common import (
+    LLAMA_FAMILY_STACK,
+    converted_config,
+    field_names,
+    inverted,
+    renamed_fields,
+    renamed_model,
+)
 from .modeling_tfm import TfmDecoderForCausalLM
 
 LLAMA_RENAMES = {".input_layernorm.": ".attn_norm.", ".post_attention_layernorm.": ".ffn_norm."}
 
-# Llama-family config field -> TfmDecoderConfig field, for the fields Llama and Mixtral both have
-LLAMA_FAMILY_NAMES = {
-    name: name
-    for name in (
-        "vocab_size",
-        "hidden_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "num_key_value_heads",
-        "head_dim",
-        "hidden_act",
-        "max_position_embeddings",
-        "tie_word_embeddings",
-        "initializer_range",
-        "bos_token_id",
-        "eos_token_id",
-        "pad_token_id",
-    )
-} | {"rms_norm_eps": "layer_norm_eps"}
+# Llama-family config field -> TfmDecoderConfig field, for the fields every Llama-shaped decoder has
+LLAMA_FAMILY_NAMES = field_names("num_key_value_heads", "head_dim", "hidden_act", rms_norm_eps="layer_norm_eps")
 # Llama's attention_bias covers q, k, v and o: hf_tfm's attention_out_bias defaults to it
 _CONFIG_NAMES = LLAMA_FAMILY_NAMES | {name: name for name in ("intermediate_size", "mlp_bias", "attention_bias")}
 # what Llama always is, in TfmConfig terms
@@ -38,6 +28,13 @@ LLAMA_ARCHITECTURE = dict(
     position_embedding_type="rope", norm_type="rmsnorm", norm_position="pre", ffn_type="glu", **LLAMA_FAMILY_STACK
 )
 _IRRELEVANT = {"pretraining_tp": "transformers 5's Llama never reads it (a 4.x way of computing the same layers)"}
+
+
+def llama_family_names(*same: str, without: tuple[str, ...] = (), **renamed: str) -> dict[str, str]:
+    """A Llama-family converter's field table: `LLAMA_FAMILY_NAMES` less the fields in `without`, plus `same` (one
+    name on both sides) and `renamed` (`source_name="target_name"`)."""
+    kept = {theirs: ours for theirs, ours in LLAMA_FAMILY_NAMES.items() if theirs not in without}
+    return kept | {name: name for name in same} | renamed
 
 
 def llama_family_rope(config) -> dict:

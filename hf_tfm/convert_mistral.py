@@ -11,15 +11,15 @@ from .configuration_tfm import TfmDecoderConfig
 from .convert_common import converted_config, inverted, renamed_model
 from .convert_llama import (
     LLAMA_ARCHITECTURE,
-    LLAMA_FAMILY_NAMES,
     LLAMA_RENAMES,
     llama_family_config_to_tfm,
+    llama_family_names,
     tfm_config_to_llama_family,
 )
 from .modeling_tfm import TfmDecoderForCausalLM
 
 # MistralConfig field -> TfmDecoderConfig field, for every field with a direct counterpart
-_CONFIG_NAMES = LLAMA_FAMILY_NAMES | {name: name for name in ("intermediate_size", "sliding_window")}
+_CONFIG_NAMES = llama_family_names("intermediate_size", "sliding_window")
 # what Mistral always is, in TfmConfig terms (its layer_types follow from sliding_window: all sliding or all full)
 _MISTRAL_ARCHITECTURE = {**LLAMA_ARCHITECTURE, "attention_bias": False, "mlp_bias": False}
 

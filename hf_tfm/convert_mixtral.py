@@ -9,23 +9,27 @@ import copy
 from transformers import MixtralConfig, MixtralForCausalLM
 
 from .configuration_tfm import TfmDecoderConfig
-from .convert_common import converted_config, inverted, renamed_model
+from .convert_common import converted_config, head_dim_kwargs, implicit_head_dim, inverted, renamed_model
 from .convert_llama import (
     LLAMA_ARCHITECTURE,
-    LLAMA_FAMILY_NAMES,
     LLAMA_RENAMES,
     llama_family_config_to_tfm,
+    llama_family_names,
     tfm_config_to_llama_family,
 )
 from .modeling_tfm import TfmDecoderForCausalLM
 
-_RENAMES = {**LLAMA_RENAMES, ".mlp.gate.weight": ".mlp.router.weight"}
+# Llama's names, and the router: the same `[experts, hidden]` weight under another name (Qwen3-MoE's too)
+MIXTRAL_RENAMES = {**LLAMA_RENAMES, ".mlp.gate.weight": ".mlp.router.weight"}
 # MixtralConfig field -> TfmDecoderConfig field, for every field with a direct counterpart (head_dim is mapped apart)
-_CONFIG_NAMES = (
-    {theirs: ours for theirs, ours in LLAMA_FAMILY_NAMES.items() if theirs != "head_dim"}
-    | {name: name for name in ("num_experts_per_tok", "router_aux_loss_coef", "router_jitter_noise")}
-    | {"output_router_logits": "output_router_logits"}
-    | {"num_local_experts": "num_experts", "intermediate_size": "moe_intermediate_size"}
+_CONFIG_NAMES = llama_family_names(
+    "num_experts_per_tok",
+    "router_aux_loss_coef",
+    "router_jitter_noise",
+    "output_router_logits",
+    without=("head_dim",),
+    num_local_experts="num_experts",
+    intermediate_size="moe_intermediate_size",
 )
 # what Mixtral always is, in TfmConfig terms: every layer routes each token to its top-k of softmax scores
 _MIXTRAL_ARCHITECTURE = dict(
@@ -46,9 +50,12 @@ _MIXTRAL_ARCHITECTURE = dict(
 
 def _to_tfm(config: MixtralConfig) -> TfmDecoderConfig:
     # no dense layer reads intermediate_size; giving it the expert width keeps a fresh config's defaults sensible
-    head_dim = config.head_dim or config.hidden_size // config.num_attention_heads
     return llama_family_config_to_tfm(
-        config, _CONFIG_NAMES, _MIXTRAL_ARCHITECTURE, head_dim=head_dim, intermediate_size=config.intermediate_size
+        config,
+        _CONFIG_NAMES,
+        _MIXTRAL_ARCHITECTURE,
+        head_dim=implicit_head_dim(config),
+        intermediate_size=config.intermediate_size,
     )
 
 
@@ -58,9 +65,8 @@ def _to_mixtral(config: TfmDecoderConfig) -> MixtralConfig:
             f"Cannot convert {type(config).__name__} to MixtralConfig exactly: num_experts=0 is a dense model, and "
             "every Mixtral layer routes over experts"
         )
-    # MixtralConfig keeps head_dim=None for the width its modeling code derives, hidden_size // num_attention_heads
-    head_dim = None if config.head_dim == config.hidden_size // config.num_attention_heads else config.head_dim
-    return tfm_config_to_llama_family(config, MixtralConfig, _CONFIG_NAMES, head_dim=head_dim)
+    # MixtralConfig keeps head_dim=None (its default) for the width its modeling code derives
+    return tfm_config_to_llama_family(config, MixtralConfig, _CONFIG_NAMES, **head_dim_kwargs(config))
 
 
 def mixtral_config_to_tfm(config: MixtralConfig) -> TfmDecoderConfig:
@@ -76,9 +82,9 @@ def tfm_config_to_mixtral(config: TfmDecoderConfig) -> MixtralConfig:
 
 def mixtral_to_tfm(model: MixtralForCausalLM) -> TfmDecoderForCausalLM:
     """Convert a `MixtralForCausalLM` into an MoE `TfmDecoderForCausalLM` with identical outputs and aux loss."""
-    return renamed_model(model, TfmDecoderForCausalLM(mixtral_config_to_tfm(model.config)), _RENAMES)
+    return renamed_model(model, TfmDecoderForCausalLM(mixtral_config_to_tfm(model.config)), MIXTRAL_RENAMES)
 
 
 def tfm_to_mixtral(model: TfmDecoderForCausalLM) -> MixtralForCausalLM:
     """Convert a Mixtral-shaped MoE `TfmDecoderForCausalLM` back into a `MixtralForCausalLM`."""
-    return renamed_model(model, MixtralForCausalLM(tfm_config_to_mixtral(model.config)), inverted(_RENAMES))
+    return renamed_model(model, MixtralForCausalLM(tfm_config_to_mixtral(model.config)), inverted(MIXTRAL_RENAMES))

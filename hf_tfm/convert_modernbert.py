@@ -30,29 +30,18 @@ import torch
 from transformers import ModernBertConfig, ModernBertForMaskedLM, ModernBertModel
 
 from .configuration_tfm import TfmEncoderConfig
-from .convert_common import converted_config, inverted, load_exact, renamed_fields
+from .convert_common import converted_config, field_names, inverted, load_exact, renamed_fields, renamed_modules
 from .modeling_tfm import TfmEncoderForMaskedLM, TfmEncoderModel
 
 # ModernBertConfig field -> TfmEncoderConfig field, for every field with a direct counterpart
-_CONFIG_NAMES = {
-    name: name
-    for name in (
-        "vocab_size",
-        "hidden_size",
-        "intermediate_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "max_position_embeddings",
-        "initializer_range",
-        "norm_bias",
-        "mlp_bias",
-        "attention_bias",
-        "tie_word_embeddings",
-        "pad_token_id",
-        "bos_token_id",
-        "eos_token_id",
-    )
-} | {"hidden_activation": "hidden_act", "norm_eps": "layer_norm_eps"}
+_CONFIG_NAMES = field_names(
+    "intermediate_size",
+    "norm_bias",
+    "mlp_bias",
+    "attention_bias",
+    hidden_activation="hidden_act",
+    norm_eps="layer_norm_eps",
+)
 # what ModernBERT always is, in TfmConfig terms
 _MODERNBERT_ARCHITECTURE = dict(
     position_embedding_type="rope",
@@ -177,15 +166,6 @@ def _module_names(num_layers: int, mlm: bool) -> tuple[dict[str, str], dict[str,
     return names, fused
 
 
-def _renamed(source: dict, names: dict[str, str]) -> dict:
-    state = {}
-    for src, dst in names.items():
-        for suffix in (".weight", ".bias"):
-            if src + suffix in source:  # a bias only where the config has one; load_exact catches the rest
-                state[dst + suffix] = source[src + suffix]
-    return state
-
-
 def _split(source: dict, fused: dict[str, tuple[str, ...]]) -> dict:
     """Each fused weight (and bias) cut into its parts, row blocks of equal size in the order `fused` lists them."""
     state = {}
@@ -218,7 +198,7 @@ def modernbert_to_tfm(model: ModernBertModel | ModernBertForMaskedLM) -> TfmEnco
     config = modernbert_config_to_tfm(model.config)
     names, fused = _module_names(config.num_hidden_layers, mlm)
     source = model.state_dict()
-    state = _renamed(source, names) | _split(source, fused)
+    state = renamed_modules(source, names) | _split(source, fused)
     if mlm and not model.config.classifier_bias:  # hf_tfm's head dense has a bias: zero computes the same
         state["lm_head.dense.bias"] = torch.zeros_like(model.head.norm.weight)
     target = TfmEncoderForMaskedLM(config) if mlm else TfmEncoderModel(config)
@@ -240,7 +220,7 @@ def tfm_to_modernbert(model: TfmEncoderModel | TfmEncoderForMaskedLM) -> ModernB
         tfm_config.use_pooler = False
     config = tfm_config_to_modernbert(tfm_config)
     names, fused = _module_names(config.num_hidden_layers, mlm)
-    state = _renamed(source, inverted(names)) | _fused(source, fused)
+    state = renamed_modules(source, inverted(names)) | _fused(source, fused)
     if mlm and not source["lm_head.dense.bias"].any():  # ModernBERT's own layout: no dense bias
         config.classifier_bias = False
         del state["head.dense.bias"]

@@ -14,31 +14,20 @@ import torch
 from transformers import Phi3Config, Phi3ForCausalLM
 
 from .configuration_tfm import TfmDecoderConfig
-from .convert_common import converted_config, inverted, load_exact, renamed_fields, renamed_keys
-from .convert_llama import LLAMA_ARCHITECTURE, LLAMA_RENAMES
-from .convert_olmo2 import head_dim_kwargs, implicit_head_dim
+from .convert_common import (
+    converted_config,
+    head_dim_kwargs,
+    implicit_head_dim,
+    inverted,
+    load_exact,
+    renamed_fields,
+    renamed_keys,
+)
+from .convert_llama import LLAMA_ARCHITECTURE, LLAMA_RENAMES, llama_family_names
 from .modeling_tfm import TfmDecoderForCausalLM
 
 # Phi3Config field -> TfmDecoderConfig field, for every field with a direct counterpart
-_CONFIG_NAMES = {
-    name: name
-    for name in (
-        "vocab_size",
-        "hidden_size",
-        "intermediate_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "num_key_value_heads",
-        "hidden_act",
-        "max_position_embeddings",
-        "initializer_range",
-        "tie_word_embeddings",
-        "sliding_window",
-        "bos_token_id",
-        "eos_token_id",
-        "pad_token_id",
-    )
-} | {"rms_norm_eps": "layer_norm_eps"}
+_CONFIG_NAMES = llama_family_names("intermediate_size", "sliding_window", without=("head_dim",))
 # what Phi-3 always is, in TfmConfig terms (no biases anywhere)
 _PHI3_ARCHITECTURE = {
     **{field: value for field, value in LLAMA_ARCHITECTURE.items() if field != "hidden_dropout"},  # resid_pdrop

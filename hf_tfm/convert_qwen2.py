@@ -7,26 +7,28 @@ It has no `head_dim` field: its attention reads `head_dim` if a config carries o
 The weights have Llama's names. The window mapping serves `convert_qwen3` too.
 """
 
-import copy
-
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from .configuration_tfm import TfmDecoderConfig
-from .convert_common import converted_config, inverted, renamed_model
+from .convert_common import (
+    converted_config,
+    head_dim_kwargs,
+    implicit_head_dim,
+    inverted,
+    renamed_model,
+    without_derived_head_dim,
+)
 from .convert_llama import (
     LLAMA_ARCHITECTURE,
-    LLAMA_FAMILY_NAMES,
     LLAMA_RENAMES,
     llama_family_config_to_tfm,
+    llama_family_names,
     tfm_config_to_llama_family,
 )
-from .convert_olmo2 import head_dim_kwargs, implicit_head_dim
 from .modeling_tfm import TfmDecoderForCausalLM
 
 # Qwen2Config field -> TfmDecoderConfig field, for every field with a direct counterpart
-_CONFIG_NAMES = {key: value for key, value in LLAMA_FAMILY_NAMES.items() if key != "head_dim"} | {
-    "intermediate_size": "intermediate_size"
-}
+_CONFIG_NAMES = llama_family_names("intermediate_size", without=("head_dim",))
 # what Qwen2 always is, in TfmConfig terms
 _QWEN2_ARCHITECTURE = dict(**LLAMA_ARCHITECTURE, attention_bias=True, attention_out_bias=False, mlp_bias=False)
 # keys of released Qwen config.json files that no Qwen text model reads once its config exists
@@ -35,15 +37,6 @@ QWEN_UNREAD = {
     "layer_types carry it); Qwen3-MoE never reads it, though its released configs carry it",
     "use_mrope": "Qwen2-VL's multimodal RoPE switch, which released Qwen2.5 configs carry as false",
 }
-
-
-def without_derived_head_dim(config):
-    """`config` as the way back writes it, for the round-trip comparison: without a `head_dim` key that equals the
-    width the modeling code derives anyway (`head_dim_kwargs` writes the key only when it differs)."""
-    if getattr(config, "head_dim", None) == config.hidden_size // config.num_attention_heads:
-        config = copy.deepcopy(config)
-        del config.head_dim
-    return config
 
 
 def window_to_tfm(config) -> dict:

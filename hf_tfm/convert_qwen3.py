@@ -12,16 +12,16 @@ from .configuration_tfm import TfmDecoderConfig
 from .convert_common import converted_config, inverted, renamed_model
 from .convert_llama import (
     LLAMA_ARCHITECTURE,
-    LLAMA_FAMILY_NAMES,
     LLAMA_RENAMES,
     llama_family_config_to_tfm,
+    llama_family_names,
     tfm_config_to_llama_family,
 )
 from .convert_qwen2 import QWEN_UNREAD, window_from_tfm, window_to_tfm
 from .modeling_tfm import TfmDecoderForCausalLM
 
 # Qwen3Config field -> TfmDecoderConfig field, for every field with a direct counterpart
-_CONFIG_NAMES = LLAMA_FAMILY_NAMES | {name: name for name in ("intermediate_size", "attention_bias")}
+_CONFIG_NAMES = llama_family_names("intermediate_size", "attention_bias")
 # what Qwen3 always is, in TfmConfig terms
 _QWEN3_ARCHITECTURE = dict(**LLAMA_ARCHITECTURE, qk_norm="per_head", mlp_bias=False)
 

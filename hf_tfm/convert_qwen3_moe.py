@@ -9,35 +9,38 @@ as Mistral's does; it has no `layer_types` and, like Qwen2, no `head_dim` field.
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from .configuration_tfm import TfmDecoderConfig
-from .convert_common import converted_config, inverted, renamed_model
+from .convert_common import (
+    converted_config,
+    head_dim_kwargs,
+    implicit_head_dim,
+    inverted,
+    renamed_model,
+    without_derived_head_dim,
+)
 from .convert_llama import (
     LLAMA_ARCHITECTURE,
-    LLAMA_FAMILY_NAMES,
-    LLAMA_RENAMES,
     llama_family_config_to_tfm,
+    llama_family_names,
     tfm_config_to_llama_family,
 )
-from .convert_olmo2 import head_dim_kwargs, implicit_head_dim
-from .convert_qwen2 import QWEN_UNREAD, without_derived_head_dim
+from .convert_mixtral import MIXTRAL_RENAMES
+from .convert_qwen2 import QWEN_UNREAD
 from .modeling_tfm import TfmDecoderForCausalLM
 
-_RENAMES = {**LLAMA_RENAMES, ".mlp.gate.weight": ".mlp.router.weight"}
 # Qwen3MoeConfig field -> TfmDecoderConfig field, for every field with a direct counterpart
-_CONFIG_NAMES = {key: value for key, value in LLAMA_FAMILY_NAMES.items() if key != "head_dim"} | {
-    name: name
-    for name in (
-        "intermediate_size",
-        "attention_bias",
-        "sliding_window",
-        "num_experts",
-        "num_experts_per_tok",
-        "moe_intermediate_size",
-        "decoder_sparse_step",
-        "norm_topk_prob",
-        "router_aux_loss_coef",
-        "output_router_logits",
-    )
-}
+_CONFIG_NAMES = llama_family_names(
+    "intermediate_size",
+    "attention_bias",
+    "sliding_window",
+    "num_experts",
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+    "decoder_sparse_step",
+    "norm_topk_prob",
+    "router_aux_loss_coef",
+    "output_router_logits",
+    without=("head_dim",),
+)
 # what Qwen3-MoE always is, in TfmConfig terms
 _QWEN3_MOE_ARCHITECTURE = dict(
     **LLAMA_ARCHITECTURE,
@@ -85,9 +88,9 @@ def tfm_config_to_qwen3_moe(config: TfmDecoderConfig) -> Qwen3MoeConfig:
 
 def qwen3_moe_to_tfm(model: Qwen3MoeForCausalLM) -> TfmDecoderForCausalLM:
     """Convert a `Qwen3MoeForCausalLM` into an MoE `TfmDecoderForCausalLM` with identical outputs and aux loss."""
-    return renamed_model(model, TfmDecoderForCausalLM(qwen3_moe_config_to_tfm(model.config)), _RENAMES)
+    return renamed_model(model, TfmDecoderForCausalLM(qwen3_moe_config_to_tfm(model.config)), MIXTRAL_RENAMES)
 
 
 def tfm_to_qwen3_moe(model: TfmDecoderForCausalLM) -> Qwen3MoeForCausalLM:
     """Convert a Qwen3-MoE-shaped `TfmDecoderForCausalLM` back into a `Qwen3MoeForCausalLM` with identical outputs."""
-    return renamed_model(model, Qwen3MoeForCausalLM(tfm_config_to_qwen3_moe(model.config)), inverted(_RENAMES))
+    return renamed_model(model, Qwen3MoeForCausalLM(tfm_config_to_qwen3_moe(model.config)), inverted(MIXTRAL_RENAMES))

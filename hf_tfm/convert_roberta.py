@@ -20,9 +20,10 @@ import torch
 from transformers import RobertaConfig, RobertaForMaskedLM, RobertaModel
 
 from .configuration_tfm import TfmEncoderConfig
-from .convert_bert import _BERT_ARCHITECTURE, _EMBEDDING_NAMES, _LAYER_NAMES, _rename
+from .convert_bert import _BERT_ARCHITECTURE
 from .convert_bert import _CONFIG_NAMES as _BERT_CONFIG_NAMES
-from .convert_common import converted_config, inverted, load_exact, renamed_fields
+from .convert_bert import _module_names as _bert_module_names
+from .convert_common import converted_config, inverted, load_exact, renamed_fields, renamed_modules
 from .modeling_tfm import TfmEncoderForMaskedLM, TfmEncoderModel
 
 # RobertaConfig field -> TfmEncoderConfig field: BERT's, but for the position table (its size includes the offset)
@@ -87,16 +88,8 @@ def _require_gelu_head(config, target: str) -> None:
 
 
 def _module_names(num_layers: int, mlm: bool, pooler: bool) -> dict[str, str]:
-    """Every RoBERTa module holding weights -> our module, with each side's prefix for the model class."""
-    theirs, ours = ("roberta.", "model.") if mlm else ("", "")
-    names = {theirs + roberta: ours + tfm for roberta, tfm in _EMBEDDING_NAMES.items()}
-    for i in range(num_layers):
-        names.update({f"{theirs}encoder.layer.{i}.{r}": f"{ours}layers.{i}.{t}" for r, t in _LAYER_NAMES.items()})
-    if pooler:
-        names[theirs + "pooler.dense"] = ours + "pooler.dense"
-    if mlm:
-        names.update(_MLM_NAMES)
-    return names
+    """Every RoBERTa module holding weights -> our module: BERT's, under other prefixes and MLM head names."""
+    return _bert_module_names(num_layers, mlm, pooler, base="roberta.", mlm_names=_MLM_NAMES)
 
 
 def roberta_to_tfm(model: RobertaModel | RobertaForMaskedLM) -> TfmEncoderModel | TfmEncoderForMaskedLM:
@@ -116,7 +109,7 @@ def roberta_to_tfm(model: RobertaModel | RobertaForMaskedLM) -> TfmEncoderModel 
             )
     pooler = not mlm and model.pooler is not None
     config = roberta_config_to_tfm(model.config, use_pooler=mlm or pooler)
-    state = _rename(source, _module_names(config.num_hidden_layers, mlm, pooler))
+    state = renamed_modules(source, _module_names(config.num_hidden_layers, mlm, pooler))
     target = TfmEncoderForMaskedLM(config) if mlm else TfmEncoderModel(config)
     return load_exact(target, state)
 
@@ -134,7 +127,7 @@ def tfm_to_roberta(model: TfmEncoderModel | TfmEncoderForMaskedLM) -> RobertaMod
     config = tfm_config_to_roberta(model.config)
     pooler = not mlm and model.pooler is not None
     source = model.state_dict()
-    state = _rename(source, inverted(_module_names(config.num_hidden_layers, mlm, pooler)))
+    state = renamed_modules(source, inverted(_module_names(config.num_hidden_layers, mlm, pooler)))
     if mlm:
         state["lm_head.bias"] = source["lm_head.decoder.bias"]
         target = RobertaForMaskedLM(config)

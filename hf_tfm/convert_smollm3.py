@@ -10,32 +10,19 @@ import copy
 from transformers import SmolLM3Config, SmolLM3ForCausalLM
 
 from .configuration_tfm import TfmDecoderConfig
-from .convert_common import converted_config, inverted, load_exact, renamed_fields, renamed_keys
-from .convert_llama import LLAMA_ARCHITECTURE, LLAMA_RENAMES, llama_family_rope
-from .convert_olmo2 import head_dim_kwargs, implicit_head_dim
+from .convert_common import (
+    converted_config,
+    head_dim_kwargs,
+    implicit_head_dim,
+    inverted,
+    renamed_fields,
+    renamed_model,
+)
+from .convert_llama import LLAMA_ARCHITECTURE, LLAMA_RENAMES, llama_family_names, llama_family_rope
 from .modeling_tfm import TfmDecoderForCausalLM
 
 # SmolLM3Config field -> TfmDecoderConfig field, for every field with a direct counterpart
-_CONFIG_NAMES = {
-    name: name
-    for name in (
-        "vocab_size",
-        "hidden_size",
-        "intermediate_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "num_key_value_heads",
-        "hidden_act",
-        "max_position_embeddings",
-        "initializer_range",
-        "tie_word_embeddings",
-        "attention_bias",
-        "mlp_bias",
-        "bos_token_id",
-        "eos_token_id",
-        "pad_token_id",
-    )
-} | {"rms_norm_eps": "layer_norm_eps"}
+_CONFIG_NAMES = llama_family_names("intermediate_size", "attention_bias", "mlp_bias", without=("head_dim",))
 
 
 def _has_sliding_layers(config) -> bool:
@@ -104,13 +91,9 @@ def tfm_config_to_smollm3(config: TfmDecoderConfig) -> SmolLM3Config:
 
 def smollm3_to_tfm(model: SmolLM3ForCausalLM) -> TfmDecoderForCausalLM:
     """Convert a `SmolLM3ForCausalLM` into a `TfmDecoderForCausalLM` with identical outputs."""
-    target = TfmDecoderForCausalLM(smollm3_config_to_tfm(model.config))
-    state = renamed_keys(model.state_dict(), LLAMA_RENAMES)
-    return load_exact(target, state, generation_config=model.generation_config)
+    return renamed_model(model, TfmDecoderForCausalLM(smollm3_config_to_tfm(model.config)), LLAMA_RENAMES)
 
 
 def tfm_to_smollm3(model: TfmDecoderForCausalLM) -> SmolLM3ForCausalLM:
     """Convert a SmolLM3-shaped `TfmDecoderForCausalLM` back into a `SmolLM3ForCausalLM` with identical outputs."""
-    target = SmolLM3ForCausalLM(tfm_config_to_smollm3(model.config))
-    state = renamed_keys(model.state_dict(), inverted(LLAMA_RENAMES))
-    return load_exact(target, state, generation_config=model.generation_config)
+    return renamed_model(model, SmolLM3ForCausalLM(tfm_config_to_smollm3(model.config)), inverted(LLAMA_RENAMES))

@@ -644,4 +644,9 @@ def lm_logits(config: TfmConfig, lm_head: nn.Linear, hidden_states: torch.Tensor
         hidden_states = hidden_states * config.hidden_size**-0.5
     logits = lm_head(hidden_states)
     cap = config.final_logit_softcapping
-    return logits if cap is None else torch.tanh(logits / cap) * cap
+    if cap is None:
+        return logits
+    # one step per line, so each intermediate [batch, length, vocab] tensor is freed as the next is made
+    logits = logits / cap
+    logits = torch.tanh(logits)
+    return logits * cap

@@ -2,11 +2,29 @@
 a right-padded and a left-padded batch, the same greedy and beam tokens, and the reference state dict back bit for
 bit. A family's test file builds a tiny perturbed reference model and calls these."""
 
+import pytest
 import torch
 from conftest import VOCAB, assert_same_state_dict
 
 ATOL = 1e-4
 PAD = 0
+WINDOW = 4  # a sliding window shorter than the 9-token test prompts
+# the tiny decoder each Llama-family reference test builds, before its own fields
+TINY_DECODER = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+# an hf_tfm config laid out as a Llama-family decoder, before a family's own fields
+LLAMA_SHAPED = dict(
+    position_embedding_type="rope", norm_type="rmsnorm", ffn_type="glu", attention_bias=False, mlp_bias=False
+)
 
 
 def padded_batch(length: int = 9, pad_rows: tuple[int, int] = (0, 3), left: bool = True, vocab: int = VOCAB):
@@ -64,3 +82,56 @@ def assert_round_trip(ref, to_tfm, from_tfm):
     """Reference -> hf_tfm -> reference reproduces the original state dict exactly (same keys, equal tensors)."""
     expected = ref.state_dict()
     assert_same_state_dict(from_tfm(to_tfm(ref)).state_dict(), expected)
+
+
+def assert_converts_exactly(ref, to_tfm, from_tfm, caches=(None,), max_new_tokens: int = 4, back_attn: str = "eager"):
+    """`to_tfm(ref)` gives the reference logits with eager and sdpa attention and its greedy and beam tokens (with
+    each cache implementation in `caches`; None keeps the default), and `from_tfm` of it the reference logits again.
+    Returns the converted model, for a family's own checks."""
+    ours = to_tfm(ref)
+    for attn in ("eager", "sdpa"):
+        assert_logits_match(ref, ours, attn=attn)
+    for cache in caches:
+        if cache is not None:
+            for model in (ref, ours):
+                model.generation_config.cache_implementation = cache
+        for num_beams in (1, 3):
+            assert_generate_matches(ref, ours, num_beams=num_beams, max_new_tokens=max_new_tokens)
+    assert_logits_match(ref, from_tfm(ours), attn=back_attn)
+    return ours
+
+
+def assert_decoding_matches(ref, ours, cache_implementation: str, max_new_tokens: int = 6):
+    """Greedy decoding of a left-padded batch with `cache_implementation` gives the reference tokens and every
+    step's logits (a sliding window off by a token or two moves the logits while the tokens may still agree)."""
+    input_ids, attention_mask, _ = padded_batch()
+    kwargs = dict(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        pad_token_id=PAD,
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        cache_implementation=cache_implementation,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
+    expected, actual = ref.generate(**kwargs), ours.generate(**kwargs)
+    assert torch.equal(actual.sequences, expected.sequences)
+    torch.testing.assert_close(torch.stack(actual.logits), torch.stack(expected.logits), atol=ATOL, rtol=0)
+
+
+def assert_option_matters(ref, other):
+    """`other`, the reference with one option changed, gives logits well beyond the tolerance from `ref`'s at the
+    test shape: a parity proof at that shape proves the option is applied."""
+    input_ids = padded_batch()[0][:1]
+    with torch.no_grad():
+        assert (_logits(ref(input_ids)) - _logits(other(input_ids))).abs().max() > 100 * ATOL
+
+
+def assert_refused_by_name(convert, source, field: str, others=()):
+    """`convert(source)` raises a ValueError naming `field`, and none of `others` (as `name=`): the error names the
+    field at fault, not every field."""
+    with pytest.raises(ValueError, match=field) as error:
+        convert(source)
+    named = [name for name in others if name != field and f"{name}=" in str(error.value)]
+    assert not named, str(error.value)

@@ -5,33 +5,34 @@ Gemma 2 attends eagerly: sdpa cannot soft-cap the scores."""
 
 import pytest
 import torch
-from conftest import VOCAB, perturb, tiny_config
-from parity_harness import ATOL, assert_generate_matches, assert_logits_match, assert_round_trip, padded_batch
+from conftest import perturb, tiny_config
+from parity_harness import (
+    LLAMA_SHAPED,
+    TINY_DECODER,
+    WINDOW,
+    assert_decoding_matches,
+    assert_generate_matches,
+    assert_logits_match,
+    assert_option_matters,
+    assert_round_trip,
+    padded_batch,
+)
 from transformers import AutoModelForCausalLM, Gemma2Config, Gemma2ForCausalLM
 
 from hf_tfm import TfmDecoderForCausalLM
 from hf_tfm.convert_gemma2 import gemma2_config_to_tfm, gemma2_to_tfm, tfm_config_to_gemma2, tfm_to_gemma2
 
-WINDOW = 4  # shorter than the 9-token test batch
-
 
 def gemma2_config(**overrides) -> Gemma2Config:
     fields = dict(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
+        TINY_DECODER,
         num_hidden_layers=3,  # sliding, full, sliding
-        num_attention_heads=4,
-        num_key_value_heads=2,
         head_dim=16,  # not hidden_size / heads = 8
-        max_position_embeddings=64,
         query_pre_attn_scalar=24,  # not head_dim
         sliding_window=WINDOW,
         attn_logit_softcapping=1.0,  # small enough that the tiny model's scores are really capped
         final_logit_softcapping=2.0,
         pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
     )
     return Gemma2Config(**{**fields, **overrides})
 
@@ -71,21 +72,7 @@ def test_gemma2_decoding_past_the_window(cache_implementation):
     """Every step's logits, not only the tokens, match while the cache's sliding layers run past the window (a
     window that is off by two changes them by > 1 at this shape while the greedy tokens still agree)."""
     ref = gemma2()
-    ours = gemma2_to_tfm(ref)
-    input_ids, attention_mask, _ = padded_batch()
-    kwargs = dict(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        pad_token_id=0,
-        do_sample=False,
-        max_new_tokens=6,
-        cache_implementation=cache_implementation,
-        output_logits=True,
-        return_dict_in_generate=True,
-    )
-    expected, actual = ref.generate(**kwargs), ours.generate(**kwargs)
-    assert torch.equal(actual.sequences, expected.sequences)
-    torch.testing.assert_close(torch.stack(actual.logits), torch.stack(expected.logits), atol=ATOL, rtol=0)
+    assert_decoding_matches(ref, gemma2_to_tfm(ref), cache_implementation)
 
 
 @pytest.mark.parametrize(
@@ -102,9 +89,7 @@ def test_each_option_changes_the_reference(overrides):
     above proves hf_tfm applies it."""
     ref, without = gemma2(), gemma2(**overrides)
     without.load_state_dict(ref.state_dict())
-    input_ids = padded_batch()[0][:1]
-    with torch.no_grad():
-        assert (ref(input_ids).logits - without(input_ids).logits).abs().max() > 100 * ATOL
+    assert_option_matters(ref, without)
 
 
 @pytest.mark.parametrize("overrides", [{}, pytest.param(dict(tie_word_embeddings=False), id="untied")])
@@ -130,14 +115,10 @@ def test_gemma2_config_hf_tfm_cannot_express_is_refused():
 
 
 GEMMA2_SHAPED = dict(
-    position_embedding_type="rope",
-    norm_type="rmsnorm",
+    LLAMA_SHAPED,
     rmsnorm_unit_offset=True,
     norm_position="sandwich",
-    ffn_type="glu",
     hidden_act="gelu_pytorch_tanh",
-    attention_bias=False,
-    mlp_bias=False,
     scale_embeddings=True,
 )
 

@@ -4,27 +4,21 @@ hidden / heads (an extra config key OLMo2's modeling code reads)."""
 
 import pytest
 import torch
-from conftest import VOCAB, perturb, tiny_config
-from parity_harness import ATOL, assert_generate_matches, assert_logits_match, assert_round_trip, padded_batch
+from conftest import perturb, tiny_config
+from parity_harness import (
+    LLAMA_SHAPED,
+    TINY_DECODER,
+    assert_converts_exactly,
+    assert_option_matters,
+    assert_round_trip,
+)
 from transformers import Olmo2Config, Olmo2ForCausalLM
 
 from hf_tfm.convert_olmo2 import olmo2_config_to_tfm, olmo2_to_tfm, tfm_config_to_olmo2, tfm_to_olmo2
 
 
 def olmo2_config(**overrides) -> Olmo2Config:
-    fields = dict(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    return Olmo2Config(**{**fields, **overrides})
+    return Olmo2Config(**{**TINY_DECODER, "pad_token_id": 0, **overrides})
 
 
 def olmo2(**overrides) -> Olmo2ForCausalLM:
@@ -41,14 +35,8 @@ def olmo2(**overrides) -> Olmo2ForCausalLM:
     ],
 )
 def test_olmo2_parity(overrides):
-    ref = olmo2(**overrides)
-    ours = olmo2_to_tfm(ref)
+    ours = assert_converts_exactly(olmo2(**overrides), olmo2_to_tfm, tfm_to_olmo2, back_attn="sdpa")
     assert ours.config.norm_position == "output" and ours.config.qk_norm == "projection"
-    for attn in ("eager", "sdpa"):
-        assert_logits_match(ref, ours, attn=attn)
-    assert_generate_matches(ref, ours, num_beams=1)
-    assert_generate_matches(ref, ours, num_beams=3)
-    assert_logits_match(ref, tfm_to_olmo2(ours), attn="sdpa")
 
 
 @pytest.mark.parametrize("overrides", [{}, pytest.param(dict(attention_bias=True, head_dim=16), id="bias-head-dim")])
@@ -64,8 +52,7 @@ def test_qk_norm_changes_the_reference():
         for layer in without.model.layers:
             layer.self_attn.q_norm.weight.fill_(1.0)
             layer.self_attn.k_norm.weight.fill_(1.0)
-        input_ids = padded_batch()[0][:1]
-        assert (ref(input_ids).logits - without(input_ids).logits).abs().max() > 100 * ATOL
+    assert_option_matters(ref, without)
 
 
 @pytest.mark.parametrize(
@@ -82,16 +69,7 @@ def test_olmo2_config_hf_tfm_cannot_express_is_refused(overrides, field):
         olmo2_config_to_tfm(olmo2_config(**overrides))
 
 
-OLMO2_SHAPED = dict(
-    position_embedding_type="rope",
-    norm_type="rmsnorm",
-    norm_position="output",
-    qk_norm="projection",
-    ffn_type="glu",
-    hidden_act="silu",
-    attention_bias=False,
-    mlp_bias=False,
-)
+OLMO2_SHAPED = dict(LLAMA_SHAPED, norm_position="output", qk_norm="projection", hidden_act="silu")
 
 
 def test_olmo2_shaped_tfm_config_converts():

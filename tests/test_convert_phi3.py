@@ -4,13 +4,21 @@ past it, and LongRoPE with its short and its long factors."""
 
 import pytest
 import torch
-from conftest import VOCAB, perturb, tiny_config
-from parity_harness import ATOL, assert_generate_matches, assert_logits_match, assert_round_trip, padded_batch
+from conftest import perturb, tiny_config
+from parity_harness import (
+    LLAMA_SHAPED,
+    TINY_DECODER,
+    WINDOW,
+    assert_converts_exactly,
+    assert_decoding_matches,
+    assert_generate_matches,
+    assert_option_matters,
+    assert_round_trip,
+)
 from transformers import Phi3Config, Phi3ForCausalLM
 
 from hf_tfm.convert_phi3 import phi3_config_to_tfm, phi3_to_tfm, tfm_config_to_phi3, tfm_to_phi3
 
-WINDOW = 4  # shorter than the 9-token test batch
 PARTIAL = dict(rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5))
 
 
@@ -29,19 +37,7 @@ def longrope(original_max_position_embeddings: int, partial_rotary_factor: float
 
 
 def phi3_config(**overrides) -> Phi3Config:
-    fields = dict(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    return Phi3Config(**{**fields, **overrides})
+    return Phi3Config(**{**TINY_DECODER, "pad_token_id": 0, **overrides})
 
 
 def phi3(**overrides) -> Phi3ForCausalLM:
@@ -59,29 +55,14 @@ def phi3(**overrides) -> Phi3ForCausalLM:
     ],
 )
 def test_phi3_parity(overrides):
-    ref = phi3(**overrides)
-    ours = phi3_to_tfm(ref)
-    for attn in ("eager", "sdpa"):
-        assert_logits_match(ref, ours, attn=attn)
-    assert_generate_matches(ref, ours, num_beams=1, max_new_tokens=6)
-    assert_generate_matches(ref, ours, num_beams=3, max_new_tokens=6)
-    assert_logits_match(ref, tfm_to_phi3(ours), attn="sdpa")
+    assert_converts_exactly(phi3(**overrides), phi3_to_tfm, tfm_to_phi3, max_new_tokens=6, back_attn="sdpa")
 
 
 def test_phi3_static_cache_generation_past_the_window():
     ref = phi3(sliding_window=WINDOW)
     ours = phi3_to_tfm(ref)
     assert ours.config.layer_types == ["sliding_attention"] * 2
-    input_ids, attention_mask, _ = padded_batch()
-    kwargs = dict(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        pad_token_id=0,
-        do_sample=False,
-        max_new_tokens=6,
-        cache_implementation="static",
-    )
-    assert torch.equal(ours.generate(**kwargs), ref.generate(**kwargs))
+    assert_decoding_matches(ref, ours, "static")
 
 
 @pytest.mark.xfail(strict=True, reason="hf_tfm keeps the cache when LongRoPE switches to its long factors")
@@ -106,9 +87,7 @@ def test_each_option_changes_the_reference(overrides):
     proves hf_tfm applies it."""
     ref, other = phi3(), phi3(**overrides)
     other.load_state_dict(ref.state_dict())
-    input_ids = padded_batch()[0][:1]
-    with torch.no_grad():
-        assert (ref(input_ids).logits - other(input_ids).logits).abs().max() > 100 * ATOL
+    assert_option_matters(ref, other)
 
 
 @pytest.mark.parametrize(
@@ -129,14 +108,7 @@ def test_phi3_fields():
     assert tfm_config_to_phi3(config).original_max_position_embeddings == 8
 
 
-PHI3_SHAPED = dict(
-    position_embedding_type="rope",
-    norm_type="rmsnorm",
-    ffn_type="glu",
-    hidden_act="silu",
-    attention_bias=False,
-    mlp_bias=False,
-)
+PHI3_SHAPED = dict(LLAMA_SHAPED, hidden_act="silu")
 
 
 @pytest.mark.parametrize(

@@ -4,29 +4,29 @@ with dynamic and static caches."""
 
 import pytest
 import torch
-from conftest import VOCAB, perturb, tiny_config
-from parity_harness import ATOL, assert_generate_matches, assert_logits_match, assert_round_trip, padded_batch
+from conftest import perturb, tiny_config
+from parity_harness import (
+    LLAMA_SHAPED,
+    TINY_DECODER,
+    WINDOW,
+    assert_converts_exactly,
+    assert_decoding_matches,
+    assert_option_matters,
+    assert_round_trip,
+)
 from transformers import SmolLM3Config, SmolLM3ForCausalLM
 
 from hf_tfm.convert_smollm3 import smollm3_config_to_tfm, smollm3_to_tfm, tfm_config_to_smollm3, tfm_to_smollm3
 
-WINDOW = 4  # shorter than the 9-token test batch
 SLIDING = dict(use_sliding_window=True, sliding_window=WINDOW)
 
 
 def smollm3_config(**overrides) -> SmolLM3Config:
     fields = dict(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
+        TINY_DECODER,
         num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
         no_rope_layer_interval=2,  # layers 1 and 3 without RoPE
         pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
     )
     return SmolLM3Config(**{**fields, **overrides})
 
@@ -45,13 +45,8 @@ def smollm3(**overrides) -> SmolLM3ForCausalLM:
 )
 def test_smollm3_parity(overrides):
     ref = smollm3(**overrides)
-    ours = smollm3_to_tfm(ref)
+    ours = assert_converts_exactly(ref, smollm3_to_tfm, tfm_to_smollm3, max_new_tokens=6, back_attn="sdpa")
     assert ours.config.nope_layers == [1, 3]
-    for attn in ("eager", "sdpa"):
-        assert_logits_match(ref, ours, attn=attn)
-    assert_generate_matches(ref, ours, num_beams=1, max_new_tokens=6)
-    assert_generate_matches(ref, ours, num_beams=3, max_new_tokens=6)
-    assert_logits_match(ref, tfm_to_smollm3(ours), attn="sdpa")
 
 
 def test_smollm3_sliding_layers():
@@ -63,17 +58,7 @@ def test_smollm3_sliding_layers():
 def test_smollm3_static_cache_generation():
     """Sliding layers in a static cache give the reference's tokens past the window."""
     ref = smollm3(**SLIDING)
-    ours = smollm3_to_tfm(ref)
-    input_ids, attention_mask, _ = padded_batch()
-    kwargs = dict(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        pad_token_id=0,
-        do_sample=False,
-        max_new_tokens=6,
-        cache_implementation="static",
-    )
-    assert torch.equal(ours.generate(**kwargs), ref.generate(**kwargs))
+    assert_decoding_matches(ref, smollm3_to_tfm(ref), "static")
 
 
 @pytest.mark.parametrize(
@@ -85,9 +70,7 @@ def test_each_option_changes_the_reference(overrides):
     the parity above proves hf_tfm applies them."""
     ref, other = smollm3(), smollm3(**overrides)
     other.load_state_dict(ref.state_dict())
-    input_ids = padded_batch()[0][:1]
-    with torch.no_grad():
-        assert (ref(input_ids).logits - other(input_ids).logits).abs().max() > 100 * ATOL
+    assert_option_matters(ref, other)
 
 
 @pytest.mark.parametrize("overrides", [{}, pytest.param(dict(SLIDING, tie_word_embeddings=False), id="untied")])
@@ -116,15 +99,7 @@ def test_smollm3_config_hf_tfm_cannot_express_is_refused(overrides, field):
         smollm3_config_to_tfm(smollm3_config(**overrides))
 
 
-SMOLLM3_SHAPED = dict(
-    position_embedding_type="rope",
-    norm_type="rmsnorm",
-    ffn_type="glu",
-    hidden_act="silu",
-    attention_bias=False,
-    mlp_bias=False,
-    num_hidden_layers=4,
-)
+SMOLLM3_SHAPED = dict(LLAMA_SHAPED, hidden_act="silu", num_hidden_layers=4)
 
 
 def test_smollm3_shaped_tfm_config_converts():
