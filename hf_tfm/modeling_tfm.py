@@ -112,6 +112,16 @@ class TfmHead(TfmPreTrainedModel):
         result.update((name, value) for name, value in outputs.items() if name in reported)
         return self.output_class(**result)
 
+    def vocabulary_prediction(self, logits: torch.Tensor, labels, **kwargs) -> dict:
+        """A language-model head's fields: its vocabulary logits, and their loss (the head's `loss_function`: causal
+        or masked) when labels are given."""
+        loss = None
+        if labels is not None:
+            loss = self.task_loss(
+                self.loss_function, logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs
+            )
+        return {"logits": logits, "loss": loss}
+
     def router_stacks(self, outputs: ModelOutput, inputs: dict) -> list[tuple]:
         """(output field of the aux loss, router logits, padding mask) for each stack of the body."""
         return [("aux_loss", outputs.router_logits, inputs["attention_mask"])]
@@ -236,12 +246,7 @@ class TfmDecoderForCausalLM(TfmDecoderHead, GenerationMixin):
     def predict(self, outputs, inputs, labels=None, logits_to_keep=0, **kwargs):
         check_labels(labels, inputs["input_ids"], inputs["inputs_embeds"])
         logits = lm_logits(self.config, self.lm_head, outputs.last_hidden_state, logits_to_keep)
-        loss = None
-        if labels is not None:
-            loss = self.task_loss(
-                self.loss_function, logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs
-            )
-        return {"logits": logits, "loss": loss}
+        return self.vocabulary_prediction(logits, labels, **kwargs)
 
 
 class TfmDecoderForSequenceClassification(TfmDecoderHead):
@@ -366,13 +371,7 @@ class TfmEncoderForMaskedLM(TfmEncoderHead):
 
     def predict(self, outputs, inputs, labels=None, **kwargs):
         check_labels(labels, inputs["input_ids"], inputs["inputs_embeds"])
-        logits = self.lm_head(outputs.last_hidden_state)
-        loss = None
-        if labels is not None:
-            loss = self.task_loss(
-                self.loss_function, logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs
-            )
-        return {"logits": logits, "loss": loss}
+        return self.vocabulary_prediction(self.lm_head(outputs.last_hidden_state), labels, **kwargs)
 
 
 class TfmEncoderForSequenceClassification(TfmEncoderHead):
