@@ -142,6 +142,9 @@ class TfmConfig(PreTrainedConfig):
         scale_lm_head_input (`bool`): multiply the last hidden state by `hidden_size**-0.5` before the LM head
             (T5 with tied embeddings).
         use_pooler (`bool`): encoders get a pooler (dense + tanh on the first token, BERT's) for sentence-level heads.
+        loss_chunk_size (`int`): language-model heads training with labels project this many scored tokens at a time
+            and return the loss without logits, never holding the `[tokens, vocab]` logits or their gradient whole
+            (`modeling_tfm_loss.py`); in eval mode, and with 0, they compute the full logits as transformers does.
 
         > Mixture of Experts (every paradigm; `num_experts=0` keeps every layer dense)
 
@@ -215,6 +218,7 @@ class TfmConfig(PreTrainedConfig):
     lm_head_bias: bool = False
     scale_lm_head_input: bool = False
     use_pooler: bool = True
+    loss_chunk_size: int = 1024
     num_experts: int = 0
     num_experts_per_tok: int = 2
     moe_intermediate_size: int | None = None
@@ -277,7 +281,7 @@ class TfmConfig(PreTrainedConfig):
         for field in ("num_key_value_heads", "head_dim", "intermediate_size"):
             value = getattr(self, field)
             _require(value is None or value > 0, field, f"must be a positive integer or None, got {value}")
-        for field in ("type_vocab_size", "position_offset"):
+        for field in ("type_vocab_size", "position_offset", "loss_chunk_size"):
             _require(getattr(self, field) >= 0, field, f"must be >= 0, got {getattr(self, field)}")
         for field in ("relative_attention_num_buckets", "relative_attention_max_distance"):
             _require(getattr(self, field) > 0, field, f"must be a positive integer, got {getattr(self, field)}")

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from transformers.cache_utils import Cache
 from transformers.generation import GenerationMixin
-from transformers.loss.loss_utils import ForMaskedLMLoss
+from transformers.loss.loss_utils import ForCausalLMLoss, ForMaskedLMLoss
 from transformers.modeling_outputs import (
     BaseModelOutput,
     MaskedLMOutput,
@@ -34,6 +34,7 @@ from transformers.utils import ModelOutput, TransformersKwargs, can_return_tuple
 
 from .configuration_tfm import TfmDecoderConfig, TfmEncoderConfig, TfmEncoderDecoderConfig
 from .modeling_tfm_layers import TfmMaskedLMHead
+from .modeling_tfm_loss import linear_cross_entropy
 from .modeling_tfm_saving import HEAD_MODULES
 from .modeling_tfm_stack import TfmPreTrainedModel, TfmStack, check_labels, lm_logits, make_lm_head, share_embeddings
 
@@ -112,14 +113,32 @@ class TfmHead(TfmPreTrainedModel):
         result.update((name, value) for name, value in outputs.items() if name in reported)
         return self.output_class(**result)
 
-    def vocabulary_prediction(self, logits: torch.Tensor, labels, **kwargs) -> dict:
-        """A language-model head's fields: its vocabulary logits, and their loss (the head's `loss_function`: causal
-        or masked) when labels are given."""
+    def vocabulary_prediction(
+        self, hidden, labels, output_layer: nn.Linear, loss_function, logits_to_keep=0, **kwargs
+    ) -> dict:
+        """A language-model head's fields from its final hidden states. Training with labels: the loss alone, the
+        vocabulary projected a chunk of `loss_chunk_size` tokens at a time (logits None: Trainer's training step
+        reads only the loss). Otherwise (evaluation, generation, `loss_chunk_size=0`): the logits, and their loss
+        by `loss_function` when labels are given. Both paths give the same loss and gradients."""
+        config = self.config
+        if labels is not None and self.training and config.loss_chunk_size > 0:
+            if loss_function is ForCausalLMLoss:  # each token scores its successor
+                hidden, labels = hidden[:, :-1], labels[:, 1:]
+            loss = linear_cross_entropy(
+                hidden,
+                output_layer.weight,
+                output_layer.bias,
+                labels,
+                config.loss_chunk_size,
+                scale=config.hidden_size**-0.5 if config.scale_lm_head_input else 1.0,
+                softcap=config.final_logit_softcapping,
+                **kwargs,
+            )
+            return {"logits": None, "loss": loss}
+        logits = lm_logits(config, output_layer, hidden, logits_to_keep)
         loss = None
         if labels is not None:
-            loss = self.task_loss(
-                self.loss_function, logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs
-            )
+            loss = self.task_loss(loss_function, logits=logits, labels=labels, vocab_size=config.vocab_size, **kwargs)
         return {"logits": logits, "loss": loss}
 
     def router_stacks(self, outputs: ModelOutput, inputs: dict) -> list[tuple]:
@@ -245,8 +264,8 @@ class TfmDecoderForCausalLM(TfmDecoderHead, GenerationMixin):
 
     def predict(self, outputs, inputs, labels=None, logits_to_keep=0, **kwargs):
         check_labels(labels, inputs["input_ids"], inputs["inputs_embeds"])
-        logits = lm_logits(self.config, self.lm_head, outputs.last_hidden_state, logits_to_keep)
-        return self.vocabulary_prediction(logits, labels, **kwargs)
+        hidden = outputs.last_hidden_state
+        return self.vocabulary_prediction(hidden, labels, self.lm_head, self.loss_function, logits_to_keep, **kwargs)
 
 
 class TfmDecoderForSequenceClassification(TfmDecoderHead):
@@ -371,7 +390,8 @@ class TfmEncoderForMaskedLM(TfmEncoderHead):
 
     def predict(self, outputs, inputs, labels=None, **kwargs):
         check_labels(labels, inputs["input_ids"], inputs["inputs_embeds"])
-        return self.vocabulary_prediction(self.lm_head(outputs.last_hidden_state), labels, **kwargs)
+        hidden = self.lm_head.transform(outputs.last_hidden_state)
+        return self.vocabulary_prediction(hidden, labels, self.lm_head.decoder, self.loss_function, **kwargs)
 
 
 class TfmEncoderForSequenceClassification(TfmEncoderHead):
@@ -558,15 +578,10 @@ class TfmEncoderDecoderForConditionalGeneration(TfmHead, GenerationMixin):
         return self.run_head(inputs, {"labels": labels}, kwargs, logits_to_keep=logits_to_keep)
 
     def predict(self, outputs, inputs, labels=None, logits_to_keep=0, **kwargs):
-        logits = lm_logits(self.config, self.lm_head, outputs.last_hidden_state, logits_to_keep)
-        loss = None
-        if labels is not None:
-            # labels are already the decoder's targets: plain cross-entropy, not transformers'
-            # ForConditionalGeneration loss, which shifts labels like a causal LM
-            loss = self.task_loss(
-                ForMaskedLMLoss, logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs
-            )
-        return {"logits": logits, "loss": loss}
+        # labels are already the decoder's targets: plain cross-entropy, not transformers' ForConditionalGeneration
+        # loss, which shifts labels like a causal LM
+        hidden = outputs.last_hidden_state
+        return self.vocabulary_prediction(hidden, labels, self.lm_head, ForMaskedLMLoss, logits_to_keep, **kwargs)
 
     def router_stacks(self, outputs, inputs):
         return [

@@ -384,8 +384,12 @@ class TfmMaskedLMHead(nn.Module):
         self.norm = make_norm(config)
         self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
 
+    def transform(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """Everything before the vocabulary projection."""
+        return self.norm(self.act_fn(self.dense(hidden_states)))
+
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.decoder(self.norm(self.act_fn(self.dense(hidden_states))))
+        return self.decoder(self.transform(hidden_states))
 
 
 # --------------------------------------------------------------------------------------------- mixture of experts

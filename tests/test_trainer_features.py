@@ -74,8 +74,11 @@ def train(model, tmp_path, rows, **overrides) -> Trainer:
 
 
 def record_linear_dtypes(model) -> list[torch.dtype]:
+    """The output dtype of every call of the first block's first linear layer (the LM head is not called as a module
+    in training: its loss is computed chunk by chunk)."""
     dtypes = []
-    model.get_output_embeddings().register_forward_hook(lambda module, args, output: dtypes.append(output.dtype))
+    first = next(m for m in model.modules() if isinstance(m, torch.nn.Linear))
+    first.register_forward_hook(lambda module, args, output: dtypes.append(output.dtype))
     return dtypes
 
 

@@ -1,0 +1,83 @@
+"""Cross-entropy over a vocabulary projection without the full logits: the scored tokens are projected a chunk at a
+time, and each chunk's gradients are taken while its logits exist, so neither the `[tokens, vocab]` float32 logits
+nor their gradient is ever held whole (Liger-Kernel's fused linear cross-entropy, in plain PyTorch so that it runs
+on any device). Same loss and gradients as projecting everything and calling transformers' loss, to rounding.
+"""
+
+import torch
+
+
+class ChunkedLinearCrossEntropy(torch.autograd.Function):
+    """Summed cross-entropy of `softcap(scale * hidden @ weight.T + bias)` against `labels`, over the labels that are
+    not `ignore_index`.
+    The gradients are computed chunk by chunk in the forward pass (when autograd will want them) and scaled by the
+    incoming gradient in backward: one pass over the vocabulary instead of a forward and a recomputation."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, labels, scale: float, softcap: float | None, chunk_size: int, ignore_index):
+        wants = any(ctx.needs_input_grad[:3])  # autograd will ask for a gradient
+        grad_hidden = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
+        grad_bias = torch.zeros_like(bias) if bias is not None and ctx.needs_input_grad[2] else None
+        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        for start in range(0, hidden.shape[0], chunk_size):
+            rows = slice(start, start + chunk_size)
+            inputs = hidden[rows] * scale if scale != 1.0 else hidden[rows]
+            logits = torch.nn.functional.linear(inputs, weight, bias).float()
+            if softcap is not None:
+                capped = torch.tanh(logits / softcap)
+                logits = capped * softcap
+            scored = labels[rows] != ignore_index
+            target = torch.where(scored, labels[rows], 0)
+            log_normaliser = torch.logsumexp(logits, dim=-1)
+            token_loss = log_normaliser - logits.gather(-1, target[:, None]).squeeze(-1)
+            total = total + torch.where(scored, token_loss, 0.0).sum()
+            if not wants:
+                continue
+            # d(loss)/d(logits) = softmax - one_hot(target), through the cap's 1 - tanh^2
+            grad_logits = torch.exp(logits - log_normaliser[:, None])
+            grad_logits[torch.arange(target.shape[0], device=target.device), target] -= 1.0
+            if softcap is not None:
+                grad_logits = grad_logits * (1.0 - capped * capped)
+            grad_logits = grad_logits * scored[:, None]
+            grad_logits = grad_logits.to(hidden.dtype)
+            if grad_hidden is not None:
+                grad_hidden[rows] = grad_logits @ weight * scale
+            if grad_weight is not None:
+                grad_weight += grad_logits.t() @ inputs
+            if grad_bias is not None:
+                grad_bias += grad_logits.sum(dim=0)
+        ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        grads = [None if grad is None else grad * grad_output.to(grad.dtype) for grad in ctx.saved_tensors]
+        return *grads, None, None, None, None, None
+
+
+def linear_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    labels: torch.Tensor,
+    chunk_size: int,
+    num_items_in_batch=None,
+    ignore_index: int = -100,
+    scale: float = 1.0,
+    softcap: float | None = None,
+    **kwargs,
+) -> torch.Tensor:
+    """transformers' `fixed_cross_entropy` of the projected `hidden` ([..., hidden]) against `labels` ([...]): the
+    mean over scored labels, or their sum over Trainer's `num_items_in_batch`; 0 (with zero gradients) when no
+    label is scored. In eager mode only the scored tokens are projected (a masked-LM batch scores about 15% of
+    them); under torch.compile every token is, masked, since a data-dependent selection would break the graph."""
+    hidden, labels = hidden.reshape(-1, hidden.shape[-1]), labels.reshape(-1).to(hidden.device)
+    scored = labels != ignore_index
+    if not torch.compiler.is_compiling():
+        hidden, labels = hidden[scored], labels[scored]
+    total = ChunkedLinearCrossEntropy.apply(hidden, weight, bias, labels, scale, softcap, chunk_size, ignore_index)
+    if num_items_in_batch is None:
+        return total / scored.sum().clamp(min=1)
+    # clamped: an accumulated batch without targets has 0 items (transformers divides 0 by 0 there)
+    return total / torch.as_tensor(num_items_in_batch, device=total.device).clamp(min=1)

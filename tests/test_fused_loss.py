@@ -1,0 +1,116 @@
+"""The chunked linear + cross-entropy loss (modeling_tfm_loss.py) gives the loss and gradients of the full-logits
+path, for every language-model head and head option, and logits come back wherever a caller reads them."""
+
+import pytest
+import torch
+from conftest import VOCAB, perturb, tiny_config
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from hf_tfm import (
+    TfmDecoderForCausalLM,
+    TfmEncoderConfig,
+    TfmEncoderDecoderConfig,
+    TfmEncoderDecoderForConditionalGeneration,
+    TfmEncoderForMaskedLM,
+)
+from hf_tfm.convert_gpt2 import gpt2_to_tfm
+
+RTOL, ATOL = 1e-5, 1e-6
+NO_DROPOUT = dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)  # train mode, both sides alike
+MOE = dict(num_experts=4, num_experts_per_tok=2, router_z_loss_coef=0.01)
+HEADS = {
+    "causal-tied": (TfmDecoderForCausalLM, {}),
+    "causal-untied-bias": (TfmDecoderForCausalLM, dict(tie_word_embeddings=False, lm_head_bias=True)),
+    "causal-softcapped": (TfmDecoderForCausalLM, dict(final_logit_softcapping=2.0)),
+    "causal-moe": (TfmDecoderForCausalLM, MOE),
+    "masked": (TfmEncoderForMaskedLM, dict(config_class=TfmEncoderConfig)),
+    "seq2seq-t5-rescaled": (
+        TfmEncoderDecoderForConditionalGeneration,
+        dict(
+            config_class=TfmEncoderDecoderConfig,
+            scale_lm_head_input=True,
+            decoder_start_token_id=0,
+            position_embedding_type="relative_bias",
+        ),
+    ),
+}
+
+
+def model_and_batch(head: str, chunk: int):
+    model_class, overrides = HEADS[head]
+    torch.manual_seed(0)
+    model = perturb(model_class(tiny_config(**{**overrides, "loss_chunk_size": chunk})))
+    torch.manual_seed(3)
+    input_ids = torch.randint(3, VOCAB, (2, 7))
+    labels = input_ids.clone()
+    labels[0, :2] = -100  # some tokens unscored
+    if model_class is TfmEncoderForMaskedLM:
+        labels[torch.rand(labels.shape) < 0.5] = -100
+    return model.train(), dict(input_ids=input_ids, labels=labels)
+
+
+def loss_and_grads(model, batch, **kwargs):
+    model.zero_grad()
+    output = model(**batch, **kwargs)
+    output.loss.backward()
+    return output, {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("head", HEADS)
+@pytest.mark.parametrize("num_items", [None, 17], ids=["mean", "num_items_in_batch"])
+def test_chunked_loss_and_gradients_equal_the_full_logits_path(head, num_items):
+    """Chunks of 3 tokens (not dividing the scored count) against the full logits: same loss, same gradient of every
+    parameter; under Trainer's num_items_in_batch too (gradient accumulation stays exact)."""
+    kwargs = {} if num_items is None else {"num_items_in_batch": torch.tensor(num_items)}
+    full, expected = loss_and_grads(*model_and_batch(head, chunk=0), **kwargs)
+    chunked, actual = loss_and_grads(*model_and_batch(head, chunk=3), **kwargs)
+    assert chunked.logits is None and full.logits is not None  # training never held the full logits
+    torch.testing.assert_close(chunked.loss, full.loss, rtol=RTOL, atol=0)
+    assert sorted(actual) == sorted(expected)
+    for name, grad in expected.items():
+        torch.testing.assert_close(actual[name], grad, rtol=RTOL, atol=ATOL, msg=name)
+
+
+@pytest.mark.parametrize("head", ["causal-tied", "masked"])
+def test_no_scored_label_gives_zero_loss_and_gradients(head):
+    model, batch = model_and_batch(head, chunk=3)
+    batch["labels"][:] = -100
+    output, grads = loss_and_grads(model, batch)
+    assert output.loss.item() == 0.0
+    assert all(torch.count_nonzero(grad) == 0 for grad in grads.values())
+
+
+def test_evaluation_and_generation_get_logits():
+    """Eval mode computes the logits (Trainer's compute_metrics reads them) and the same loss as training."""
+    model, batch = model_and_batch("causal-tied", chunk=3)
+    training_loss = model(**batch).loss
+    model.eval()
+    output = model(**batch)
+    assert output.logits.shape == (2, 7, VOCAB)
+    torch.testing.assert_close(output.loss, training_loss, rtol=RTOL, atol=0)
+    assert model.generate(batch["input_ids"], max_new_tokens=2, do_sample=False).shape == (2, 9)
+
+
+def test_training_loss_equals_gpt2():
+    """The chunked loss of a converted GPT-2 is GPT2LMHeadModel's loss on the same batch."""
+    torch.manual_seed(0)
+    reference = perturb(
+        GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=VOCAB, n_positions=64, **NO_DROPOUT))
+    )
+    ours = gpt2_to_tfm(reference)
+    ours.config.loss_chunk_size = 4
+    input_ids = torch.randint(3, VOCAB, (2, 9))
+    reference.train(), ours.train()
+    expected, actual = reference(input_ids, labels=input_ids).loss, ours(input_ids, labels=input_ids).loss
+    torch.testing.assert_close(actual, expected, rtol=RTOL, atol=0)
+
+
+def test_masked_path_of_compiled_graphs_is_exact(monkeypatch):
+    """Under torch.compile every token is projected and the unscored ones masked (no data-dependent selection):
+    the same loss and gradients."""
+    full, expected = loss_and_grads(*model_and_batch("masked", chunk=0))
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    chunked, actual = loss_and_grads(*model_and_batch("masked", chunk=3))
+    torch.testing.assert_close(chunked.loss, full.loss, rtol=RTOL, atol=0)
+    for name, grad in expected.items():
+        torch.testing.assert_close(actual[name], grad, rtol=RTOL, atol=ATOL, msg=name)
