@@ -14,9 +14,10 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
     incoming gradient in backward: one pass over the vocabulary instead of a forward and a recomputation."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, scale: float, softcap: float | None, chunk_size: int, ignore_index):
+    def forward(ctx, hidden, weight, bias, labels, scale, softcap, chunk_size: int, ignore_index: int, masked: bool):
         wants = any(ctx.needs_input_grad[:3])  # autograd will ask for a gradient
         grad_hidden = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
+        # accumulated in place (addmm_): a `+=` would allocate a [vocab, hidden] temporary per chunk
         grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
         grad_bias = torch.zeros_like(bias) if bias is not None and ctx.needs_input_grad[2] else None
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
@@ -34,17 +35,21 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
             total = total + torch.where(scored, token_loss, 0.0).sum()
             if not wants:
                 continue
-            # d(loss)/d(logits) = softmax - one_hot(target), through the cap's 1 - tanh^2
-            grad_logits = torch.exp(logits - log_normaliser[:, None])
+            # d(loss)/d(logits) = softmax - one_hot(target), through the cap's 1 - tanh^2, written over the logits
+            grad_logits = logits.sub_(log_normaliser[:, None]).exp_()
             grad_logits[torch.arange(target.shape[0], device=target.device), target] -= 1.0
             if softcap is not None:
-                grad_logits = grad_logits * (1.0 - capped * capped)
-            grad_logits = grad_logits * scored[:, None]
-            grad_logits = grad_logits.to(hidden.dtype)
+                grad_logits.mul_(1.0 - capped * capped)
+            if masked:
+                grad_logits.mul_(scored[:, None])
+            # in the weight's dtype: under autocast the hidden states may be bf16 while the weight stays fp32, and the
+            # in-place addmm_ is not autocast
+            grad_logits = grad_logits.to(weight.dtype)
             if grad_hidden is not None:
-                grad_hidden[rows] = grad_logits @ weight * scale
+                chunk_grad = grad_logits @ weight
+                grad_hidden[rows] = chunk_grad * scale if scale != 1.0 else chunk_grad
             if grad_weight is not None:
-                grad_weight += grad_logits.t() @ inputs
+                grad_weight.addmm_(grad_logits.t(), inputs.to(weight.dtype))
             if grad_bias is not None:
                 grad_bias += grad_logits.sum(dim=0)
         ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
@@ -52,8 +57,8 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        grads = [None if grad is None else grad * grad_output.to(grad.dtype) for grad in ctx.saved_tensors]
-        return *grads, None, None, None, None, None
+        grads = [None if grad is None else grad.mul_(grad_output.to(grad.dtype)) for grad in ctx.saved_tensors]
+        return *grads, None, None, None, None, None, None
 
 
 def linear_cross_entropy(
@@ -74,9 +79,12 @@ def linear_cross_entropy(
     them); under torch.compile every token is, masked, since a data-dependent selection would break the graph."""
     hidden, labels = hidden.reshape(-1, hidden.shape[-1]), labels.reshape(-1).to(hidden.device)
     scored = labels != ignore_index
-    if not torch.compiler.is_compiling():
+    masked = torch.compiler.is_compiling()
+    if not masked:
         hidden, labels = hidden[scored], labels[scored]
-    total = ChunkedLinearCrossEntropy.apply(hidden, weight, bias, labels, scale, softcap, chunk_size, ignore_index)
+    total = ChunkedLinearCrossEntropy.apply(
+        hidden, weight, bias, labels, scale, softcap, chunk_size, ignore_index, masked
+    )
     if num_items_in_batch is None:
         return total / scored.sum().clamp(min=1)
     # clamped: an accumulated batch without targets has 0 items (transformers divides 0 by 0 there)
