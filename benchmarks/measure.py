@@ -79,8 +79,9 @@ def training_batch(
 
 
 def train_step_work(model, inputs, optimizer, autocast_dtype: torch.dtype | None) -> Callable[[], None]:
-    """One optimizer step: forward with labels, backward, AdamW step, gradients freed. MoE models train with their
-    load-balancing loss, as Mixtral's recipe does (hf_tfm adds it whenever labels are given; Mixtral when asked)."""
+    """One optimizer step: forward with labels, backward, AdamW step, gradients freed; with `optimizer` None, no
+    optimizer step (forward and backward only). MoE models train with their load-balancing loss, as Mixtral's recipe
+    does (hf_tfm adds it whenever labels are given; Mixtral when asked)."""
     config = model.config  # a torch.compile'd model passes attribute lookups through to the original
     moe = bool(getattr(config, "num_local_experts", 0) or getattr(config, "num_experts", 0))
     inputs = {**inputs, "output_router_logits": True} if moe else inputs
@@ -89,8 +90,9 @@ def train_step_work(model, inputs, optimizer, autocast_dtype: torch.dtype | None
         with torch.autocast(inputs["input_ids"].device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
             loss = model(**inputs).loss
         loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        if optimizer is not None:
+            optimizer.step()
+        model.zero_grad(set_to_none=True)
 
     return step
 

@@ -8,7 +8,7 @@ import math
 import pytest
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from benchmarks import profile_gap, quality, report, speed
+from benchmarks import beyond, profile_gap, quality, report, speed
 from benchmarks.pairs import KINDS, PROFILES, build_pair, parameter_count, train_flops_per_token
 
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -129,6 +129,37 @@ def test_profile_gap_takes_apart_each_causal_pair(tmp_path, monkeypatch):
         for side in ("reference", "ours"):
             assert row[side]["python_calls"] > 0 and row[side]["aten_ops"] > 0 and row[side]["operator_us"] > 0
     assert "## Where the batch-1 decoding gap comes from (CPU)" in report.gap_section(record, tmp_path / "x.json")[0]
+
+
+def test_beyond_parity_measures_every_chunked_loss_variant_and_reports_it(tmp_path):
+    """benchmarks/beyond.py at toy shapes: for each pair, the default, plain and swept loss_chunk_size each get a
+    train-step row and a peak-memory row against the reference, and each trains the reference's function."""
+    output = tmp_path / "results" / "beyond-cpu-2026-01-01.json"
+    record = beyond.main(["--profile", "smoke", "--output", str(output)])
+    assert json.loads(output.read_text()) == json.loads(json.dumps(record))
+    assert {"device", "versions", "command", "settings"} <= set(record) and record["errors"] == []
+    profile = beyond.PROFILES["smoke"]["pairs"]
+    assert set(record["pairs"]) == set(profile)
+    for name, pair in record["pairs"].items():
+        default = pair["default_loss_chunk_size"]
+        assert default > 0  # chunked unless a user asks for the plain path
+        sizes = [variant["loss_chunk_size"] for variant in pair["variants"].values()]
+        assert sizes == list(dict.fromkeys([default, 0, *profile[name]["sweep"]])), name
+        for label, variant in pair["variants"].items():
+            assert variant["loss_difference"] <= 1e-5 and variant["head_gradient_difference"] <= 1e-5, (name, label)
+            assert variant["logits_returned"] == (variant["loss_chunk_size"] == 0), (name, label)
+        rows = {(row["measure"], row["variant"]) for row in record["rows"] if row["pair"] == name}
+        assert rows == {(m, label) for m in ("train step", "train peak memory") for label in pair["variants"]}, name
+    for row in record["rows"]:
+        ratio = row.get("time_ratio", row.get("memory_ratio"))
+        assert row["technique"] == "chunked loss" and ratio > 0 and math.isfinite(ratio), row
+    text = report.build(output.parent, tmp_path / "REPORT.md")
+    assert "## Beyond parity: cpu profile\n\n- Results:" in text
+    assert "| chunked loss | gpt2 | train step, ms (loss_chunk_size 0, plain) |" in text
+    assert "\n- gpt2: memory " in text and "\n- llama: memory " in text  # the default against issue 14's target
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert "## Beyond parity: cpu profile\n\nNot measured yet" in report.build(empty, tmp_path / "EMPTY.md")
 
 
 def test_committed_report_is_current(tmp_path):
