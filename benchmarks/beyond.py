@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.measure import alternating_medians, peak_bytes, train_step_work, training_batch
-from benchmarks.pairs import KINDS, build_pair
+from benchmarks.pairs import KINDS, SMOKE_DECODER, build_pair
 from benchmarks.record import header, write
 from benchmarks.speed import error_line
 
@@ -58,15 +58,7 @@ PROFILES = {
                 sweep=[4],
             ),
             "llama": dict(
-                config=dict(
-                    hidden_size=32,
-                    num_hidden_layers=2,
-                    num_attention_heads=4,
-                    num_key_value_heads=2,
-                    intermediate_size=64,
-                    vocab_size=97,
-                    max_position_embeddings=64,
-                ),
+                config=SMOKE_DECODER,
                 batch=2,
                 length=8,
                 sweep=[],

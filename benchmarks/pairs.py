@@ -81,7 +81,7 @@ _GPU_DECODER = dict(
     hidden_size=768, num_hidden_layers=12, num_attention_heads=12, vocab_size=32000, max_position_embeddings=2048
 )
 
-_SMOKE_DECODER = dict(
+SMOKE_DECODER = dict(
     hidden_size=32,
     num_hidden_layers=2,
     num_attention_heads=4,
@@ -259,41 +259,19 @@ PROFILES = {
                 batch=2,
                 length=8,
             ),
-            "llama": dict(
-                config=dict(
-                    hidden_size=32,
-                    num_hidden_layers=2,
-                    num_attention_heads=4,
-                    num_key_value_heads=2,
-                    intermediate_size=64,
-                    vocab_size=97,
-                    max_position_embeddings=64,
-                ),
-                batch=2,
-                length=8,
-            ),
+            "llama": dict(config=SMOKE_DECODER, batch=2, length=8),
             "qwen3": dict(
-                config=dict(_SMOKE_DECODER, head_dim=8),
+                config=dict(SMOKE_DECODER, head_dim=8),
                 batch=2,
                 length=8,
             ),
             "gemma2": dict(
-                config=dict(_SMOKE_DECODER, head_dim=8, sliding_window=4),
+                config=dict(SMOKE_DECODER, head_dim=8, sliding_window=4),
                 batch=2,
                 length=8,
             ),
             "mixtral": dict(
-                config=dict(
-                    hidden_size=32,
-                    num_hidden_layers=2,
-                    num_attention_heads=4,
-                    num_key_value_heads=2,
-                    intermediate_size=64,
-                    vocab_size=97,
-                    max_position_embeddings=64,
-                    num_local_experts=4,
-                    num_experts_per_tok=2,
-                ),
+                config=dict(SMOKE_DECODER, num_local_experts=4, num_experts_per_tok=2),
                 batch=2,
                 length=8,
             ),
