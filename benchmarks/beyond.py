@@ -25,6 +25,9 @@ from benchmarks.speed import error_line
 # technique -> module; the order is the report's
 TECHNIQUES = {
     "chunked loss": "benchmarks.beyond_loss",
+    "packing": "benchmarks.beyond_packing",
+    "no host sync": "benchmarks.beyond_sync",
+    "compile": "benchmarks.beyond_compile",
 }
 
 

@@ -16,6 +16,8 @@ from transformers.generation import GenerationConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.utils import logging
 
+from .configuration_tfm_parallel import ConfigPlan, expert_parallel_plan, pipeline_parallel_plan, tensor_parallel_plan
+
 logger = logging.get_logger(__name__)
 
 POSITION_EMBEDDING_TYPES = ("learned", "sinusoidal", "rope", "alibi", "relative_bias", "none")
@@ -31,6 +33,11 @@ FFN_TYPES = ("mlp", "glu")
 def _require(condition: bool, field: str, message: str) -> None:
     if not condition:
         raise ValueError(f"Invalid `{field}`: {message}")
+
+
+def round_up_to_multiple(count: int, multiple: int | None) -> int:
+    """`count` rounded up to a multiple of `multiple`; None, 0 and 1 leave it as it is."""
+    return -(-count // multiple) * multiple if multiple and multiple > 1 else count
 
 
 # Keys besides its dataclass fields that PreTrainedConfig takes (its __post_init__ reads or pops them), that
@@ -74,7 +81,12 @@ class TfmConfig(PreTrainedConfig):
     Shared options of every hf_tfm Transformer. Field names follow the transformers models users know.
 
     Args:
-        vocab_size (`int`): number of token ids the embedding table holds.
+        vocab_size (`int`): number of token ids: the vocabulary the inputs index and the logits score.
+        pad_vocab_size_to_multiple_of (`int`, *optional*): the token table and the LM head hold `vocab_size` rounded
+            up to this multiple (64 suits GPU tensor cores), and the logits are sliced back to `vocab_size`, so every
+            output is unchanged; the padding rows are never read. None, 0 or 1: no padding. The word is that of
+            transformers' `resize_token_embeddings(pad_to_multiple_of=...)`, which here pads the same way (the
+            padding is not counted as tokens).
         hidden_size (`int`): width of the residual stream.
         num_hidden_layers (`int`): number of Transformer blocks.
         num_attention_heads (`int`): query heads per attention layer.
@@ -145,6 +157,13 @@ class TfmConfig(PreTrainedConfig):
         loss_chunk_size (`int`): language-model heads training with labels project this many scored tokens at a time
             and return the loss without logits, never holding the `[tokens, vocab]` logits or their gradient whole
             (`modeling_tfm_loss.py`); in eval mode, and with 0, they compute the full logits as transformers does.
+        check_input_values (`bool`): read the inputs' values to name a bad one (a token id outside the vocabulary, a
+            token type outside `type_vocab_size`, a position outside the position table) in a `ValueError`. Reading a
+            value is a host-device synchronisation on an accelerator, so it is done on a forward that starts a
+            sequence or feeds several tokens (training, evaluation, the prompt of `generate()`), never on a decode
+            step's single token (which the model sampled from its own vocabulary); a position past the table is still
+            named at the step that reaches it, where the host knows the cache length. False skips every value check
+            (production serving); shape checks never read values and always run.
 
         > Mixture of Experts (every paradigm; `num_experts=0` keeps every layer dense)
 
@@ -173,6 +192,7 @@ class TfmConfig(PreTrainedConfig):
     keys_to_ignore_at_inference: ClassVar[list[str]] = ["past_key_values"]
 
     vocab_size: int = 32000
+    pad_vocab_size_to_multiple_of: int | None = None
     hidden_size: int = 768
     num_hidden_layers: int = 12
     num_attention_heads: int = 12
@@ -219,6 +239,7 @@ class TfmConfig(PreTrainedConfig):
     scale_lm_head_input: bool = False
     use_pooler: bool = True
     loss_chunk_size: int = 1024
+    check_input_values: bool = True
     num_experts: int = 0
     num_experts_per_tok: int = 2
     moe_intermediate_size: int | None = None
@@ -283,6 +304,12 @@ class TfmConfig(PreTrainedConfig):
             _require(value is None or value > 0, field, f"must be a positive integer or None, got {value}")
         for field in ("type_vocab_size", "position_offset", "loss_chunk_size"):
             _require(getattr(self, field) >= 0, field, f"must be >= 0, got {getattr(self, field)}")
+        multiple = self.pad_vocab_size_to_multiple_of
+        _require(
+            multiple is None or multiple >= 0,
+            "pad_vocab_size_to_multiple_of",
+            f"must be a positive integer (None, 0 or 1: no padding), got {multiple}",
+        )
         for field in ("relative_attention_num_buckets", "relative_attention_max_distance"):
             _require(getattr(self, field) > 0, field, f"must be a positive integer, got {getattr(self, field)}")
         if self.head_dim is None:
@@ -433,6 +460,10 @@ class TfmConfig(PreTrainedConfig):
         if name == "num_hidden_layers" and kinds and len(set(kinds)) == 1 and len(kinds) != value:
             super().__setattr__("layer_types", [kinds[0]] * value)
 
+    def padded_vocab_size(self) -> int:
+        """Rows of the token table and the LM head: `vocab_size` rounded up to `pad_vocab_size_to_multiple_of`."""
+        return round_up_to_multiple(self.vocab_size, self.pad_vocab_size_to_multiple_of)
+
     def layer_type(self, layer_idx: int) -> str:
         """A layer's attention kind (an encoder-decoder has no `layer_types`: all full)."""
         if self.layer_types is None:
@@ -459,6 +490,15 @@ class TfmConfig(PreTrainedConfig):
         if self.moe_layers is not None:
             return layer_idx in self.moe_layers
         return layer_idx not in self.mlp_only_layers and (layer_idx + 1) % self.decoder_sparse_step == 0
+
+    def stacks(self) -> list[tuple[str, int, bool]]:
+        """Each stack of the base model: (its name prefix there, its depth, whether it has cross-attention)."""
+        return [("", self.num_hidden_layers, False)]
+
+    # transformers reads these on the config instance; they follow its fields (configuration_tfm_parallel.py)
+    base_model_tp_plan = ConfigPlan(tensor_parallel_plan)
+    base_model_ep_plan = ConfigPlan(expert_parallel_plan)
+    base_model_pp_plan = ConfigPlan(pipeline_parallel_plan)
 
     def convert_rope_params_to_dict(self, **kwargs):
         # transformers 5.17 gives a nested dict (one per layer type) a top-level `rope_theta` and then fails to
@@ -563,6 +603,11 @@ class TfmEncoderDecoderConfig(TfmConfig):
     is_encoder_decoder: bool = True
     decoder_layers: int | None = None
     decoder_start_token_id: int | None = None
+
+    def stacks(self) -> list[tuple[str, int, bool]]:
+        # `get_text_config(decoder=True)` gives a view whose `num_hidden_layers` is the decoder's and no decoder_layers
+        decoder_layers = self.decoder_layers or self.num_hidden_layers
+        return [("encoder.", self.num_hidden_layers, False), ("decoder.", decoder_layers, True)]
 
     def __post_init__(self, **kwargs):
         if self.decoder_layers is None:

@@ -119,7 +119,7 @@ def load_exact(
     With `tie`, a head tied by the config may be absent and is re-tied after loading; without, every tensor
     is loaded as given (for a target whose config claims a tie its weights do not have: T5). `generation_config`
     (the source model's) is copied onto the model; `may_miss` names weights the caller sets itself."""
-    result = model.load_state_dict(state_dict, strict=False)
+    result = model.load_state_dict(without_vocab_padding(model, state_dict), strict=False)
     tied = {"lm_head.weight"} if tie and getattr(model.config, "tie_word_embeddings", False) else set()
     missing = set(result.missing_keys) - tied - may_miss
     if missing or result.unexpected_keys:
@@ -132,6 +132,21 @@ def load_exact(
     if generation_config is not None:
         model.generation_config = copy.deepcopy(generation_config)
     return model.eval()
+
+
+def without_vocab_padding(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`state` with the padding rows of hf_tfm's padded token tables (`pad_vocab_size_to_multiple_of`) cut off where
+    `model` holds only the real `vocab_size` rows: the reference classes on the way back. The padding is never read,
+    so nothing the model computes is lost; the config conversion has already checked both `vocab_size` agree."""
+    vocab, expected = getattr(model.config, "vocab_size", None), model.state_dict()
+    fitted = {}
+    for key, tensor in state.items():
+        target = expected.get(key)
+        if target is not None and target.dim() == tensor.dim() and target.shape != tensor.shape:
+            if all(want == have or want == vocab < have for want, have in zip(target.shape, tensor.shape)):
+                tensor = tensor[tuple(slice(want) for want in target.shape)]  # BART's final_logits_bias is [1, vocab]
+        fitted[key] = tensor
+    return fitted
 
 
 def renamed_model(model: nn.Module, target: nn.Module, renames: dict[str, str]) -> nn.Module:
@@ -175,6 +190,15 @@ MOE_FIELDS = (
     "router_aux_loss_coef", "router_z_loss_coef", "router_bias_update_rate", "capacity_factor",
     "output_router_logits",
 )  # fmt: skip
+
+
+# TfmConfig fields that choose how an hf_tfm model computes, not what: no reference class has them, the way there
+# leaves them at their defaults, and the way back drops them without changing any output
+COMPUTATION_CHOICES = {
+    "pad_vocab_size_to_multiple_of": "the token tables' padding rows are never read (and are not converted)",
+    "loss_chunk_size": "the same loss, computed a chunk of tokens at a time",
+    "check_input_values": "whether bad inputs are named in an error; a valid input's output is the same",
+}
 
 
 def unread_fields(config: TfmConfig) -> dict[str, str]:
@@ -223,15 +247,16 @@ def converted_config(config, to_other, back, irrelevant: dict[str, str] | None =
     drops or cannot represent comes back changed and is named in the error, a field added to either config class
     included. Not compared: `NOT_ARCHITECTURE`, the `DECLARED_WHERE_READ` keys `config`'s class does not declare,
     and `irrelevant`: the fields (with the reason) that may change because the architecture never reads them
-    (Qwen2's `max_window_layers` without a sliding window). From an hf_tfm config, `unread_fields` are not compared
-    either, and the default attention scale may be given either way. A key absent on one side equals None."""
+    (Qwen2's `max_window_layers` without a sliding window). From an hf_tfm config, `unread_fields` and
+    `COMPUTATION_CHOICES` are not compared either, and the default attention scale may be given either way. A key
+    absent on one side equals None."""
     other = to_other(config)
     before, after = config.to_dict(), back(other).to_dict()
     declared = {field.name for field in dataclasses.fields(config)}
     skip = NOT_ARCHITECTURE | (DECLARED_WHERE_READ - declared) | set(irrelevant or {})
     if isinstance(config, TfmConfig):
         before, after = _normal_form(before), _normal_form(after)
-        skip |= set(unread_fields(config))
+        skip |= set(unread_fields(config)) | set(COMPUTATION_CHOICES)
     lost = sorted(key for key in before.keys() | after.keys() if key not in skip and before.get(key) != after.get(key))
     if lost:
         details = ", ".join(f"{key}={_shown(before, key)} (comes back as {_shown(after, key)})" for key in lost)

@@ -14,6 +14,11 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+try:
+    from torch.distributed.tensor import DTensor
+except ImportError:  # torch built without distributed: nothing is sharded
+    DTensor = ()
 from transformers.cache_utils import Cache
 from transformers.generation import GenerationMixin
 from transformers.loss.loss_utils import ForCausalLMLoss, ForMaskedLMLoss
@@ -60,6 +65,12 @@ TfmTokenClassifierOutput = with_router_outputs(TokenClassifierOutput, "TfmTokenC
 TfmQuestionAnsweringOutput = with_router_outputs(QuestionAnsweringModelOutput, "TfmQuestionAnsweringOutput")
 
 # ---------------------------------------------------------------------------------------------- the head pattern
+
+
+def is_sharded(tensor: torch.Tensor) -> bool:
+    """A DTensor (a tensor-parallel slice). transformers' `is_dtensor` is behind an lru_cache, which torch.compile
+    warns about on every graph."""
+    return isinstance(tensor, DTensor)
 
 
 class TfmHead(TfmPreTrainedModel):
@@ -118,10 +129,14 @@ class TfmHead(TfmPreTrainedModel):
     ) -> dict:
         """A language-model head's fields from its final hidden states. Training with labels: the loss alone, the
         vocabulary projected a chunk of `loss_chunk_size` tokens at a time (logits None: Trainer's training step
-        reads only the loss). Otherwise (evaluation, generation, `loss_chunk_size=0`): the logits, and their loss
-        by `loss_function` when labels are given. Both paths give the same loss and gradients."""
+        reads only the loss). Otherwise (evaluation, generation, `loss_chunk_size=0`, tensor parallelism): the
+        logits, and their loss by `loss_function` when labels are given. Both paths give the same loss and
+        gradients."""
         config = self.config
-        if labels is not None and self.training and config.loss_chunk_size > 0:
+        # a tensor-parallel head holds a slice of the vocabulary (a DTensor), which its module's hooks gather into
+        # logits: the chunked loss, reading the weight itself, would mix that slice with local tensors
+        chunked = config.loss_chunk_size > 0 and not is_sharded(output_layer.weight)
+        if labels is not None and self.training and chunked:
             if loss_function is ForCausalLMLoss:  # each token scores its successor
                 hidden, labels = hidden[:, :-1], labels[:, 1:]
             loss = linear_cross_entropy(
@@ -130,6 +145,7 @@ class TfmHead(TfmPreTrainedModel):
                 output_layer.bias,
                 labels,
                 config.loss_chunk_size,
+                vocab_size=config.vocab_size,
                 scale=config.hidden_size**-0.5 if config.scale_lm_head_input else 1.0,
                 softcap=config.final_logit_softcapping,
                 **kwargs,
@@ -235,6 +251,9 @@ class TfmDecoderForCausalLM(TfmDecoderHead, GenerationMixin):
     task_layer = "lm_head"
     output_class = MoeCausalLMOutputWithPast
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    # the vocabulary sharded as the token table is (tied, they are one tensor), the logits gathered: Llama's plans
+    _tp_plan = {"lm_head": "colwise_gather_output"}
+    _pp_plan = {"lm_head": (["hidden_states"], ["logits"])}
 
     def build_task_layer(self, config):
         return make_lm_head(config)
@@ -378,6 +397,7 @@ class TfmEncoderForMaskedLM(TfmEncoderHead):
     task_layer = "lm_head"
     output_class = TfmMaskedLMOutput
     _tied_weights_keys = {"lm_head.decoder.weight": "model.embed_tokens.weight"}
+    _tp_plan = {"lm_head.decoder": "colwise_gather_output"}  # as TfmDecoderForCausalLM's lm_head
 
     def build_task_layer(self, config):
         return TfmMaskedLMHead(config)
@@ -453,12 +473,17 @@ class TfmEncoderDecoderModel(TfmPreTrainedModel):
 
     def __init__(self, config: TfmEncoderDecoderConfig):
         super().__init__(config)
-        self.shared = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.shared = nn.Embedding(config.padded_vocab_size(), config.hidden_size)
         self.encoder = TfmStack(config, is_causal=False, embed_tokens=self.shared)
         self.decoder = TfmStack(
             config, is_causal=True, cross_attention=True, num_layers=config.decoder_layers, embed_tokens=self.shared
         )
         self.post_init()
+
+    def init_parallel_plans(self) -> None:
+        super().init_parallel_plans()
+        # transformers 5.17 adds an `embed_tokens` rule to the plan of a tied config; this body's table is `shared`
+        self._tp_plan.pop("embed_tokens", None)
 
     def get_input_embeddings(self):
         return self.shared
@@ -526,6 +551,7 @@ class TfmEncoderDecoderForConditionalGeneration(TfmHead, GenerationMixin):
     task_layer = "lm_head"
     output_class = Seq2SeqMoEOutput
     _tied_weights_keys = {"lm_head.weight": "model.shared.weight"}
+    _tp_plan = {"lm_head": "colwise_gather_output"}  # as TfmDecoderForCausalLM's
 
     def build_body(self, config):
         return TfmEncoderDecoderModel(config)

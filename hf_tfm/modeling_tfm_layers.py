@@ -382,14 +382,16 @@ class TfmMaskedLMHead(nn.Module):
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.act_fn = ACT2FN[config.hidden_act]
         self.norm = make_norm(config)
-        self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
+        self.decoder = nn.Linear(config.hidden_size, config.padded_vocab_size())
+        self.config = config  # the model's own: resize_token_embeddings changes its vocab_size
 
     def transform(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """Everything before the vocabulary projection."""
         return self.norm(self.act_fn(self.dense(hidden_states)))
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.decoder(self.transform(hidden_states))
+        # the real tokens' logits only, without the padding rows of the table (pad_vocab_size_to_multiple_of)
+        return self.decoder(self.transform(hidden_states))[..., : self.config.vocab_size]
 
 
 # --------------------------------------------------------------------------------------------- mixture of experts
@@ -429,8 +431,9 @@ class TfmRouter(nn.Module):
         if self.capacity_factor is not None:
             top_k_weights = top_k_weights * self.within_capacity(top_k_index)
         if self.balancing and self.training:
-            with torch.no_grad():
-                self.tokens_per_expert += torch.bincount(top_k_index.flatten(), minlength=self.num_experts)
+            with torch.no_grad():  # not bincount, which reads the largest id to size its output (a device sync)
+                picks = top_k_index.flatten()
+                self.tokens_per_expert.index_add_(0, picks, torch.ones_like(picks, dtype=self.tokens_per_expert.dtype))
         return router_logits, top_k_weights, top_k_index
 
     def within_capacity(self, top_k_index: torch.Tensor) -> torch.Tensor:
@@ -445,9 +448,8 @@ class TfmRouter(nn.Module):
     @torch.no_grad()
     def update_bias(self, rate: float) -> None:
         """Move each expert's bias against its load since the last update (under-loaded up, over-loaded down)."""
-        load = self.tokens_per_expert
-        if load.sum() > 0:
-            self.expert_bias += rate * torch.sign(load.mean() - load)
+        load = self.tokens_per_expert  # no load (nothing routed) moves nothing: sign(0) = 0, without a device sync
+        self.expert_bias += rate * torch.sign(load.mean() - load)
         load.zero_()
 
 
@@ -468,8 +470,10 @@ class TfmExperts(nn.Module):
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
         output = torch.zeros_like(hidden_states)
         with torch.no_grad():
-            routed = nn.functional.one_hot(top_k_index, num_classes=self.num_experts).permute(2, 1, 0)  # [E, k, T]
-            hit = torch.greater(routed.sum(dim=(-1, -2)), 0).nonzero()
+            # under expert parallelism `num_experts` counts this rank's experts, and index `num_experts` marks a
+            # route to another rank's (weight 0): skipped, as Mixtral's experts do
+            routed = nn.functional.one_hot(top_k_index, num_classes=self.num_experts + 1).permute(2, 1, 0)  # [E+1,k,T]
+            hit = torch.greater(routed[: self.num_experts].sum(dim=(-1, -2)), 0).nonzero()
         for expert in hit:
             expert = expert[0]
             slot, token = torch.where(routed[expert])

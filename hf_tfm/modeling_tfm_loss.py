@@ -9,12 +9,16 @@ import torch
 
 class ChunkedLinearCrossEntropy(torch.autograd.Function):
     """Summed cross-entropy of `softcap(scale * hidden @ weight.T + bias)` against `labels`, over the labels that are
-    not `ignore_index`.
+    not `ignore_index`, and over the first `vocab_size` logits: rows of `weight` past them are the padding of a
+    padded table (`pad_vocab_size_to_multiple_of`), projected (the matmuls keep the padded width) but never scored,
+    and their gradient is 0.
     The gradients are computed chunk by chunk in the forward pass (when autograd will want them) and scaled by the
     incoming gradient in backward: one pass over the vocabulary instead of a forward and a recomputation."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, scale, softcap, chunk_size: int, ignore_index: int, masked: bool):
+    def forward(
+        ctx, hidden, weight, bias, labels, scale, softcap, chunk_size: int, ignore_index: int, masked: bool, vocab_size
+    ):
         wants = any(ctx.needs_input_grad[:3])  # autograd will ask for a gradient
         grad_hidden = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
         # accumulated in place (addmm_): a `+=` would allocate a [vocab, hidden] temporary per chunk
@@ -24,7 +28,9 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
         for start in range(0, hidden.shape[0], chunk_size):
             rows = slice(start, start + chunk_size)
             inputs = hidden[rows] * scale if scale != 1.0 else hidden[rows]
-            logits = torch.nn.functional.linear(inputs, weight, bias).float()
+            logits = padded = torch.nn.functional.linear(inputs, weight, bias).float()
+            if vocab_size < padded.shape[-1]:
+                logits = padded[:, :vocab_size]
             if softcap is not None:
                 capped = torch.tanh(logits / softcap)
                 logits = capped * softcap
@@ -37,11 +43,18 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
                 continue
             # d(loss)/d(logits) = softmax - one_hot(target), through the cap's 1 - tanh^2, written over the logits
             grad_logits = logits.sub_(log_normaliser[:, None]).exp_()
-            grad_logits[torch.arange(target.shape[0], device=target.device), target] -= 1.0
+            if masked:  # one fused elementwise pass for inductor, where an indexed write is a pass of its own
+                hit = torch.arange(grad_logits.shape[-1], device=grad_logits.device) == target[:, None]
+                grad_logits = torch.where(scored[:, None], grad_logits - hit.to(grad_logits.dtype), 0.0)
+            else:
+                grad_logits[torch.arange(target.shape[0], device=target.device), target] -= 1.0
             if softcap is not None:
                 grad_logits.mul_(1.0 - capped * capped)
-            if masked:
-                grad_logits.mul_(scored[:, None])
+            if vocab_size < padded.shape[-1]:  # back to the padded width, the padding's gradient 0
+                if softcap is not None or masked:  # else grad_logits was written over `padded` already
+                    padded[:, :vocab_size] = grad_logits
+                padded[:, vocab_size:] = 0.0
+                grad_logits = padded
             # in the weight's dtype: under autocast the hidden states may be bf16 while the weight stays fp32, and the
             # in-place addmm_ is not autocast
             grad_logits = grad_logits.to(weight.dtype)
@@ -58,7 +71,7 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         grads = [None if grad is None else grad.mul_(grad_output.to(grad.dtype)) for grad in ctx.saved_tensors]
-        return *grads, None, None, None, None, None, None
+        return *grads, None, None, None, None, None, None, None
 
 
 def linear_cross_entropy(
@@ -69,6 +82,7 @@ def linear_cross_entropy(
     chunk_size: int,
     num_items_in_batch=None,
     ignore_index: int = -100,
+    vocab_size: int | None = None,
     scale: float = 1.0,
     softcap: float | None = None,
     **kwargs,
@@ -76,14 +90,16 @@ def linear_cross_entropy(
     """transformers' `fixed_cross_entropy` of the projected `hidden` ([..., hidden]) against `labels` ([...]): the
     mean over scored labels, or their sum over Trainer's `num_items_in_batch`; 0 (with zero gradients) when no
     label is scored. In eager mode only the scored tokens are projected (a masked-LM batch scores about 15% of
-    them); under torch.compile every token is, masked, since a data-dependent selection would break the graph."""
+    them); under torch.compile every token is, masked, since a data-dependent selection would break the graph.
+    `vocab_size` (default: every row of `weight`) is the number of real tokens of a padded table."""
     hidden, labels = hidden.reshape(-1, hidden.shape[-1]), labels.reshape(-1).to(hidden.device)
     scored = labels != ignore_index
     masked = torch.compiler.is_compiling()
     if not masked:
         hidden, labels = hidden[scored], labels[scored]
+    vocab_size = weight.shape[0] if vocab_size is None else vocab_size
     total = ChunkedLinearCrossEntropy.apply(
-        hidden, weight, bias, labels, scale, softcap, chunk_size, ignore_index, masked
+        hidden, weight, bias, labels, scale, softcap, chunk_size, ignore_index, masked, vocab_size
     )
     if num_items_in_batch is None:
         return total / scored.sum().clamp(min=1)

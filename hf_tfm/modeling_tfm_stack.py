@@ -13,6 +13,7 @@ from transformers.masking_utils import (
     create_bidirectional_sliding_window_mask,
     create_causal_mask,
     create_sliding_window_causal_mask,
+    packed_sequence_mask_function,
 )
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPoolingAndCrossAttentions
@@ -21,9 +22,10 @@ from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_fun
 from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs
 from transformers.utils.generic import merge_with_config_defaults
-from transformers.utils.output_capturing import OutputRecorder, capture_outputs
+from transformers.utils.output_capturing import OutputRecorder, capture_outputs, maybe_install_capturing_hooks
 
-from .configuration_tfm import TfmConfig
+from .configuration_tfm import TfmConfig, round_up_to_multiple
+from .configuration_tfm_parallel import check_parallel_layout
 from .modeling_tfm_layers import (
     TfmAlibiBias,
     TfmAttention,
@@ -164,6 +166,26 @@ class ExpertsSettable:
         return (lambda: True) if instance is None else self.method.__get__(instance, owner)
 
 
+def sum_over_data_parallel_ranks(model: nn.Module, tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` summed over the ranks that train `model` on different batches. A model sharded at load time
+    (`from_pretrained(..., distributed_config=...)`) names them in its device mesh (the "dp_replicate" and "fsdp"
+    dimensions: tensor-parallel ranks share a batch, pipeline stages hold different layers); under DDP or a
+    `fully_shard` of one's own, every process is a data-parallel replica. One process returns `tensor` as it is."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return tensor
+    mesh_manager = getattr(model, "_mesh_manager", None)  # set by transformers' distributed loading
+    if mesh_manager is None:
+        if torch.distributed.get_world_size() > 1:
+            torch.distributed.all_reduce(tensor)
+        return tensor
+    from torch.distributed.tensor import DTensor, Partial
+
+    mesh = mesh_manager.get_mesh(("dp_replicate", "fsdp"))
+    if mesh.size() == 1:
+        return tensor
+    return DTensor.from_local(tensor, mesh, [Partial()] * mesh.ndim).full_tensor()
+
+
 class TfmPreTrainedModel(PreTrainedModel):
     config: TfmConfig
     base_model_prefix = "model"
@@ -189,10 +211,23 @@ class TfmPreTrainedModel(PreTrainedModel):
         # A model answers from its config: yes exactly when it has MoE layers.
         return self.config.has_moe_layers()
 
-    def create_masks_for_generate(self, attention_mask=None, **kwargs):
-        # generate() would prepare static-cache masks with transformers' defaults; the stack builds its own (each
-        # layer type's, and the full mask a position bias adds to), so the padding mask is passed on as it is
-        return attention_mask
+    @classmethod
+    def maybe_distribute_model(cls, model, distributed_config, *args, **kwargs):
+        # the parallel sizes are known only now: a layout the config's plans would shard wrongly is refused by field
+        if distributed_config is not None:
+            check_parallel_layout(model.config, distributed_config)
+        return super().maybe_distribute_model(model, distributed_config, *args, **kwargs)
+
+    def create_masks_for_generate(self, inputs_embeds, attention_mask=None, past_key_values=None, **kwargs):
+        # generate() calls this for a static cache, the one whose decode step it compiles, so that each step gets masks
+        # of the cache's full length: a padding mask passed on as it is grows by a token per step, and the compiled
+        # step would recompile at every token for its new shape (and run eagerly once dynamo gives up). The masks are
+        # the generating stack's own (each layer type's, and the full mask a position bias adds to), built as its
+        # forward builds them.
+        stack = self.model.decoder if self.config.is_encoder_decoder else self.model
+        if isinstance(past_key_values, EncoderDecoderCache):
+            past_key_values = past_key_values.self_attention_cache
+        return stack.build_masks(inputs_embeds, attention_mask, past_key_values)
 
     def _sdpa_can_dispatch(self, is_init_check: bool = False) -> bool:
         # sdpa cannot soft-cap attention scores: refused when asked for, and the default falls back to eager
@@ -234,10 +269,16 @@ class TfmPreTrainedModel(PreTrainedModel):
     @torch.no_grad()
     def update_router_biases(self) -> None:
         """Auxiliary-loss-free balancing: after an optimizer step, move every router's expert bias against the load
-        it saw since the last call (`RouterBiasCallback` does this under Trainer)."""
-        for module in self.modules():
-            if isinstance(module, TfmRouter) and module.balancing:
-                module.update_bias(self.config.router_bias_update_rate)
+        it saw since the last call (`RouterBiasCallback` does this under Trainer). Under data parallelism the loads
+        are summed over the data-parallel ranks first, so every replica moves its biases alike: every rank must
+        call this after the same optimizer step."""
+        routers = [module for module in self.modules() if isinstance(module, TfmRouter) and module.balancing]
+        if not routers:
+            return
+        loads = sum_over_data_parallel_ranks(self, torch.stack([router.tokens_per_expert for router in routers]))
+        for router, load in zip(routers, loads):
+            router.tokens_per_expert.copy_(load)
+            router.update_bias(self.config.router_bias_update_rate)
 
     def wants_router_logits(self, kwargs: dict, labels) -> bool:
         """Whether a head asks its stacks for router logits (and reports them with the aux loss): an MoE model given
@@ -298,7 +339,8 @@ class TfmPreTrainedModel(PreTrainedModel):
         """The load-balancing loss (Switch/Mixtral, over all MoE layers, padding excluded) and the ST-MoE z-loss
         (mean squared log-sum-exp of the router logits over real tokens, summed over layers; 0.0 unless
         `with_z_loss`, so that a model trained without it does not pay for it)."""
-        mask = attention_mask if attention_mask is not None and attention_mask.dim() == 2 else None
+        # 2D padding masks only: not prepared 4D masks, nor the per-layer-type masks a static-cache generate() passes
+        mask = attention_mask if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2 else None
         aux = load_balancing_loss_func(router_logits, self.config.num_experts, self.config.num_experts_per_tok, mask)
         weights = mask.reshape(-1).float() if mask is not None else None
         z_loss = 0.0
@@ -328,17 +370,48 @@ class TfmPreTrainedModel(PreTrainedModel):
         load = super().from_pretrained
         return load_checked(load, pretrained_model_name_or_path, *model_args, strict=strict, **kwargs)
 
+    def resize_token_embeddings(self, new_num_tokens=None, pad_to_multiple_of=None, mean_resizing=True):
+        """transformers' `resize_token_embeddings`, keeping the vocabulary apart from the tables' padding:
+        `config.vocab_size` becomes `new_num_tokens` (the tokens the logits score), and the token table and LM head
+        hold it rounded up to `pad_to_multiple_of`, by default the config's `pad_vocab_size_to_multiple_of` (which
+        is set to it, so a padded model stays padded). transformers counts the padding rows as tokens instead: they
+        get logits, and generate() may pick them."""
+        if new_num_tokens is None and pad_to_multiple_of is None:
+            return self.get_input_embeddings()
+        arguments = (("new_num_tokens", new_num_tokens, 1), ("pad_to_multiple_of", pad_to_multiple_of, 0))
+        for name, value, least in arguments:
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < least):
+                raise ValueError(f"{name} must be an integer >= {least} or None, got {value!r}")
+        config = self.config
+        vocab = config.vocab_size if new_num_tokens is None else new_num_tokens
+        multiple = config.pad_vocab_size_to_multiple_of if pad_to_multiple_of is None else pad_to_multiple_of
+        rows = round_up_to_multiple(vocab, multiple)
+        embeddings = super().resize_token_embeddings(rows, mean_resizing=mean_resizing)
+        config.vocab_size, config.pad_vocab_size_to_multiple_of = vocab, multiple
+        self.vocab_size = vocab
+        return embeddings
+
     def push_to_hub(self, repo_id: str, **kwargs):
         """transformers' `push_to_hub` (same keyword arguments), publishing hf_tfm's model card unless the repo
         already has a card to keep (a training run's with its results, or the user's own)."""
         return push_with_card(self, super().push_to_hub, repo_id, **kwargs)
 
 
-def check_ids(name: str, ids: torch.Tensor | None, limit: int, what: str) -> None:
-    if ids is not None and ids.numel() > 0:
-        low, high = (int(bound) for bound in torch.aminmax(ids))  # one op: one device sync, not two
-        if low < 0 or high >= limit:
-            raise ValueError(f"{name} contains id {low if low < 0 else high}, outside {what} [0, {limit})")
+def reads_input_values(config: TfmConfig, past_length: int | torch.Tensor, length: int) -> bool:
+    """Whether a forward reads its inputs' values to check them, which is a host-device synchronisation on an
+    accelerator: on a forward that starts a sequence (nothing cached: training, evaluation, generate()'s prompt) or
+    feeds several tokens (a prompt continued on a cache, assisted decoding's candidates), never on a decode step's
+    single token, which the model sampled from its own vocabulary. A static cache counts its tokens in a device
+    tensor: unknown on the host, so one token on an initialised static cache counts as a decode step."""
+    if not config.check_input_values:
+        return False
+    return length > 1 or (isinstance(past_length, int) and past_length == 0)
+
+
+def read_bounds(tensors: list[torch.Tensor]) -> list[list[int]]:
+    """Each tensor's [min, max], brought to the host together: one device synchronisation however many tensors."""
+    device = tensors[0].device
+    return torch.stack([torch.stack(torch.aminmax(tensor)).to(device, torch.long) for tensor in tensors]).tolist()
 
 
 def check_input_shapes(config: TfmConfig, input_ids, inputs_embeds, prefix: str = "") -> None:
@@ -371,17 +444,18 @@ def check_inputs(
     attention_mask,
     position_ids,
     token_type_ids,
-    past_length: int,
+    past_length: int | torch.Tensor,
     batch: int,
     length: int,
     prefix: str = "",
 ):
     """Turn bad input into an error that names it, instead of an index error deep in an embedding (or a silent
     wrong answer). `prefix` is how the caller spells the arguments ("decoder_" for an encoder-decoder's decoder).
-    Skipped under torch.compile, where data-dependent checks would break the graph."""
+    Shapes are checked on every forward; values (ids, token types, absolute positions) where `reads_input_values`
+    says, all read in one synchronisation. Skipped under torch.compile, where data-dependent checks would break the
+    graph."""
     if torch.compiler.is_compiling():
         return
-    check_ids(f"{prefix}input_ids", input_ids, config.vocab_size, "the vocabulary")
     if token_type_ids is not None:
         if config.type_vocab_size == 0:
             raise ValueError(
@@ -389,22 +463,46 @@ def check_inputs(
             )
         if tuple(token_type_ids.shape) != (batch, length):
             raise ValueError(f"token_type_ids have shape {tuple(token_type_ids.shape)}, expected {(batch, length)}")
-        check_ids("token_type_ids", token_type_ids, config.type_vocab_size, "the token types (type_vocab_size)")
     if attention_mask is not None and not isinstance(attention_mask, dict):  # a dict: prepared masks per layer type
-        expected = (batch, past_length + length)
         # 2D padding masks, or 4D masks already prepared (transformers' masking utils pass those on as they are)
         padding_mask = attention_mask.dim() == 2
-        if attention_mask.dim() not in (2, 4) or (padding_mask and tuple(attention_mask.shape) != expected):
+        if isinstance(past_length, int):
+            wrong = padding_mask and tuple(attention_mask.shape) != (batch, past_length + length)
+            expected = f"{(batch, past_length + length)} (batch, cached tokens {past_length} + new tokens {length})"
+        else:  # a static cache's length is a device tensor: comparing it would synchronise
+            wrong = padding_mask and (attention_mask.shape[0] != batch or attention_mask.shape[1] < length)
+            expected = f"(batch {batch}, cached tokens + new tokens {length})"
+        if attention_mask.dim() not in (2, 4) or wrong:
             raise ValueError(
-                f"{prefix}attention_mask has shape {tuple(attention_mask.shape)}, expected {expected} "
-                f"(batch, cached tokens {past_length} + new tokens {length}), or a prepared 4D mask"
+                f"{prefix}attention_mask has shape {tuple(attention_mask.shape)}, expected {expected}, "
+                "or a prepared 4D mask"
             )
     if position_ids.dim() != 2 or position_ids.shape[0] not in (1, batch) or position_ids.shape[1] != length:
         raise ValueError(
             f"{prefix}position_ids has shape {tuple(position_ids.shape)}, expected {(batch, length)} or {(1, length)}"
         )
-    if config.position_embedding_type in ("learned", "sinusoidal") and position_ids.numel() > 0:
-        low, high = (int(bound) for bound in torch.aminmax(position_ids))  # one op: one device sync, not two
+
+    read_values = reads_input_values(config, past_length, length)
+    ids = {}  # argument -> (ids, how many values it has, what they index)
+    if read_values:
+        ids[f"{prefix}input_ids"] = (input_ids, config.vocab_size, "the vocabulary")
+        ids["token_type_ids"] = (token_type_ids, config.type_vocab_size, "the token types (type_vocab_size)")
+    ids = {name: entry for name, entry in ids.items() if entry[0] is not None and entry[0].numel() > 0}
+    tensors = [entry[0] for entry in ids.values()]
+    # a decode step's positions count the tokens so far (generate()'s and the default ones alike), so they pass the
+    # table only once the host-known length does: that step still gets its error, without a sync on the others
+    beyond = isinstance(past_length, int) and past_length + length > config.max_position_embeddings
+    table = config.position_embedding_type in ("learned", "sinusoidal") and position_ids.numel() > 0
+    if table and (read_values or (config.check_input_values and beyond)):
+        tensors.append(position_ids)
+    if not tensors:
+        return
+    bounds = read_bounds(tensors)
+    for (name, (_, limit, what)), (low, high) in zip(ids.items(), bounds):
+        if low < 0 or high >= limit:
+            raise ValueError(f"{name} contains id {low if low < 0 else high}, outside {what} [0, {limit})")
+    if len(bounds) > len(ids):
+        low, high = bounds[-1]
         lowest = -1 if config.position_ids_from_padding else 0  # -1: padding, which reads the padding row
         if low < lowest:
             raise ValueError(f"{prefix}position_ids contains position {low}: positions must be >= {lowest}")
@@ -448,7 +546,7 @@ class TfmStack(TfmPreTrainedModel):
         self.is_causal = is_causal
         self.cross_attention = cross_attention  # only an encoder-decoder's decoder attends to another stack
         if embed_tokens is None:
-            self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+            self.embed_tokens = nn.Embedding(config.padded_vocab_size(), config.hidden_size)
         else:
             share_embeddings(self, embed_tokens)
         position = config.position_embedding_type
@@ -482,6 +580,13 @@ class TfmStack(TfmPreTrainedModel):
         self.gradient_checkpointing = False
         self.post_init()
 
+    def init_parallel_plans(self) -> None:
+        super().init_parallel_plans()
+        if self.config.is_encoder_decoder:
+            # a stack of an encoder-decoder is part of the body, whose plans (the config's) name both stacks by
+            # prefix: transformers would give each stack the body's plans again, and a rule for the table it shares
+            self._tp_plan, self._ep_plan, self._pp_plan = {}, {}, {}
+
     def embed(self, input_ids, inputs_embeds, position_ids, token_type_ids) -> torch.Tensor:
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
@@ -497,15 +602,66 @@ class TfmStack(TfmPreTrainedModel):
             hidden_states = self.embed_norm(hidden_states)
         return maybe_dropout(self.embed_dropout, hidden_states)
 
-    def build_masks(self, inputs_embeds, attention_mask, past_key_values, position_ids) -> dict:
-        """The mask of each layer type in use, from transformers' mask helpers (sliding ones for sliding layers)."""
+    def packed_sequence_ids(self, position_ids, attention_mask, past_key_values, batch: int) -> torch.Tensor | None:
+        """Which example each token belongs to [batch, length] when rows hold several examples back to back, as
+        DataCollatorWithFlattening lays them out: position_ids given by the caller that restart (fall back) inside
+        a row, with no attention_mask and nothing cached. None for an ordinary batch, and for positions the stack
+        makes itself. Positions that only jump ahead (a shifted or stretched row) stay one example: transformers'
+        own detection (`find_packed_sequence_indices`, used by its causal mask helpers) cuts at any step but +1 and
+        would make each such token an example of its own."""
+        compiling = torch.compiler.is_compiling()  # traced, the detection cannot answer "not packed"
+        if position_ids is None or attention_mask is not None:
+            return None
+        if position_ids.dim() != 2 or position_ids.shape[0] not in (1, batch):
+            return None  # check_inputs names the wrong shape
+        if position_ids.shape[1] == 1:  # one token is one example (and a decode step: a static cache's length below
+            return None  # is a device tensor, comparing it would be a host sync per step)
+        if past_key_values is not None and (compiling or past_key_values.get_seq_length() > 0):
+            return None  # continuing cached sequences
+        if compiling and self.cross_attention:
+            return None
+        positions = position_ids.expand(batch, -1)
+        steps = torch.diff(positions, dim=-1, prepend=positions[:, :1] - 1)
+        sequence_ids = (steps <= 0).cumsum(-1)
+        if not compiling and not sequence_ids[:, -1].any():  # one host sync, as transformers' detection
+            return None
+        if self.cross_attention:
+            raise ValueError(
+                "decoder_position_ids restart inside a row (packed sequences), which an encoder-decoder cannot "
+                "follow: cross-attention would not know which example's encoder output a token belongs to. Pad the "
+                "batch instead (decoder_attention_mask)."
+            )
+        if past_key_values is not None:
+            raise ValueError(
+                "position_ids restart inside a row (packed sequences) but past_key_values were given: a cache of "
+                "several examples in one row could not be continued. Pass no cache for packed rows, or an "
+                "attention_mask for a padded batch."
+            )
+        if batch > 1 and "flash" in self.config._attn_implementation:
+            raise ValueError(
+                f"position_ids restart inside {batch} rows: flash attention reads packed sequences from one row "
+                "only ([1, total tokens], as DataCollatorWithFlattening makes them)"
+            )
+        return sequence_ids
+
+    def build_masks(self, inputs_embeds, attention_mask, past_key_values, sequence_ids=None) -> dict:
+        """The mask of each layer type in use, from transformers' mask helpers (sliding ones for sliding layers).
+        Packed rows (`sequence_ids` from `packed_sequence_ids`) get a block-diagonal mask on top: each token attends
+        within its own example only. The helpers take it as an `and_mask_function`; the causal ones would detect
+        packing from position_ids themselves, but only without a cache object, and the bidirectional ones never do,
+        so the stack detects it once and never hands them position_ids."""
+        packed = {}
+        if sequence_ids is not None:
+            packed["and_mask_function"] = packed_sequence_mask_function(sequence_ids)
         masks = {}
         for kind in self.config.layer_kinds():
             if not self.is_causal:
                 make = (
                     create_bidirectional_mask if kind == "full_attention" else create_bidirectional_sliding_window_mask
                 )
-                masks[kind] = make(config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask)
+                masks[kind] = make(
+                    config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask, **packed
+                )
                 continue
             make = create_causal_mask if kind == "full_attention" else create_sliding_window_causal_mask
             masks[kind] = make(
@@ -513,9 +669,9 @@ class TfmStack(TfmPreTrainedModel):
                 inputs_embeds=inputs_embeds,
                 attention_mask=attention_mask,
                 past_key_values=past_key_values,
-                position_ids=position_ids,
                 # an additive position bias needs the full causal mask to add to; sdpa would otherwise get None
                 allow_is_causal_skip=self.position_bias is None,
+                **packed,
             )
         return masks
 
@@ -541,6 +697,14 @@ class TfmStack(TfmPreTrainedModel):
             return EncoderDecoderCache(cache, DynamicCache(config=self.config))
         return cache
 
+    def train(self, mode: bool = True):
+        # An MoE stack's router logits are recorded by transformers' output-capturing hooks, at every training step.
+        # transformers installs them on the first forward that asks, under a threading lock that torch.compile
+        # cannot trace (a graph break; an error with fullgraph=True): installed here instead, outside any graph.
+        if mode and self.config.has_moe_layers():
+            maybe_install_capturing_hooks(self)
+        return super().train(mode)
+
     @merge_with_config_defaults
     @capture_outputs
     def forward(
@@ -561,6 +725,9 @@ class TfmStack(TfmPreTrainedModel):
         batch, length = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
         if not self.is_causal:
             use_cache = False  # an encoder sees its whole input at once: nothing to cache
+        sequence_ids = self.packed_sequence_ids(position_ids, attention_mask, past_key_values, batch)
+        if sequence_ids is not None:
+            use_cache = False  # packed rows are trained on or scored, never continued
         if use_cache and past_key_values is None:
             past_key_values = self.new_cache()
         self_cache = (
@@ -582,7 +749,7 @@ class TfmStack(TfmPreTrainedModel):
         hidden_states = self.embed(input_ids, inputs_embeds, position_ids, token_type_ids)
         masks = attention_mask  # generate() may have prepared each layer type's mask already
         if not isinstance(masks, dict):
-            masks = self.build_masks(hidden_states, attention_mask, self_cache, position_ids)
+            masks = self.build_masks(hidden_states, attention_mask, self_cache, sequence_ids)
         rotary = self.rotary_tables(hidden_states, position_ids)
         position_bias = None
         if self.position_bias is not None:  # never with sliding layers (the config refuses it): one mask
@@ -596,6 +763,8 @@ class TfmStack(TfmPreTrainedModel):
                 hidden_states, encoder_hidden_states, encoder_attention_mask
             )
 
+        if sequence_ids is not None:  # flash attention reads the examples' boundaries from the positions (varlen)
+            kwargs["position_ids"] = position_ids
         nope = set(self.config.nope_layers or ())
         for index, layer in enumerate(self.layers):
             kind = self.config.layer_type(index)
@@ -635,7 +804,7 @@ class TfmStack(TfmPreTrainedModel):
 
 
 def make_lm_head(config: TfmConfig) -> nn.Linear:
-    return nn.Linear(config.hidden_size, config.vocab_size, bias=config.lm_head_bias)
+    return nn.Linear(config.hidden_size, config.padded_vocab_size(), bias=config.lm_head_bias)
 
 
 def lm_logits(config: TfmConfig, lm_head: nn.Linear, hidden_states: torch.Tensor, logits_to_keep) -> torch.Tensor:
@@ -643,6 +812,9 @@ def lm_logits(config: TfmConfig, lm_head: nn.Linear, hidden_states: torch.Tensor
     if config.scale_lm_head_input:  # T5 rescales before a tied head
         hidden_states = hidden_states * config.hidden_size**-0.5
     logits = lm_head(hidden_states)
+    if logits.shape[-1] != config.vocab_size:  # a padded head (pad_vocab_size_to_multiple_of): the real tokens only
+        # a view, not a copy: transformers' losses flatten it with .view, generate() copies the last position anyway
+        logits = logits[..., : config.vocab_size]
     cap = config.final_logit_softcapping
     if cap is None:
         return logits

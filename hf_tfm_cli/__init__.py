@@ -140,7 +140,7 @@ def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
                 arguments["default"] = spec_field.default
             if bounded:  # the accepted range, in the words the error message uses
                 arguments["help"] = f"{meta['help']} ({describe(kind, meta['low'], meta['high'], meta['low_open'])})"
-        group.add_argument(meta["flag"] or "--" + spec_field.name.replace("_", "-"), **arguments)
+        group.add_argument(meta["flag"] or "--" + spec_field.name.replace("_", "-"), *meta["aliases"], **arguments)
 
 
 def spec_from_args(args: argparse.Namespace) -> RunSpec:

@@ -77,11 +77,13 @@ def option(
     low_open=False,
     choices=None,
     flag: str | None = None,
+    aliases: tuple[str, ...] = (),
     metavar: str | None = None,
     cli: bool = True,
 ):
     """A RunSpec field with what the parser needs: `flag` overrides the option name (`--column` for `columns`),
-    `low`/`high` bound numbers (inclusive unless `low_open`), `cli=False` keeps a field off the command line."""
+    `aliases` are other names it keeps answering to, `low`/`high` bound numbers (inclusive unless `low_open`),
+    `cli=False` keeps a field off the command line."""
     metadata = {
         "help": help,
         "group": group,
@@ -90,6 +92,7 @@ def option(
         "low_open": low_open,
         "choices": choices,
         "flag": flag,
+        "aliases": aliases,
         "metavar": metavar,
         "cli": cli,
     }
@@ -132,7 +135,13 @@ class RunSpec:
     max_files: int | None = option(None, group="data", low=1, help="embedded data: read only this many stdlib files")
     max_eval_samples: int | None = option(None, group="data", low=1)
     max_steps: int = option(200, low=1)
-    batch_size: int = option(16, low=1, help="per device")
+    batch_size: int = option(16, low=1, help="per device: examples per step (with --packing, rows of packed examples)")
+    packing: bool = option(
+        False,
+        help="train without padding (causal-lm, masked-lm): whole examples packed into rows of --max-length tokens "
+        "(best fit), --batch-size rows per step, attention and positions kept within each example; a causal LM "
+        "trains on whole documents instead of fixed blocks. Evaluation stays padded",
+    )
     gradient_accumulation_steps: int = option(1, low=1)
     learning_rate: float = option(1e-3, low=0)
     lr_scheduler_type: str = option("cosine")
@@ -149,7 +158,12 @@ class RunSpec:
     )
     bf16: bool = option(False)
     gradient_checkpointing: bool = option(False)
-    torch_compile: bool = option(False)
+    torch_compile: bool = option(
+        False,
+        flag="--compile",
+        aliases=("--torch-compile",),
+        help="torch.compile the model (Trainer's torch_compile, inductor): one graph per step, no graph break",
+    )
     report_to: list[str] = option([], help="tensorboard, wandb, ... (CSV is always written)")
     resume: bool = option(False, help="continue from the newest complete checkpoint in --output-dir")
     overwrite: bool = option(False, help="discard the checkpoints of an earlier run in --output-dir")

@@ -172,3 +172,34 @@ def test_gpu_profile_refuses_to_run_without_a_gpu(monkeypatch):
     monkeypatch.setattr(speed.torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit, match="needs a CUDA device"):
         speed.main(["--profile", "gpu"])
+
+
+def test_beyond_sync_smoke():
+    """benchmarks/beyond_sync.py at toy shapes: a generate() row per cache against LlamaForCausalLM on the same
+    tokens, and the evidence that hf_tfm's decode steps make no host sync through generate()."""
+    from benchmarks import beyond_sync
+
+    evidence, rows = beyond_sync.measure("smoke")
+    assert all(evidence["same_tokens"].values())
+    assert [row["variant"] for row in rows] == ["batch 1, dynamic cache", "batch 1, static cache"]
+    for row in rows:
+        assert row["technique"] == "no host sync" and row["time_ratio"] > 0 and math.isfinite(row["time_ratio"])
+    for counts in evidence["host_syncs"].values():
+        assert counts["ours"]["generate() forwards"]["per_decode_step"] == 0
+        ours, reference = (counts[side]["forwards given a padding mask"] for side in ("ours", "reference"))
+        assert ours["per_decode_step"] <= reference["per_decode_step"]
+
+
+def test_beyond_packing_smoke():
+    """benchmarks/beyond_packing.py at toy shapes: per pair and batch size a real-tokens/s row, packed against
+    padded, on the same real tokens, packed with no more padding than padded."""
+    from benchmarks import beyond_packing
+
+    evidence, rows = beyond_packing.measure("smoke")
+    assert set(evidence) == set(beyond_packing.PROFILES["smoke"]["pairs"])
+    for pair in evidence.values():
+        for batch in pair["batches"].values():
+            tokens = batch["tokens"]
+            assert 0 <= tokens["packed"]["padding_fraction"] <= tokens["padded"]["padding_fraction"] < 1
+    for row in rows:
+        assert row["technique"] == "packing" and row["speedup"] > 0 and math.isfinite(row["speedup"])

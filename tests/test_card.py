@@ -123,6 +123,19 @@ def test_card_counts_active_parameters_of_moe(tmp_path):
     assert {"moe", "mixture-of-experts"} <= set(check_metadata(card)["tags"])
 
 
+def test_card_names_each_layer_types_rope(tmp_path):
+    """RoPE nested per layer type (ModernBERT's and Gemma's local and global theta): the card shows both (a saved
+    model of this kind used to get no card at all, KeyError 'rope_type')."""
+    rope = {
+        "full_attention": {"rope_type": "default", "rope_theta": 160000.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+    }
+    layer_types = ["sliding_attention", "full_attention"]
+    model = tiny_model(position_embedding_type="rope", sliding_window=4, layer_types=layer_types, rope_parameters=rope)
+    card = ModelCard.load(saved(tmp_path, model) / "README.md")
+    assert "full_attention: default, theta 160000; sliding_attention: default, theta 10000" in card.text
+
+
 def test_refresh_card_from_the_run_record(tmp_path):
     """`hf-tfm card FOLDER`: the model is loaded from the folder, the run record fills data, arguments, model-index
     (exactly its numbers) and baselines."""

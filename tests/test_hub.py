@@ -42,6 +42,7 @@ CODE_FILES = {
     "modeling_tfm_layers.py",
     "modeling_tfm_saving.py",
     "modeling_tfm_loss.py",
+    "configuration_tfm_parallel.py",
 }
 TOKENIZER_FILES = {"tokenizer.json", "tokenizer_config.json"}
 GREEDY = {"max_new_tokens": 5, "min_new_tokens": 5, "do_sample": False}

@@ -169,8 +169,17 @@ def architecture_rows(model: TfmPreTrainedModel) -> list[tuple[str, str]]:
     config = model.config
     heads = f"{config.num_attention_heads} / {config.num_key_value_heads} (head_dim {config.head_dim})"
     position = config.position_embedding_type
-    if position == "rope":
-        position += f" ({config.rope_parameters['rope_type']}, theta {config.rope_parameters['rope_theta']:g})"
+    if position == "rope":  # one RoPE, or one per layer type (local and global theta)
+        kinds = sorted(config.layer_kinds()) if config.nested_rope() else [None]
+        ropes = [(kind, config.rope_parameters_for(kind)) for kind in kinds]
+        position += (
+            " ("
+            + "; ".join(
+                (f"{kind}: " if kind else "") + f"{rope['rope_type']}, theta {rope['rope_theta']:g}"
+                for kind, rope in ropes
+            )
+            + ")"
+        )
     layers = str(config.num_hidden_layers)
     if config.model_type == "tfm_encoder_decoder":
         layers = f"{config.num_hidden_layers} encoder + {config.decoder_layers} decoder"

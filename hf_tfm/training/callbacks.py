@@ -65,7 +65,9 @@ def logged(path: str | Path, name: str) -> list[tuple[int, float]]:
 
 class RouterBiasCallback(TrainerCallback):
     """Auxiliary-loss-free MoE balancing (DeepSeek-V3): after every optimizer step, move each router's per-expert
-    bias against the load it saw during that step. A no-op for models without `router_bias_update_rate`."""
+    bias against the load it saw during that step. A no-op for models without `router_bias_update_rate`. Trainer
+    calls callbacks on every rank, as `update_router_biases` needs: it sums the loads over the data-parallel ranks
+    (DDP, FSDP) so that every replica keeps the same biases."""
 
     def on_optimizer_step(self, args, state, control, model=None, **kwargs):
         if model is not None and getattr(model.config, "router_bias_update_rate", 0) > 0:

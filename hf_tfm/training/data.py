@@ -1,10 +1,12 @@
 """Training data for the five tasks: the embedded default (derived offline from the standard library's docstrings
 and function signatures), a local text/JSON/CSV/Parquet file, or a `datasets` dataset name. Every source ends as a
 `DatasetDict` with `train` and `validation` splits whose columns carry the task's standard names (`Task.columns`),
-checked before any training starts.
+checked before any training starts. `--packing` trains on rows of whole examples packed without padding (the end of
+this module: its examples, packer and collators).
 """
 
 import ast
+import bisect
 import re
 from collections import Counter
 from pathlib import Path
@@ -18,9 +20,10 @@ from datasets import (
     Value,
     load_dataset,
 )
+from transformers import default_data_collator
 
 from .corpus import in_validation, stdlib_records, stdlib_signatures
-from .tasks import TASKS, check_task
+from .tasks import TASKS, check_task, collator
 
 FILE_BUILDERS = {".txt": "text", ".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 EMBEDDED_NAME = "python-stdlib-docstrings"
@@ -209,3 +212,123 @@ def load_task_data(
         data = data.rename_column(theirs, standard)
     check_columns(data, task, source)
     return data.select_columns(list(TASKS[task].columns))
+
+
+# ---------------------------------------------------------------- padding-free training (--packing)
+
+PACKABLE_TASKS = ("causal-lm", "masked-lm")  # a label per token: examples can share a row without padding
+PACKING_CHUNK = 10_000  # examples packed together (one `map` batch): best fit fills rows from this many
+
+
+def check_packing(task: str) -> None:
+    if task not in PACKABLE_TASKS:
+        raise ValueError(
+            f"--packing: task {task} cannot be packed (it trains causal-lm and masked-lm only). "
+            + (
+                "An encoder-decoder's cross-attention cannot tell which example's encoder output a packed decoder "
+                "token belongs to; train seq2seq padded, without --packing."
+                if task == "seq2seq"
+                else "A classifier pools or labels each padded example as a whole; train it without --packing."
+            )
+        )
+
+
+def document_examples(tokenizer, texts: list[str], max_length: int) -> Dataset:
+    """Causal-LM training examples for --packing: each document on its own, ended by EOS and cut at `max_length`,
+    at its natural length (the padded path's `lm_blocks` cuts fixed blocks across documents instead)."""
+    end = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
+    rows = tokenizer(texts)["input_ids"]
+    return Dataset.from_dict({"input_ids": [[*row, *end][:max_length] for row in rows]})
+
+
+def best_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
+    """The indices of `lengths` in bins of at most `capacity`: longest first, each into the bin it leaves the least
+    room in (a new bin when none has room). Bins come out nearly full whatever the length distribution: chosen over
+    first fit in a shuffled window for that (the filled token budget is what packing buys), and because it is
+    deterministic and done once with the data; Trainer shuffles the packed rows."""
+    wrong = [length for length in lengths if not 0 < length <= capacity]
+    if wrong:
+        raise ValueError(
+            f"--packing: an example of {wrong[0]} tokens; packed examples hold 1 to {capacity} (--max-length)"
+        )
+    bins: list[list[int]] = []
+    room: list[tuple[int, int]] = []  # (tokens still free, bin), sorted: the best fit is the first with enough
+    for index in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        length = lengths[index]
+        slot = bisect.bisect_left(room, (length, -1))
+        if slot == len(room):
+            bins.append([])
+            free, target = capacity, len(bins) - 1
+        else:
+            free, target = room.pop(slot)
+        bins[target].append(index)
+        if free > length:
+            bisect.insort(room, (free - length, target))
+    return bins
+
+
+def pack_examples(examples: Dataset, max_length: int, pad_token_id: int, causal_lm_labels: bool = False) -> Dataset:
+    """Whole examples packed into rows of exactly `max_length` tokens (`best_fit_decreasing`), `position_ids`
+    restarting at 0 for each, so the model keeps attention and positions within each example. The few tokens left
+    at a row's end are one more example of padding: pad tokens, positions from 0, labels -100 (the model needs no
+    attention_mask, and static shapes suit torch.compile). Keeps `input_ids`, `token_type_ids` and `labels`;
+    `causal_lm_labels` makes labels as DataCollatorWithFlattening does: the inputs, -100 at each example's first
+    token (which nothing before it in the row may predict)."""
+    fill = {"input_ids": pad_token_id, "token_type_ids": 0, "labels": -100}
+
+    def pack(batch):
+        columns = {name: batch[name] for name in fill if name in batch}
+        if causal_lm_labels:
+            columns["labels"] = [[-100, *ids[1:]] for ids in batch["input_ids"]]
+        lengths = [len(ids) for ids in batch["input_ids"]]
+        rows = {name: [] for name in (*columns, "position_ids")}
+        for members in best_fit_decreasing(lengths, max_length):
+            tail = max_length - sum(lengths[i] for i in members)
+            for name, values in columns.items():
+                rows[name].append([v for i in members for v in values[i]] + [fill[name]] * tail)
+            rows["position_ids"].append([p for n in [*(lengths[i] for i in members), tail] for p in range(n)])
+        return rows
+
+    examples = examples.filter(lambda ids: len(ids) > 0, input_columns="input_ids")  # an empty text: nothing to train
+    return examples.map(pack, batched=True, batch_size=PACKING_CHUNK, remove_columns=examples.column_names)
+
+
+class DataCollatorForPackedMaskedLM:
+    """Masked-LM batches of packed rows (`pack_examples`): masked by the padded path's collator
+    (DataCollatorForLanguageModeling: special tokens, the rows' padding tails included, are never masked), with the
+    rows' `position_ids` passed through and no attention_mask (an all-ones mask would make each row one example)."""
+
+    def __init__(self, padded_collator):
+        self.padded_collator = padded_collator
+
+    def __call__(self, rows: list[dict]) -> dict:
+        batch = self.padded_collator(rows)
+        batch.pop("attention_mask", None)
+        return batch
+
+
+def packing_fill_id(tokenizer) -> int:
+    """The token of the rows' padding tails: the pad token (a special token, never masked), else EOS."""
+    fill = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if fill is None:
+        raise ValueError("--packing: the tokenizer has neither a pad nor an EOS token to fill the rows' ends with")
+    return fill
+
+
+def packing_collator(task: str, tokenizer):
+    """The training collator of `--packing`: a batch of packed rows (`pack_examples`) as tensors."""
+    check_packing(task)
+    if task == "causal-lm":
+        return default_data_collator  # the rows carry their labels
+    return DataCollatorForPackedMaskedLM(collator(task, tokenizer))
+
+
+def packed_training_features(task: str, data: DatasetDict, tokenizer, max_length: int, features: DatasetDict):
+    """`features` with the training split as --packing trains on it: whole examples packed into rows of
+    `max_length` tokens (causal-lm: documents one by one, `document_examples`; masked-lm: the tokenized examples).
+    The validation split stays as it is, padded per example."""
+    check_packing(task)
+    causal = task == "causal-lm"
+    examples = document_examples(tokenizer, list(data["train"]["text"]), max_length) if causal else features["train"]
+    train = pack_examples(examples, max_length, packing_fill_id(tokenizer), causal_lm_labels=causal)
+    return DatasetDict(train=train, validation=features["validation"])

@@ -48,7 +48,7 @@ from .checkpoints import (
     step_of,
     write_json_atomic,
 )
-from .data import EMBEDDED_NAME, load_task_data
+from .data import EMBEDDED_NAME, check_packing, load_task_data, packed_training_features, packing_collator
 from .tasks import (
     TASKS,
     argmax_logits,
@@ -279,7 +279,24 @@ class StopOnNonFiniteLoss:
         return loss
 
 
-class RunTrainer(StopOnNonFiniteLoss, Trainer):
+class PackedTraining:
+    """Trainer mixin for --packing: training batches come from `train_collator` (`--batch-size` rows of whole
+    examples packed `--max-length` tokens each), evaluation keeps the padded `data_collator`, so eval losses compare
+    with runs without packing."""
+
+    train_collator = None
+
+    def get_train_dataloader(self):
+        if self.train_collator is None:
+            return super().get_train_dataloader()
+        padded, self.data_collator = self.data_collator, self.train_collator
+        try:
+            return super().get_train_dataloader()
+        finally:
+            self.data_collator = padded
+
+
+class RunTrainer(StopOnNonFiniteLoss, PackedTraining, Trainer):
     pass
 
 
@@ -305,6 +322,8 @@ def make_trainer(spec: RunSpec, model, tokenizer, features, labels, args, callba
     router_stats = trainer.pop_callback(RouterStatsCallback)
     if router_stats is not None:
         trainer.callback_handler.callbacks.insert(0, router_stats)
+    if spec.packing:
+        trainer.train_collator = packing_collator(spec.task, tokenizer)
     return trainer
 
 
@@ -349,6 +368,7 @@ def record(spec: RunSpec, trainer, before: dict | None, after: dict, baseline: l
     }
     training = {k: getattr(v, "value", v) for k, v in training.items()}  # enums (optimizer, schedule) as their names
     training["world_size"] = trainer.args.world_size
+    training["packing"] = spec.packing
     return {
         "task": spec.task,
         "model": spec.model,
@@ -383,6 +403,8 @@ def save_final(output: Path, model, tokenizer, run: dict) -> Path:
 def train(spec: RunSpec) -> dict:
     started = time.time()
     check_task(spec.task)
+    if spec.packing:
+        check_packing(spec.task)
     output = prepare_output_dir(spec)
     resume_from = resume_checkpoint(output) if spec.resume else None
     config_path, pretrained = resolve_model(spec.model)
@@ -399,6 +421,8 @@ def train(spec: RunSpec) -> dict:
     args = training_arguments(spec, output)
     with args.main_process_first(desc="tokenizing"):
         features = tokenize(spec.task, data, tokenizer, spec.max_length, labels)
+        if spec.packing:
+            features = packed_training_features(spec.task, data, tokenizer, spec.max_length, features)
 
     csv_log = CSVLogCallback(output / LOG)
     callbacks = [csv_log, ManifestCallback(spec.keep_checkpoints)]

@@ -1,0 +1,188 @@
+"""Parallelism plans of an hf_tfm config: how transformers' tensor, expert and pipeline parallelism shard the model
+(`from_pretrained(path, tp_plan="auto")` or `distributed_config=DistributedConfig(...)`), computed from the config's
+fields, and the layouts those plans would shard wrongly, refused by field before anything is sharded.
+"""
+
+from typing import TYPE_CHECKING
+
+from transformers.distributed import DistributedConfig
+
+if TYPE_CHECKING:
+    from .configuration_tfm import TfmConfig
+
+# transformers shards a model by module name: the config's `base_model_tp_plan` / `base_model_ep_plan` map the base
+# model's modules to its parallel styles, each head class adds its own (`_tp_plan`), and
+# `from_pretrained(path, tp_plan="auto")` (or `distributed_config=DistributedConfig(tp_size=N, ep_size=M)`) applies
+# them. Only transformers' styles are used; what a block may shard depends on the options the config picks.
+
+
+def gathered_attention(config: "TfmConfig", cross_attention: bool) -> bool:
+    """Whether an attention must see every head on every rank: a QK-norm over the whole projection (OLMo2) needs all
+    of it, and an additive position bias (ALiBi, T5's relative bias) is computed for all heads of a self-attention."""
+    position_bias = config.position_embedding_type in ("alibi", "relative_bias") and not cross_attention
+    return config.qk_norm == "projection" or position_bias
+
+
+def attention_tp_plan(config: "TfmConfig", prefix: str, cross_attention: bool) -> dict[str, str]:
+    """One attention's rules. Sharded (Llama's plan): each rank projects whole query and key/value heads (`colwise`),
+    attends over them, and adds its part of the output projection (`rowwise`). Gathered (OLMo2's plan): the
+    projections' weights are sharded but their outputs gathered, every rank runs all heads, and the output projection
+    takes its slice of the replicated input (`rowwise_split_input`)."""
+    if gathered_attention(config, cross_attention):
+        styles = dict.fromkeys(("q_proj", "k_proj", "v_proj"), "colwise_gather_output")
+        styles["o_proj"] = "rowwise_split_input"
+    else:
+        styles = dict.fromkeys(("q_proj", "k_proj", "v_proj"), "colwise") | {"o_proj": "rowwise"}
+        if config.qk_norm == "per_head":  # replicated weights that see only this rank's heads: gradients summed
+            styles |= dict.fromkeys(("q_norm", "k_norm"), "replicated_with_grad_allreduce")
+    return {f"{prefix}.{name}": style for name, style in styles.items()}
+
+
+def feed_forward_tp_plan(prefix: str, gated: bool) -> dict[str, str]:
+    """A feed-forward's rules: the inner width sharded (up and gate `colwise`, down `rowwise`), as Llama's MLP."""
+    styles = {"gate_proj": "colwise"} if gated else {}
+    styles |= {"up_proj": "colwise", "down_proj": "rowwise"}
+    return {f"{prefix}.{name}": style for name, style in styles.items()}
+
+
+def stack_tp_plan(config: "TfmConfig", depth: int, cross_attention: bool) -> dict[str, str]:
+    """The rules of one stack's blocks, named from the stack. Norms, routers and position tables stay replicated;
+    the routed experts shard their inner width (Mixtral's plan), the shared expert as a gated MLP."""
+    plan = attention_tp_plan(config, "layers.*.self_attn", cross_attention=False)
+    if cross_attention:
+        plan |= attention_tp_plan(config, "layers.*.cross_attn", cross_attention=True)
+    moe_layers = [config.is_moe_layer(i) for i in range(depth)]
+    if not all(moe_layers):
+        plan |= feed_forward_tp_plan("layers.*.mlp", gated=config.ffn_type == "glu")
+    if any(moe_layers):
+        plan |= {
+            "layers.*.mlp.experts.gate_up_proj": "packed_colwise",  # [E, 2I, H]: gate and up rows split alike
+            "layers.*.mlp.experts.down_proj": "rowwise",  # [E, H, I]
+            "layers.*.mlp.experts": "moe_tp_experts",  # local weights in, partial outputs summed
+        }
+        if config.shared_expert_intermediate_size:
+            plan |= feed_forward_tp_plan("layers.*.mlp.shared_expert", gated=True)
+    return plan
+
+
+def tensor_parallel_plan(config: "TfmConfig") -> dict[str, str]:
+    """The base model's tensor-parallel plan: the token table split over the vocabulary (as the tied LM heads are),
+    then each stack's blocks."""
+    plan = {"shared" if config.is_encoder_decoder else "embed_tokens": "embedding_rowwise"}
+    for prefix, depth, cross_attention in config.stacks():
+        plan |= {prefix + name: style for name, style in stack_tp_plan(config, depth, cross_attention).items()}
+    return plan
+
+
+def expert_parallel_plan(config: "TfmConfig") -> dict[str, str] | None:
+    """The base model's expert-parallel plan: whole experts per rank (Mixtral's plan), None without MoE layers."""
+    if not config.has_moe_layers():
+        return None
+    plan = EXPERT_PARALLEL_PLAN if TOKEN_DISPATCH else ROUTER_MASKING_EXPERT_PARALLEL_PLAN
+    return {prefix + name: style for prefix, _, _ in config.stacks() for name, style in plan.items()}
+
+
+# transformers >= 5.21 (`DistributedConfig(ep_size=N)`): each token is sent to the rank of its experts, beside the
+# tensor-parallel plan of the other layers
+TOKEN_DISPATCH = "ep_size" in DistributedConfig.__dataclass_fields__
+EXPERT_PARALLEL_PLAN = {
+    "layers.*.mlp.experts.gate_up_proj": "grouped_gemm",
+    "layers.*.mlp.experts.down_proj": "grouped_gemm",
+    "layers.*.mlp.experts": "ep_dispatch_experts",
+}
+# transformers 5.17-5.20 (`DistributedConfig(enable_expert_parallel=True)`, instead of the tensor-parallel plan):
+# every rank runs the whole batch through its own experts, the router's choices of other ranks' experts masked
+ROUTER_MASKING_EXPERT_PARALLEL_PLAN = {
+    "layers.*.mlp.router": "ep_router",
+    "layers.*.mlp.experts.gate_up_proj": "grouped_gemm",
+    "layers.*.mlp.experts.down_proj": "grouped_gemm",
+    "layers.*.mlp.experts": "moe_tp_experts",
+}
+
+
+def pipeline_refusal(config: "TfmConfig") -> tuple[str, str] | None:
+    """(field, why) where transformers' pipeline parallelism would compute this model wrongly, else None. It splits
+    the `layers` of a causal LM's body, and each stage after the first takes the hidden states of the one before as
+    `inputs_embeds`: anything the embedding step adds besides the token lookup would be added once more."""
+    if config.is_encoder_decoder or not config.is_decoder:
+        return "model_type", f"{config.model_type!r}: transformers pipelines decoder-only causal LMs only"
+    for field, added in (
+        ("position_embedding_type", config.position_embedding_type in ("learned", "sinusoidal")),
+        ("position_ids_from_padding", config.position_ids_from_padding),
+        ("type_vocab_size", config.type_vocab_size > 0),
+        ("embedding_norm", config.embedding_norm),
+        ("scale_embeddings", config.scale_embeddings),
+    ):
+        if added:
+            value = getattr(config, field)
+            return field, f"{field}={value!r} would be applied again to the hidden states each later stage receives"
+    return None
+
+
+def pipeline_parallel_plan(config: "TfmConfig") -> dict | None:
+    """transformers' pipeline plan (Llama's), where its pipeline computes this model exactly."""
+    if pipeline_refusal(config):
+        return None
+    plan = {
+        "embed_tokens": (["input_ids"], ["inputs_embeds"]),
+        "layers": (["hidden_states", "attention_mask"], ["hidden_states"]),
+    }
+    return plan | ({"norm": (["hidden_states"], ["hidden_states"])} if config.final_norm else {})
+
+
+class ConfigPlan:
+    """A config's parallelism plan, computed from its fields whenever transformers reads it (a class attribute in
+    transformers' own configs). transformers may also assign one (5.17 adds the token table's rule, FP8 quantizers
+    rewrite styles): the rules an assignment adds or changes are kept over the computed plan, in the instance's
+    `__dict__` under the plan's name (`to_dict` leaves out the tensor and pipeline plans there)."""
+
+    def __init__(self, compute):
+        self.compute = compute
+
+    def __set_name__(self, owner, name):
+        self.name = name
+
+    def __get__(self, config, owner=None) -> dict | None:
+        if config is None:  # no class-wide plan: it depends on the fields
+            return None
+        plan, assigned = self.compute(config), config.__dict__.get(self.name)
+        return {**(plan or {}), **assigned} if assigned else plan
+
+    def __set__(self, config, plan) -> None:
+        computed = self.compute(config) or {}
+        changed = {name: style for name, style in (plan or {}).items() if computed.get(name) != style}
+        if changed:
+            config.__dict__[self.name] = changed
+        else:
+            config.__dict__.pop(self.name, None)
+
+
+def check_parallel_layout(config: "TfmConfig", distributed_config: DistributedConfig) -> None:
+    """Refuse, naming the field, a layout (`DistributedConfig`'s sizes, known only when a model is distributed)
+    that the plans would shard wrongly: a rank must hold whole heads and equal slices of each width."""
+    tp, pp = distributed_config.tp_size or 1, distributed_config.pp_size or 1
+    ep = getattr(distributed_config, "ep_size", None) or (tp if distributed_config.enable_expert_parallel else 1)
+    if ep > 1 and not TOKEN_DISPATCH:  # transformers 5.17-5.20 apply the expert plan instead of the tensor one
+        tp = 1
+    divisible = {}  # field -> the parallel size its value must divide by
+    moe_layers = [config.is_moe_layer(i) for _, depth, _ in config.stacks() for i in range(depth)]
+    if tp > 1:
+        attentions = [False, True] if any(cross for _, _, cross in config.stacks()) else [False]  # cross or not
+        if not all(gathered_attention(config, cross_attention) for cross_attention in attentions):
+            divisible.update(num_attention_heads=tp, num_key_value_heads=tp)
+        if not all(moe_layers):
+            divisible["intermediate_size"] = tp
+        if any(moe_layers) and ep == 1:  # expert parallelism keeps every expert whole
+            divisible["moe_intermediate_size"] = tp
+        if any(moe_layers) and config.shared_expert_intermediate_size:
+            divisible["shared_expert_intermediate_size"] = tp
+    if ep > 1:
+        divisible["num_experts"] = ep
+    for field, size in divisible.items():
+        if getattr(config, field) % size:
+            raise ValueError(
+                f"Invalid `{field}`: {getattr(config, field)} does not split into {size} equal parts, one per rank "
+                f"of {type(distributed_config).__name__}({distributed_config.to_dict()})"
+            )
+    if pp > 1 and (refusal := pipeline_refusal(config)):
+        raise ValueError(f"Invalid `{refusal[0]}` for pipeline parallelism (pp_size={pp}): {refusal[1]}")
