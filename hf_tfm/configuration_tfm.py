@@ -157,6 +157,7 @@ class TfmConfig(PreTrainedConfig):
         loss_chunk_size (`int`): language-model heads training with labels project this many scored tokens at a time
             and return the loss without logits, never holding the `[tokens, vocab]` logits or their gradient whole
             (`modeling_tfm_loss.py`); in eval mode, and with 0, they compute the full logits as transformers does.
+            The default, 256, was the fastest and leanest of the sizes `python -m benchmarks.beyond` sweeps.
         check_input_values (`bool`): read the inputs' values to name a bad one (a token id outside the vocabulary, a
             token type outside `type_vocab_size`, a position outside the position table) in a `ValueError`. Reading a
             value is a host-device synchronisation on an accelerator, so it is done on a forward that starts a
@@ -238,7 +239,7 @@ class TfmConfig(PreTrainedConfig):
     lm_head_bias: bool = False
     scale_lm_head_input: bool = False
     use_pooler: bool = True
-    loss_chunk_size: int = 1024
+    loss_chunk_size: int = 256
     check_input_values: bool = True
     num_experts: int = 0
     num_experts_per_tok: int = 2
