@@ -32,29 +32,23 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import transformers
+from conftest import tiny_config  # this script's folder (tests/) is first on sys.path
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM, Trainer, TrainerCallback, TrainingArguments
 
 import hf_tfm.modeling_tfm_stack
-from hf_tfm import TfmDecoderConfig, TfmDecoderForCausalLM
+from hf_tfm import TfmDecoderForCausalLM
 from hf_tfm.modeling_tfm_stack import TfmBlock
 from hf_tfm.training.callbacks import RouterBiasCallback
 
 STEPS, RESUME_AT, BIAS_STEPS = 20, 10, 10
 PER_RANK, SEQUENCE, VOCAB = 2, 16, 96
 LEARNING_RATE, MAX_GRAD_NORM = 1e-2, 1.0
-CONFIG = dict(
+# conftest's tiny decoder, sparse: every layer MoE, balanced by bias alone
+OVERRIDES = dict(
     vocab_size=VOCAB,
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    intermediate_size=64,
-    max_position_embeddings=64,
-    pad_token_id=0,
-    bos_token_id=1,
-    eos_token_id=2,
     # a key bias's gradient is zero up to rounding (softmax ignores a shift shared by all keys), and Adam turns
     # rounding noise into steps of the learning rate's size: it would differ between any two summation orders
     attention_bias=False,
@@ -293,7 +287,7 @@ def main(out: Path) -> None:
     folder = out / "model"
     if rank == 0:
         torch.manual_seed(0)
-        TfmDecoderForCausalLM(TfmDecoderConfig(**CONFIG)).save_pretrained(folder)
+        TfmDecoderForCausalLM(tiny_config(**OVERRIDES)).save_pretrained(folder)
     dist.barrier()
     seconds = {}
     began = time.perf_counter()
