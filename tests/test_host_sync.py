@@ -13,6 +13,7 @@ to the host without an aten op (`tolist`, `numpy`, `cpu`). It runs on the CPU an
 import pytest
 import torch
 from conftest import VOCAB, tiny_config
+from parity_harness import TINY_DECODER
 from transformers import (
     BartConfig,
     BartForConditionalGeneration,
@@ -123,15 +124,7 @@ def syncs_per_step(calls: list[list[str]]) -> float:
 
 def llama(attn: str) -> LlamaForCausalLM:
     torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=64,
-    )
+    config = LlamaConfig(**TINY_DECODER)
     return LlamaForCausalLM._from_config(config, attn_implementation=attn).eval()
 
 
