@@ -16,6 +16,7 @@ from transformers.cache_utils import StaticCache
 
 from benchmarks.measure import alternating_medians, generate_work
 from benchmarks.pairs import KINDS, SMOKE_DECODER, build_pair
+from hf_tfm.compat import CACHE_NAME, cache_output
 
 CPU = torch.device("cpu")
 
@@ -188,8 +189,8 @@ def greedy_steps_by_hand(
                     inputs[f"{prefix}attention_mask"] = torch.ones(1, seen, dtype=torch.long)
                 if positions:
                     inputs[f"{prefix}position_ids"] = torch.arange(seen - ids.shape[1], seen)[None]
-                output = model(**inputs, **encoder, past_key_values=past, use_cache=True)
-                ids, seen, past = output.logits[:, -1:].argmax(-1), seen + 1, output.past_key_values
+                output = model(**inputs, **encoder, **cache_output(past), use_cache=True)
+                ids, seen, past = output.logits[:, -1:].argmax(-1), seen + 1, output.get(CACHE_NAME)
 
     return syncs_per_call(model, run)
 

@@ -21,6 +21,7 @@ from transformers import DynamicCache
 from benchmarks.measure import alternating_medians
 from benchmarks.pairs import KINDS, PROFILES, build_pair
 from benchmarks.record import header, write
+from hf_tfm.compat import cache_output
 
 PROMPT, STEPS = 16, 200  # the speed profile's prompt length; steps per measurement
 
@@ -30,7 +31,7 @@ def decode_step(model, cache, token, position):
 
     def step():
         with torch.inference_mode():
-            model(token, past_key_values=cache, use_cache=True, position_ids=position, logits_to_keep=1)
+            model(token, **cache_output(cache), use_cache=True, position_ids=position, logits_to_keep=1)
         cache.crop(-1)
 
     return step
@@ -42,7 +43,7 @@ def prefilled(model, vocab_size: int):
     cache = DynamicCache()
     prompt = torch.randint(3, vocab_size, (1, PROMPT), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
-        model(prompt, past_key_values=cache, use_cache=True)
+        model(prompt, **cache_output(cache), use_cache=True)
     return decode_step(model, cache, prompt[:, -1:], torch.tensor([[PROMPT]]))
 
 

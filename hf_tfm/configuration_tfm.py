@@ -16,6 +16,7 @@ from transformers.generation import GenerationConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.utils import logging
 
+from .compat import CACHE_NAMES
 from .configuration_tfm_parallel import ConfigPlan, expert_parallel_plan, pipeline_parallel_plan, tensor_parallel_plan
 
 logger = logging.get_logger(__name__)
@@ -190,7 +191,7 @@ class TfmConfig(PreTrainedConfig):
     """
 
     model_type = "tfm"
-    keys_to_ignore_at_inference: ClassVar[list[str]] = ["past_key_values"]
+    keys_to_ignore_at_inference: ClassVar[list[str]] = CACHE_NAMES  # Trainer's evaluation leaves the cache out
 
     vocab_size: int = 32000
     pad_vocab_size_to_multiple_of: int | None = None

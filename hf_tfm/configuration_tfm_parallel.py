@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 
 from transformers.distributed import DistributedConfig
 
+from .compat import TOKEN_DISPATCH
+
 if TYPE_CHECKING:
     from .configuration_tfm import TfmConfig
 
@@ -82,9 +84,8 @@ def expert_parallel_plan(config: "TfmConfig") -> dict[str, str] | None:
     return {prefix + name: style for prefix, _, _ in config.stacks() for name, style in plan.items()}
 
 
-# transformers >= 5.21 (`DistributedConfig(ep_size=N)`): each token is sent to the rank of its experts, beside the
+# transformers >= 5.21 (compat.TOKEN_DISPATCH): each token is sent to the rank of its experts, beside the
 # tensor-parallel plan of the other layers
-TOKEN_DISPATCH = "ep_size" in DistributedConfig.__dataclass_fields__
 EXPERT_PARALLEL_PLAN = {
     "layers.*.mlp.experts.gate_up_proj": "grouped_gemm",
     "layers.*.mlp.experts.down_proj": "grouped_gemm",

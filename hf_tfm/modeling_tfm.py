@@ -33,10 +33,10 @@ from transformers.modeling_outputs import (
     SequenceClassifierOutputWithPast,
     TokenClassifierOutput,
 )
-from transformers.models.bart.modeling_bart import shift_tokens_right
 from transformers.processing_utils import Unpack
 from transformers.utils import ModelOutput, TransformersKwargs, can_return_tuple
 
+from .compat import CACHE_NAME, accepts_legacy_cache_argument, cache_output
 from .configuration_tfm import TfmDecoderConfig, TfmEncoderConfig, TfmEncoderDecoderConfig
 from .modeling_tfm_layers import TfmMaskedLMHead
 from .modeling_tfm_loss import linear_cross_entropy
@@ -224,13 +224,14 @@ class TfmDecoderHead(TfmHead):
     def build_body(self, config):
         return TfmDecoderModel(config)
 
+    @accepts_legacy_cache_argument
     @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
@@ -240,7 +241,7 @@ class TfmDecoderHead(TfmHead):
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=past_key_values,
+            cache=cache,
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
         )
@@ -258,13 +259,14 @@ class TfmDecoderForCausalLM(TfmDecoderHead, GenerationMixin):
     def build_task_layer(self, config):
         return make_lm_head(config)
 
+    @accepts_legacy_cache_argument
     @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
@@ -275,7 +277,7 @@ class TfmDecoderForCausalLM(TfmDecoderHead, GenerationMixin):
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=past_key_values,
+            cache=cache,
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
         )
@@ -329,13 +331,14 @@ class TfmDecoderForQuestionAnswering(TfmQuestionAnswering, TfmDecoderHead):
     """Extractive QA from a decoder, like `LlamaForQuestionAnswering` (whose body is `transformer`; here `model`,
     as in every hf_tfm head, so a causal LM's checkpoint loads into it)."""
 
+    @accepts_legacy_cache_argument
     @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         start_positions: torch.LongTensor | None = None,
         end_positions: torch.LongTensor | None = None,
@@ -345,7 +348,7 @@ class TfmDecoderForQuestionAnswering(TfmQuestionAnswering, TfmDecoderHead):
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=past_key_values,
+            cache=cache,
             inputs_embeds=inputs_embeds,
         )
         return self.run_head(inputs, {"start_positions": start_positions, "end_positions": end_positions}, kwargs)
@@ -496,6 +499,7 @@ class TfmEncoderDecoderModel(TfmPreTrainedModel):
     def get_encoder(self):
         return self.encoder
 
+    @accepts_legacy_cache_argument
     @can_return_tuple
     def forward(
         self,
@@ -504,7 +508,7 @@ class TfmEncoderDecoderModel(TfmPreTrainedModel):
         decoder_input_ids: torch.LongTensor | None = None,
         decoder_attention_mask: torch.Tensor | None = None,
         encoder_outputs: tuple | BaseModelOutput | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         decoder_position_ids: torch.LongTensor | None = None,
@@ -528,13 +532,13 @@ class TfmEncoderDecoderModel(TfmPreTrainedModel):
             inputs_embeds=decoder_inputs_embeds,
             encoder_hidden_states=encoder_outputs.last_hidden_state,
             encoder_attention_mask=attention_mask,
-            past_key_values=past_key_values,
+            cache=cache,
             use_cache=use_cache,
             **kwargs,
         )
         return Seq2SeqMoEModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
-            past_key_values=decoder_outputs.past_key_values,
+            **cache_output(decoder_outputs.get(CACHE_NAME)),
             decoder_hidden_states=decoder_outputs.hidden_states,
             decoder_attentions=decoder_outputs.attentions,
             decoder_router_logits=decoder_outputs.router_logits,
@@ -544,6 +548,15 @@ class TfmEncoderDecoderModel(TfmPreTrainedModel):
             encoder_attentions=encoder_outputs.attentions,
             encoder_router_logits=getattr(encoder_outputs, "router_logits", None),
         )
+
+
+def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
+    """BART's `shift_tokens_right`: the decoder's inputs are the labels one step late behind the start token, with
+    the ignored positions (-100) read as padding."""
+    shifted = labels.new_zeros(labels.shape)
+    shifted[:, 1:] = labels[:, :-1].clone()
+    shifted[:, 0] = decoder_start_token_id
+    return shifted.masked_fill_(shifted == -100, pad_token_id)
 
 
 class TfmEncoderDecoderForConditionalGeneration(TfmHead, GenerationMixin):
@@ -568,6 +581,7 @@ class TfmEncoderDecoderForConditionalGeneration(TfmHead, GenerationMixin):
                 raise ValueError(f"labels can only be shifted into decoder_input_ids when the config sets {field}")
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
+    @accepts_legacy_cache_argument
     @can_return_tuple
     def forward(
         self,
@@ -576,7 +590,7 @@ class TfmEncoderDecoderForConditionalGeneration(TfmHead, GenerationMixin):
         decoder_input_ids: torch.LongTensor | None = None,
         decoder_attention_mask: torch.Tensor | None = None,
         encoder_outputs: tuple | BaseModelOutput | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         decoder_position_ids: torch.LongTensor | None = None,
@@ -595,7 +609,7 @@ class TfmEncoderDecoderForConditionalGeneration(TfmHead, GenerationMixin):
             decoder_input_ids=decoder_input_ids,
             decoder_attention_mask=decoder_attention_mask,
             encoder_outputs=encoder_outputs,
-            past_key_values=past_key_values,
+            cache=cache,
             inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds,
             decoder_position_ids=decoder_position_ids,

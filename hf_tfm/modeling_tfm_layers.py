@@ -15,9 +15,6 @@ from transformers.cache_utils import Cache, EncoderDecoderCache
 from transformers.integrations.moe import use_experts_implementation
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, dynamic_rope_update
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward  # Llama's, plus `softcap`
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-from transformers.models.t5.modeling_t5 import T5Attention
 from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs
 
@@ -101,13 +98,25 @@ class TfmRotaryEmbedding(nn.Module):
         return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
 
 
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rotate(query, key, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+    """Llama's `apply_rotary_pos_emb`, the same operations in the same order (tests/test_compat.py): [B, H, L, D]
+    queries and keys, [B, L, D] tables."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    return (query * cos) + (rotate_half(query) * sin), (key * cos) + (rotate_half(key) * sin)
+
+
 def apply_rotary(query, key, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
     """Llama's RoPE on the first `cos.shape[-1]` features of each head; the rest pass through (partial rotary,
     as GPT-NeoX and Phi-3 apply it)."""
     rotary = cos.shape[-1]
     if rotary == query.shape[-1]:
-        return apply_rotary_pos_emb(query, key, cos, sin)
-    query_rot, key_rot = apply_rotary_pos_emb(query[..., :rotary], key[..., :rotary], cos, sin)
+        return rotate(query, key, cos, sin)
+    query_rot, key_rot = rotate(query[..., :rotary], key[..., :rotary], cos, sin)
     return torch.cat((query_rot, query[..., rotary:]), dim=-1), torch.cat((key_rot, key[..., rotary:]), dim=-1)
 
 
@@ -173,13 +182,32 @@ class TfmRelativePositionBias(nn.Module):
     def forward(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
         """[B, q] and [B, kv] positions -> additive bias [B, heads, q, kv] in float32."""
         relative_position = key_positions[:, None, :] - query_positions[:, :, None]
-        buckets = T5Attention._relative_position_bucket(
-            relative_position,
-            bidirectional=self.bidirectional,
-            num_buckets=self.num_buckets,
-            max_distance=self.max_distance,
-        )
+        buckets = relative_position_bucket(relative_position, self.bidirectional, self.num_buckets, self.max_distance)
         return self.relative_attention_bias(buckets).permute(0, 3, 1, 2).float()
+
+
+def relative_position_bucket(
+    relative_position: torch.Tensor, bidirectional: bool, num_buckets: int, max_distance: int
+) -> torch.Tensor:
+    """T5's bucket of each key-minus-query offset (`T5Attention._relative_position_bucket`, the same operations;
+    tests/test_compat.py): half the buckets count small offsets exactly, the rest grow logarithmically up to
+    `max_distance`; bidirectional buckets split by the offset's sign, causal ones see only the past."""
+    buckets = 0
+    if bidirectional:
+        num_buckets //= 2
+        buckets += (relative_position > 0).to(torch.long) * num_buckets
+        relative_position = torch.abs(relative_position)
+    else:
+        relative_position = -torch.min(relative_position, torch.zeros_like(relative_position))
+    max_exact = num_buckets // 2
+    is_small = relative_position < max_exact
+    if_large = max_exact + (
+        torch.log(relative_position.float() / max_exact)
+        / math.log(max_distance / max_exact)
+        * (num_buckets - max_exact)
+    ).to(torch.long)
+    if_large = torch.min(if_large, torch.full_like(if_large, num_buckets - 1))
+    return buckets + torch.where(is_small, relative_position, if_large)
 
 
 def key_positions_for_bias(position_ids: torch.Tensor, past_length, kv_length: int) -> torch.Tensor:
@@ -209,6 +237,45 @@ def merge_position_bias(attention_mask, position_bias: torch.Tensor, dtype: torc
 
 
 # ------------------------------------------------------------------------------------------------------ attention
+
+
+def repeat_kv(hidden_states: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """[B, kv heads, L, D] -> [B, kv heads * n_rep, L, D], each key/value head serving its group of query heads."""
+    if n_rep == 1:
+        return hidden_states
+    batch, heads, length, dim = hidden_states.shape
+    hidden_states = hidden_states[:, :, None].expand(batch, heads, n_rep, length, dim)
+    return hidden_states.reshape(batch, heads * n_rep, length, dim)
+
+
+def eager_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    softcap: float | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The eager backend: Llama's (Gemma 2's, with `softcap`), the same operations in the same order so converted
+    models match bit for bit (tests/test_compat.py)."""
+    if scaling is None:
+        scaling = module.head_dim**-0.5
+    key_states = repeat_kv(key, module.num_key_value_groups)
+    value_states = repeat_kv(value, module.num_key_value_groups)
+    attn_weights = torch.matmul(query, key_states.transpose(2, 3)) * scaling
+    if softcap is not None:
+        attn_weights = attn_weights / softcap
+        attn_weights = torch.tanh(attn_weights)
+        attn_weights = attn_weights * softcap
+    if attention_mask is not None:
+        attn_weights = attn_weights + attention_mask
+    attn_weights = nn.functional.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)
+    attn_weights = nn.functional.dropout(attn_weights, p=dropout, training=module.training)
+    attn_output = torch.matmul(attn_weights, value_states)
+    return attn_output.transpose(1, 2).contiguous(), attn_weights
 
 
 def attention_scale(config: TfmConfig) -> float:
@@ -262,23 +329,23 @@ class TfmAttention(nn.Module):
         attention_mask: torch.Tensor | None = None,
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
         position_bias: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         key_value_states: torch.Tensor | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         input_shape = hidden_states.shape[:-1]
         query_states = self._heads(self.q_proj(hidden_states), self.q_norm)
         if self.is_cross_attention:
-            key_states, value_states = self._cross_key_values(key_value_states, past_key_values)
+            key_states, value_states = self._cross_key_values(key_value_states, cache)
         else:
             key_states, value_states = self._project_key_values(hidden_states)
             if position_embeddings is not None:
                 cos, sin = position_embeddings
                 query_states, key_states = apply_rotary(query_states, key_states, cos, sin)
-            if isinstance(past_key_values, EncoderDecoderCache):
-                past_key_values = past_key_values.self_attention_cache
-            if past_key_values is not None:
-                key_states, value_states = past_key_values.update(key_states, value_states, self.layer_idx)
+            if isinstance(cache, EncoderDecoderCache):
+                cache = cache.self_attention_cache
+            if cache is not None:
+                key_states, value_states = cache.update(key_states, value_states, self.layer_idx)
 
         implementation = self.config._attn_implementation
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)

@@ -1,7 +1,10 @@
-"""Cross-entropy over a vocabulary projection without the full logits: the scored tokens are projected a chunk at a
-time, and each chunk's gradients are taken while its logits exist, so neither the `[tokens, vocab]` float32 logits
-nor their gradient is ever held whole (Liger-Kernel's fused linear cross-entropy, in plain PyTorch so that it runs
-on any device). Same loss and gradients as projecting everything and calling transformers' loss, to rounding.
+"""hf_tfm's own losses: cross-entropy over a vocabulary projection without the full logits, and the MoE
+load-balancing loss.
+
+The cross-entropy projects the scored tokens a chunk at a time, and each chunk's gradients are taken while its logits
+exist, so neither the `[tokens, vocab]` float32 logits nor their gradient is ever held whole (Liger-Kernel's fused
+linear cross-entropy, in plain PyTorch so that it runs on any device). Same loss and gradients as projecting
+everything and calling transformers' loss, to rounding.
 """
 
 import torch
@@ -105,3 +108,27 @@ def linear_cross_entropy(
         return total / scored.sum().clamp(min=1)
     # clamped: an accumulated batch without targets has 0 items (transformers divides 0 by 0 there)
     return total / torch.as_tensor(num_items_in_batch, device=total.device).clamp(min=1)
+
+
+def load_balancing_loss(
+    router_logits: tuple[torch.Tensor, ...], num_experts: int, top_k: int, attention_mask: torch.Tensor | None = None
+) -> torch.Tensor | float:
+    """Switch Transformer's (Mixtral's) auxiliary loss over every MoE layer: `num_experts` times the sum over experts
+    of (share of top-k assignments it got) x (mean router probability it got), counting real tokens only when a
+    [batch, length] `attention_mask` is given. The same value as transformers' Mixtral `load_balancing_loss_func`
+    (tests/test_compat.py), owned here so no other model's module is imported; index_add_, so no device sync."""
+    if not isinstance(router_logits, tuple) or not router_logits:
+        return 0
+    device = router_logits[0].device
+    probabilities = torch.softmax(torch.cat([logits.to(device) for logits in router_logits]), dim=-1)
+    _, chosen = torch.topk(probabilities, top_k, dim=-1)
+    rows = probabilities.shape[0]
+    if attention_mask is None:
+        weights = torch.ones(rows, dtype=torch.float32, device=device)
+    else:
+        weights = attention_mask.reshape(-1).to(device, torch.float32).repeat(len(router_logits))
+    assignments = torch.zeros(num_experts, dtype=torch.float32, device=device)
+    assignments.index_add_(0, chosen.reshape(-1), weights.repeat_interleave(top_k))
+    probability_sums = (probabilities.float() * weights[:, None]).sum(dim=0)
+    total = weights.sum()
+    return torch.sum((assignments / total) * (probability_sums / total)) * num_experts

@@ -28,8 +28,6 @@ WEIGHT_FILE = re.compile(
     r"^(?P<kind>model|pytorch_model|adapter_model)(?P<variant>\.[^.-]+)?(-\d{5}-of-\d{5})?"
     r"\.(safetensors|bin)(\.index\.json)?$"
 )
-# what from_pretrained reads besides the weights (README, tokenizer and run record are not the model)
-MODEL_FILES = frozenset({"config.json", "generation_config.json", "adapter_config.json"})
 # modules a head adds on top of the body, and the pooler that only the classification heads use: loading a saved
 # model into another head may legitimately miss or leave over their weights, never the body's. Each head class adds
 # the name of its task layer here as it is defined (modeling_tfm.TfmHead), so no head can be left out.
@@ -85,10 +83,11 @@ def read_manifest(folder: Path) -> dict | None:
     return files
 
 
-def is_model_file(name: str) -> bool:
-    """A file from_pretrained reads: config, generation config, weights (README and tokenizer are not checked, so
-    editing a card by hand does not make a model unloadable)."""
-    return name in MODEL_FILES or WEIGHT_FILE.match(name) is not None
+def is_weight_file(name: str) -> bool:
+    """A weight file (or its index): what a load checks against the manifest. Configs, card and tokenizer are not
+    checked: users edit config.json by hand (a longer max_position_embeddings, another rope_parameters), and an
+    edit that no longer fits the weights is an error naming the field (`check_loaded_weights`)."""
+    return WEIGHT_FILE.match(name) is not None
 
 
 def verify(folder, only=None) -> None:
@@ -130,15 +129,28 @@ def _alive(pid: int) -> bool:
 
 
 def leftovers(destination: Path) -> list[tuple[Path, str, int]]:
-    """(folder, "partial" or "old", pid) of every staging or retired folder left next to `destination`."""
+    """(folder, "partial" or "old", pid) of every staging or retired folder left next to `destination`, nested ones
+    too: a save into a staging folder (a save of its own inside a bigger save, such as a run's final model) stages
+    beside it as `..NAME.partial-PID.partial-PID`."""
     if not destination.parent.is_dir():
         return []
     found = []
     for entry in destination.parent.iterdir():
         match = _LEFTOVER.match(entry.name)
-        if match and match["name"] == destination.name and entry.is_dir():
+        if match is None or not entry.is_dir():
+            continue
+        name = match["name"]
+        while name != destination.name and (inner := _LEFTOVER.match(name)):
+            name = inner["name"]
+        if name == destination.name:
             found.append((entry, match["kind"], int(match["pid"])))
     return found
+
+
+def is_staging(folder: Path) -> bool:
+    """A staging or retired folder of a save (`.NAME.partial-PID`): its writer's alone, so saves into it need no
+    staging of their own."""
+    return _LEFTOVER.match(folder.name) is not None
 
 
 def _complete(folder: Path, kind: str) -> bool:
@@ -165,7 +177,9 @@ def recover_folder(destination) -> None:
     if not stale:
         return
     if not destination.exists():
-        complete = [path for path, kind in stale if _complete(path, kind)]
+        # only a direct leftover can be the model folder; a nested one was a save inside a staging folder
+        direct = [(path, kind) for path, kind in stale if _LEFTOVER.match(path.name)["name"] == destination.name]
+        complete = [path for path, kind in direct if _complete(path, kind)]
         if complete:
             newest = max(complete, key=_saved_at)
             try:
@@ -273,11 +287,10 @@ def _hub_card_to_keep(repo_id: str, token, revision=None) -> bool:
         return False
 
 
-def upload(model, folder, repo_id: str, *, token=None, keep_hub_card: bool = False, **commit):
-    """Upload every file of `folder` in one commit (transformers' `_upload_modified_files`); the README is left out
-    when the Hub's card is to be kept."""
-    skip = {"README.md": float("inf")} if keep_hub_card else {}  # a file is uploaded when newer than its entry here
-    return model._upload_modified_files(folder, repo_id, files_timestamps=skip, token=token, **commit)
+def upload(model, folder, repo_id: str, **kwargs):
+    from .compat import upload_folder  # imported here: this module also runs alone, loaded from its file
+
+    return upload_folder(model, folder, repo_id, **kwargs)
 
 
 def save_staged(model, save, save_directory, *args, **kwargs):
@@ -286,8 +299,9 @@ def save_staged(model, save, save_directory, *args, **kwargs):
     and the manifest, then swapped in whole: an interrupted save never damages the previous one.
 
     Saved in place as transformers does on processes that do not write (not the main one, not rank 0), with
-    `distributed_checkpoint` (every rank writes), and into a folder that holds the working directory (it cannot be
-    renamed away). `push_to_hub=True` pushes the swapped-in folder afterwards."""
+    `distributed_checkpoint` (every rank writes), into a folder that holds the working directory (it cannot be
+    renamed away), and into another save's staging folder (`is_staging`: that save swaps it in whole).
+    `push_to_hub=True` pushes the swapped-in folder afterwards."""
     arguments = inspect.signature(save).bind(save_directory, *args, **kwargs)
     arguments.apply_defaults()
     options = dict(arguments.arguments)
@@ -299,6 +313,7 @@ def save_staged(model, save, save_directory, *args, **kwargs):
         or destination.is_file()
         or destination == cwd
         or destination in cwd.parents
+        or is_staging(destination)
     )
     if in_place:
         return save(save_directory, *args, **kwargs)
@@ -399,7 +414,7 @@ def check_local_folder(folder: Path) -> None:
             " or still being written). Save the model again."
         )
     if (folder / MANIFEST).is_file():
-        verify(folder, only=is_model_file)
+        verify(folder, only=is_weight_file)
 
 
 def body_weights(model, keys) -> list[str]:
@@ -425,6 +440,60 @@ def _modules_of(keys, most: int = 12) -> str:
     names = sorted(update_key_name(modules))
     more = f" (and {len(names) - most} more)" if len(names) > most else ""
     return ", ".join(names[:most]) + more
+
+
+def saved_shapes(folder: Path) -> dict[str, tuple]:
+    """Each weight's shape in the folder's safetensors files, read from their headers (no tensor is loaded)."""
+    from safetensors import safe_open
+
+    shapes = {}
+    for path in sorted(Path(folder).glob("*.safetensors")):
+        with safe_open(path, "pt") as weights:
+            shapes.update((key, tuple(weights.get_slice(key).get_shape())) for key in weights.keys())
+    return shapes
+
+
+def shape_mismatches(model_class, config, saved: dict) -> list[tuple[str, tuple, tuple]]:
+    """(weight, saved shape, shape `config` makes) wherever they differ; the model is built on the meta device."""
+    import torch
+
+    with torch.device("meta"):
+        built = {key: tuple(value.shape) for key, value in model_class(config).state_dict().items()}
+    return [(key, shape, built[key]) for key, shape in saved.items() if key in built and built[key] != shape]
+
+
+def size_mismatch_message(model_class, config, folder: Path) -> str | None:
+    """Name the config.json field (a hand edit) that makes the weights' shapes differ: the field which, put back to
+    the width the weights have, makes the most of them fit (`hidden_size=64 in config.json, 32-wide weights`); then
+    the weights themselves. None when no saved shape differs."""
+    saved = saved_shapes(folder)
+    mismatched = shape_mismatches(model_class, config, saved)
+    if not mismatched:
+        return None
+    values = config.to_dict()
+    candidates = {}  # (field, saved width) -> mismatches left with the field set to it
+    for _, saved_shape, built_shape in mismatched:
+        for was, now in zip(saved_shape, built_shape):
+            for field, value in values.items():
+                if was != now and value == now and type(value) is int and (field, was) not in candidates:
+                    try:
+                        trial = type(config)(**{**values, field: was})
+                        candidates[field, was] = len(shape_mismatches(model_class, trial, saved))
+                    except Exception:  # noqa: BLE001  (a value the config refuses is not the culprit)
+                        continue
+    best = min(candidates.values(), default=len(mismatched))
+    culprits = [
+        f"{field}={values[field]} in config.json, {was}-wide weights"
+        for (field, was), left in candidates.items()
+        if left == best and best < len(mismatched)
+    ]
+    shown = [f"{key}: saved {shape}, config makes {built}" for key, shape, built in mismatched[:4]]
+    more = f" (and {len(mismatched) - 4} more)" if len(mismatched) > 4 else ""
+    return (
+        f"the weights in {folder} do not fit its config.json: {'; '.join(culprits) or 'shapes differ'} "
+        f"({'; '.join(shown)}{more}). Put the field back to what the weights were trained with, or pass "
+        "strict=False (or ignore_mismatched_sizes=True) to load the mismatched weights freshly initialised."
+    )
 
 
 def check_loaded_weights(model, info: dict, source) -> None:
@@ -459,7 +528,16 @@ def load_checked(load, source, *model_args, strict: bool = True, **kwargs):
     if folder is not None:
         check_local_folder(folder)
     want_info = kwargs.pop("output_loading_info", False)
-    model, info = load(source, *model_args, output_loading_info=True, **kwargs)
+    try:
+        model, info = load(source, *model_args, output_loading_info=True, **kwargs)
+    except RuntimeError as error:  # transformers refuses mismatched sizes after printing a report: name the field
+        if folder is None or "ignore_mismatched_sizes" not in str(error):
+            raise
+        model_class = load.__self__
+        message = size_mismatch_message(model_class, model_class.config_class.from_pretrained(folder), folder)
+        if message is None:
+            raise
+        raise ValueError(message) from error
     if strict and not kwargs.get("ignore_mismatched_sizes", False):
         check_loaded_weights(model, info, source)
     return (model, info) if want_info else model

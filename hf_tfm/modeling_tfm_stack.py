@@ -18,12 +18,19 @@ from transformers.masking_utils import (
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPoolingAndCrossAttentions
 from transformers.modeling_utils import PreTrainedModel
-from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
 from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs, maybe_install_capturing_hooks
 
+from .compat import (
+    CACHE_NAMES,
+    accepts_legacy_cache_argument,
+    cache_output,
+    experts_settable,
+    mask_cache,
+    slice_logits_to_keep,
+)
 from .configuration_tfm import TfmConfig, round_up_to_multiple
 from .configuration_tfm_parallel import check_parallel_layout
 from .modeling_tfm_layers import (
@@ -43,20 +50,8 @@ from .modeling_tfm_layers import (
     make_norm,
     sinusoidal_table,
 )
+from .modeling_tfm_loss import load_balancing_loss
 from .modeling_tfm_saving import load_checked, push_with_card, save_staged
-
-try:  # transformers >= 5.21
-    from transformers.modeling_utils import slice_logits_to_keep
-except ImportError:  # transformers 5.17-5.20: the same function, as 5.21 added it
-
-    def slice_logits_to_keep(hidden_states: torch.Tensor, logits_to_keep: int | torch.Tensor) -> torch.Tensor:
-        if isinstance(logits_to_keep, torch.Tensor) and logits_to_keep.ndim == 2:
-            if logits_to_keep.dtype == torch.bool:
-                return hidden_states[logits_to_keep]
-            return torch.take_along_dim(hidden_states, logits_to_keep[..., None], dim=1)
-        if isinstance(logits_to_keep, int):
-            logits_to_keep = slice(-logits_to_keep, None)
-        return hidden_states[:, logits_to_keep, :]
 
 
 @dataclass
@@ -124,7 +119,7 @@ class TfmBlock(GradientCheckpointingLayer):
         position_bias: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> torch.Tensor:
@@ -132,7 +127,7 @@ class TfmBlock(GradientCheckpointingLayer):
             attention_mask=attention_mask,
             position_embeddings=position_embeddings,
             position_bias=position_bias,
-            past_key_values=past_key_values,
+            cache=cache,
             **kwargs,
         )
         if self.parallel_residual:  # GPT-NeoX: both branches read the block input
@@ -148,22 +143,10 @@ class TfmBlock(GradientCheckpointingLayer):
                 self.cross_attn,
                 attention_mask=encoder_attention_mask,
                 key_value_states=encoder_hidden_states,
-                past_key_values=past_key_values,
+                cache=cache,
                 **kwargs,
             )
         return self._residual(hidden_states, self.ffn_norm, self.post_ffn_norm, self.mlp)
-
-
-class ExpertsSettable:
-    """`_can_set_experts_implementation` is a classmethod in transformers, but whether a backend can run depends
-    on the config: an instance answers with the decorated method, the class (asked by tools before building a
-    model) with True, as any hf_tfm class can hold experts."""
-
-    def __init__(self, method):
-        self.method = method
-
-    def __get__(self, instance, owner=None):
-        return (lambda: True) if instance is None else self.method.__get__(instance, owner)
 
 
 def sum_over_data_parallel_ranks(model: nn.Module, tensor: torch.Tensor) -> torch.Tensor:
@@ -191,7 +174,7 @@ class TfmPreTrainedModel(PreTrainedModel):
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
     _no_split_modules = ["TfmBlock"]
-    _skip_keys_device_placement = ["past_key_values"]
+    _skip_keys_device_placement = CACHE_NAMES
     _supports_flash_attn = True
     _supports_sdpa = True
     _supports_flex_attn = True
@@ -204,11 +187,9 @@ class TfmPreTrainedModel(PreTrainedModel):
         "router_logits": OutputRecorder(TfmRouter, index=0),
     }
 
-    @ExpertsSettable
+    @experts_settable
     def _can_set_experts_implementation(self) -> bool:
-        # transformers' classmethod greps the model class's own file for `@use_experts_implementation`; our experts
-        # live in modeling_tfm_layers.py, so it would say no and grouped_mm would silently fall back to eager.
-        # A model answers from its config: yes exactly when it has MoE layers.
+        # a model answers from its config: yes exactly when it has MoE layers (compat.experts_settable says why)
         return self.config.has_moe_layers()
 
     @classmethod
@@ -218,16 +199,17 @@ class TfmPreTrainedModel(PreTrainedModel):
             check_parallel_layout(model.config, distributed_config)
         return super().maybe_distribute_model(model, distributed_config, *args, **kwargs)
 
-    def create_masks_for_generate(self, inputs_embeds, attention_mask=None, past_key_values=None, **kwargs):
+    @accepts_legacy_cache_argument
+    def create_masks_for_generate(self, inputs_embeds, attention_mask=None, cache=None, **kwargs):
         # generate() calls this for a static cache, the one whose decode step it compiles, so that each step gets masks
         # of the cache's full length: a padding mask passed on as it is grows by a token per step, and the compiled
         # step would recompile at every token for its new shape (and run eagerly once dynamo gives up). The masks are
         # the generating stack's own (each layer type's, and the full mask a position bias adds to), built as its
         # forward builds them.
         stack = self.model.decoder if self.config.is_encoder_decoder else self.model
-        if isinstance(past_key_values, EncoderDecoderCache):
-            past_key_values = past_key_values.self_attention_cache
-        return stack.build_masks(inputs_embeds, attention_mask, past_key_values)
+        if isinstance(cache, EncoderDecoderCache):
+            cache = cache.self_attention_cache
+        return stack.build_masks(inputs_embeds, attention_mask, cache)
 
     def _sdpa_can_dispatch(self, is_init_check: bool = False) -> bool:
         # sdpa cannot soft-cap attention scores: refused when asked for, and the default falls back to eager
@@ -341,7 +323,7 @@ class TfmPreTrainedModel(PreTrainedModel):
         `with_z_loss`, so that a model trained without it does not pay for it)."""
         # 2D padding masks only: not prepared 4D masks, nor the per-layer-type masks a static-cache generate() passes
         mask = attention_mask if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2 else None
-        aux = load_balancing_loss_func(router_logits, self.config.num_experts, self.config.num_experts_per_tok, mask)
+        aux = load_balancing_loss(router_logits, self.config.num_experts, self.config.num_experts_per_tok, mask)
         weights = mask.reshape(-1).float() if mask is not None else None
         z_loss = 0.0
         for logits in router_logits if with_z_loss else ():
@@ -602,7 +584,7 @@ class TfmStack(TfmPreTrainedModel):
             hidden_states = self.embed_norm(hidden_states)
         return maybe_dropout(self.embed_dropout, hidden_states)
 
-    def packed_sequence_ids(self, position_ids, attention_mask, past_key_values, batch: int) -> torch.Tensor | None:
+    def packed_sequence_ids(self, position_ids, attention_mask, cache, batch: int) -> torch.Tensor | None:
         """Which example each token belongs to [batch, length] when rows hold several examples back to back, as
         DataCollatorWithFlattening lays them out: position_ids given by the caller that restart (fall back) inside
         a row, with no attention_mask and nothing cached. None for an ordinary batch, and for positions the stack
@@ -616,7 +598,7 @@ class TfmStack(TfmPreTrainedModel):
             return None  # check_inputs names the wrong shape
         if position_ids.shape[1] == 1:  # one token is one example (and a decode step: a static cache's length below
             return None  # is a device tensor, comparing it would be a host sync per step)
-        if past_key_values is not None and (compiling or past_key_values.get_seq_length() > 0):
+        if cache is not None and (compiling or cache.get_seq_length() > 0):
             return None  # continuing cached sequences
         if compiling and self.cross_attention:
             return None
@@ -631,9 +613,9 @@ class TfmStack(TfmPreTrainedModel):
                 "follow: cross-attention would not know which example's encoder output a token belongs to. Pad the "
                 "batch instead (decoder_attention_mask)."
             )
-        if past_key_values is not None:
+        if cache is not None:
             raise ValueError(
-                "position_ids restart inside a row (packed sequences) but past_key_values were given: a cache of "
+                "position_ids restart inside a row (packed sequences) but a cache was given: a cache of "
                 "several examples in one row could not be continued. Pass no cache for packed rows, or an "
                 "attention_mask for a padded batch."
             )
@@ -644,7 +626,7 @@ class TfmStack(TfmPreTrainedModel):
             )
         return sequence_ids
 
-    def build_masks(self, inputs_embeds, attention_mask, past_key_values, sequence_ids=None) -> dict:
+    def build_masks(self, inputs_embeds, attention_mask, cache, sequence_ids=None) -> dict:
         """The mask of each layer type in use, from transformers' mask helpers (sliding ones for sliding layers).
         Packed rows (`sequence_ids` from `packed_sequence_ids`) get a block-diagonal mask on top: each token attends
         within its own example only. The helpers take it as an `and_mask_function`; the causal ones would detect
@@ -668,7 +650,7 @@ class TfmStack(TfmPreTrainedModel):
                 config=self.config,
                 inputs_embeds=inputs_embeds,
                 attention_mask=attention_mask,
-                past_key_values=past_key_values,
+                **mask_cache(cache),
                 # an additive position bias needs the full causal mask to add to; sdpa would otherwise get None
                 allow_is_causal_skip=self.position_bias is None,
                 **packed,
@@ -705,6 +687,7 @@ class TfmStack(TfmPreTrainedModel):
             maybe_install_capturing_hooks(self)
         return super().train(mode)
 
+    @accepts_legacy_cache_argument
     @merge_with_config_defaults
     @capture_outputs
     def forward(
@@ -712,7 +695,7 @@ class TfmStack(TfmPreTrainedModel):
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         token_type_ids: torch.LongTensor | None = None,
         encoder_hidden_states: torch.Tensor | None = None,
@@ -725,16 +708,16 @@ class TfmStack(TfmPreTrainedModel):
         batch, length = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
         if not self.is_causal:
             use_cache = False  # an encoder sees its whole input at once: nothing to cache
-        sequence_ids = self.packed_sequence_ids(position_ids, attention_mask, past_key_values, batch)
+        if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+            # the backward pass re-runs each block: a cache would take its keys twice. transformers' checkpointing
+            # layer drops it by keyword, whose name differs between releases: dropped here for all of them
+            use_cache, cache = False, None
+        sequence_ids = self.packed_sequence_ids(position_ids, attention_mask, cache, batch)
         if sequence_ids is not None:
             use_cache = False  # packed rows are trained on or scored, never continued
-        if use_cache and past_key_values is None:
-            past_key_values = self.new_cache()
-        self_cache = (
-            past_key_values.self_attention_cache
-            if isinstance(past_key_values, EncoderDecoderCache)
-            else past_key_values
-        )
+        if use_cache and cache is None:
+            cache = self.new_cache()
+        self_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
         past_length = self_cache.get_seq_length() if self_cache is not None else 0
         device = (input_ids if input_ids is not None else inputs_embeds).device
         if position_ids is None:
@@ -774,7 +757,7 @@ class TfmStack(TfmPreTrainedModel):
                 position_bias,
                 attention_mask=masks[kind],
                 position_embeddings=None if index in nope else rotary.get(kind),
-                past_key_values=past_key_values,
+                cache=cache,
                 encoder_attention_mask=encoder_attention_mask,
                 **kwargs,
             )
@@ -783,7 +766,7 @@ class TfmStack(TfmPreTrainedModel):
         return TfmModelOutput(
             last_hidden_state=hidden_states,
             pooler_output=self.pooler(hidden_states) if self.pooler is not None else None,
-            past_key_values=past_key_values,
+            **cache_output(cache),
         )
 
     def cross_attention_mask(self, hidden_states, encoder_hidden_states, encoder_attention_mask):

@@ -1,5 +1,6 @@
 """Shared fixtures: tiny shapes, offline, deterministic."""
 
+import functools
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -57,6 +58,27 @@ def assert_same_state_dict(actual: dict, expected: dict) -> None:
     assert sorted(actual) == sorted(expected)
     for key, value in expected.items():
         assert torch.equal(actual[key], value), key
+
+
+@functools.cache
+def flex_attention_compiles() -> str | None:
+    """None when torch's compiler can build flex_attention on this machine, else why not. Asked of torch alone (no
+    hf_tfm code), so a test skips only where the backend itself is unavailable; an error that hf_tfm's code raises
+    while being traced still fails it."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    try:
+        query = torch.randn(1, 1, 16, 8)
+        torch.compile(flex_attention)(query, query, query)
+    except Exception as error:  # noqa: BLE001  (any failure of the compiler means the backend is unavailable)
+        return f"{type(error).__name__}: {error}".splitlines()[0][:300]
+    return None
+
+
+def require_flex_attention() -> None:
+    reason = flex_attention_compiles()
+    if reason is not None:
+        pytest.skip(f"flex_attention cannot be compiled by this torch build: {reason}")
 
 
 POSITION_TYPES = ["learned", "sinusoidal", "rope", "alibi", "relative_bias", "none"]

@@ -123,8 +123,27 @@ def test_softcapping_refuses_sdpa_and_caps_logits():
     assert model.config._attn_implementation == "eager"  # the default falls back from sdpa
     with pytest.raises(ValueError, match="attn_logit_softcapping"):
         model.set_attn_implementation("sdpa")
-    with torch.no_grad():
-        assert model(torch.randint(3, VOCAB, (1, 5))).logits.abs().max() < 3.0
+    # weights scaled up, so that logits and scores would pass the caps: the same model without caps shows they do
+    options = dict(DECODER_OPTIONS["softcapping"])
+    ids = torch.randint(3, VOCAB, (1, 5))
+    outputs = {}
+    for name, caps in {
+        "capped": {},
+        "no final cap": {"final_logit_softcapping": None},
+        "no caps": {"final_logit_softcapping": None, "attn_logit_softcapping": None},
+    }.items():
+        capped = decoder(**{**options, **caps})
+        with torch.no_grad():
+            capped.lm_head.weight.mul_(10.0)
+            for layer in capped.model.layers:
+                layer.self_attn.q_proj.weight.mul_(30.0)
+                layer.self_attn.k_proj.weight.mul_(30.0)
+            outputs[name] = capped(ids).logits
+    raw = outputs["no final cap"]
+    assert raw.abs().max() > 3.0  # the cap has something to cap
+    assert outputs["capped"].abs().max() <= 3.0
+    torch.testing.assert_close(outputs["capped"], 3.0 * torch.tanh(raw / 3.0), rtol=1e-5, atol=1e-5)
+    assert (outputs["no caps"] - raw).abs().max() > 1e-2  # the attention cap changes the scores it caps
 
 
 def test_unit_offset_rmsnorm_starts_as_identity_scale():

@@ -142,6 +142,40 @@ def test_recovery_takes_the_newest_complete_leftover_of_dead_processes_only(tmp_
     assert siblings(destination) == [".model.partial-1", "model"]
 
 
+def test_leftovers_of_saves_inside_a_staging_folder_are_removed_whatever_their_name(tmp_path):
+    """A run's final save stages `.model.partial-PID` and saves the model into it; a kill there once left doubled
+    names (`..model.partial-PID.partial-PID`) beside model/ that no later save removed. Every leftover of a dead
+    process goes at the next save, nested or not; a running process's are kept."""
+    destination = tmp_path / "model"
+    replace_folder(version_writer(1), destination)
+    dead = [dead_pid() for _ in range(3)]
+    names = [
+        f".model.partial-{dead[0]}",
+        f"..model.partial-{dead[0]}.partial-{dead[0]}",
+        f"..model.partial-{dead[1]}.old-{dead[1]}",
+        f"...model.partial-{dead[2]}.partial-{dead[2]}.partial-{dead[2]}",
+        "..model.partial-1.partial-1",  # pid 1 always runs
+    ]
+    for name in names:
+        (tmp_path / name).mkdir()
+    (tmp_path / ".other.partial-1").mkdir()  # another folder's: never touched
+    assert len(leftovers(destination)) == 5
+    replace_folder(version_writer(2), destination)
+    assert version_of(destination) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["..model.partial-1.partial-1", ".other.partial-1", "model"]
+
+
+def test_a_save_into_a_staging_folder_is_written_in_place(tmp_path):
+    """The model saved inside another save's staging folder (a run's final save) writes there directly: the outer
+    save swaps the whole folder in, so a staging folder of its own is one more thing a kill could leave behind."""
+    model = tiny_model()
+    staging = tmp_path / f".model.partial-{os.getpid()}"
+    staging.mkdir()
+    model.save_pretrained(staging)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [staging.name]
+    assert (staging / "config.json").is_file()
+
+
 def test_a_folder_missing_with_nothing_complete_left_is_a_clear_error(tmp_path):
     folder = tmp_path / f".model.partial-{dead_pid()}"
     folder.mkdir()
@@ -392,3 +426,46 @@ def test_save_pretrained_keeps_a_richer_card_and_survives_a_failing_one(tmp_path
     assert not (tmp_path / "no-card" / "README.md").exists()
     assert "was not written (RuntimeError: template missing); the model is saved" in caplog.text
     AutoModelForCausalLM.from_pretrained(tmp_path / "no-card")
+
+
+# ------------------------------------------------------------------------------------- config.json edited by hand
+
+
+def edit_config(folder: Path, **fields) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **fields}, indent=2))
+
+
+def test_a_hand_edited_config_loads(tmp_path):
+    """The manifest guards the weights: a config.json edited by hand (a longer context, another RoPE scaling, no
+    cache) loads, and the edit takes effect."""
+    model = tiny_model(position_embedding_type="rope")
+    model.save_pretrained(tmp_path / "model")
+    rope = {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}
+    edit_config(tmp_path / "model", max_position_embeddings=128, rope_parameters=rope, use_cache=False)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "model")
+    assert loaded.config.max_position_embeddings == 128 and loaded.config.rope_parameters["rope_type"] == "linear"
+    assert not loaded.config.use_cache
+    for key, value in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[key], value), key
+
+
+def test_a_config_edit_that_no_longer_fits_the_weights_names_the_field(tmp_path):
+    model = tiny_model(position_embedding_type="rope")
+    model.save_pretrained(tmp_path / "model")
+    edit_config(tmp_path / "model", hidden_size=64)
+    with pytest.raises(ValueError, match=r"hidden_size=64 in config.json, 32-wide weights \(model.embed_tokens"):
+        AutoModelForCausalLM.from_pretrained(tmp_path / "model")
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "model", strict=False, ignore_mismatched_sizes=True)
+    assert loaded.config.hidden_size == 64
+
+
+def test_altered_weights_are_still_refused_when_the_config_is_edited(tmp_path):
+    model = tiny_model()
+    model.save_pretrained(tmp_path / "model")
+    edit_config(tmp_path / "model", use_cache=False)
+    with open(tmp_path / "model" / "model.safetensors", "r+b") as weights:
+        weights.seek(-8, os.SEEK_END)
+        weights.write(b"\x00" * 8)
+    with pytest.raises(CorruptCheckpoint, match="model.safetensors does not match its manifest"):
+        AutoModelForCausalLM.from_pretrained(tmp_path / "model")

@@ -1,5 +1,6 @@
 """The `hf-tfm` command, the main job, the presets and the embedded corpus."""
 
+import importlib
 import re
 import shlex
 import subprocess
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 from conftest import VOCAB, assert_same_state_dict, perturb
 from test_minilm import minilm_dir
 from transformers import (
@@ -81,7 +83,6 @@ FAMILY_CLASSES = [
 def test_convert_command_round_trip_every_family(tmp_path, converter, reference):
     """`hf-tfm convert` turns a saved checkpoint of every family in its table into hf_tfm and back: the saved hf_tfm
     model computes the reference outputs, and the folder converted back holds the same class and state dict."""
-    pytest.importorskip(converter.module, reason=f"{converter.module} is not in this checkout yet")
     original = tiny_reference(converter, reference)
     original.save_pretrained(tmp_path / converter.name)
     main(["convert", str(tmp_path / converter.name), str(tmp_path / "tfm")])
@@ -106,8 +107,13 @@ PRESET_FAMILIES = [
 def test_presets_named_after_a_family_convert_to_it(preset, converter):
     """`llama-1.3m`, `qwen3-moe-2.9m`...: a preset named after a family is that family's architecture (fields its
     own model never reads, such as a dense width beside experts, do not block it)."""
-    module = pytest.importorskip(converter.module, reason=f"{converter.module} is not in this checkout yet")
-    getattr(module, f"tfm_config_to_{converter.name}")(preset_config(preset))
+    preset_fields = preset_config(preset)
+    family = getattr(importlib.import_module(converter.module), f"tfm_config_to_{converter.name}")(preset_fields)
+    assert type(family) in {getattr(transformers, name).config_class for name in converter.references}
+    for field in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"):
+        assert family.get_text_config().to_dict().get(field, getattr(family, field, None)) == getattr(
+            preset_fields, field
+        ), field
 
 
 def test_convert_command_keeps_the_tokenizer(tmp_path):

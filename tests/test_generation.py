@@ -2,11 +2,12 @@
 
 import pytest
 import torch
-from conftest import POSITION_TYPES, VOCAB, tiny_model
-from torch._dynamo.exc import TorchDynamoException
+from conftest import POSITION_TYPES, VOCAB, require_flex_attention, tiny_model
 from torch._dynamo.utils import counters
 from transformers import CompileConfig
 from transformers.cache_utils import DynamicCache
+
+from hf_tfm.compat import CACHE_NAME
 
 ATOL = 1e-5
 PAD = 0  # tiny_config's pad_token_id
@@ -93,7 +94,7 @@ def test_cache_matches_full_forward(position):
                 input_ids[:, t : t + 1],
                 attention_mask=attention_mask[:, : t + 1],
                 position_ids=position_ids[:, t : t + 1],
-                past_key_values=out.past_key_values,
+                past_key_values=out.get(CACHE_NAME),
                 use_cache=True,
             )
             steps.append(out.logits)
@@ -131,15 +132,13 @@ def test_attention_backends_agree(position):
     input_ids, attention_mask, position_ids = padded_batch(lengths=(16, 11))
     real = attention_mask.bool()
     logits = {}
+    require_flex_attention()
     for implementation in ("eager", "sdpa", "flex_attention"):
         model.set_attn_implementation(implementation)
-        try:
-            with torch.no_grad():
-                logits[implementation] = model(
-                    input_ids, attention_mask=attention_mask, position_ids=position_ids
-                ).logits[real]
-        except TorchDynamoException as error:  # only torch's compiler failing, never an hf_tfm error
-            pytest.skip(f"flex_attention cannot be compiled by this torch build: {type(error).__name__}: {error}")
+        with torch.no_grad():
+            logits[implementation] = model(input_ids, attention_mask=attention_mask, position_ids=position_ids).logits[
+                real
+            ]
     torch.testing.assert_close(logits["sdpa"], logits["eager"], atol=ATOL, rtol=0)
     torch.testing.assert_close(logits["flex_attention"], logits["eager"], atol=ATOL, rtol=0)
 

@@ -31,6 +31,7 @@ from hf_tfm import (
     TfmEncoderDecoderConfig,
     TfmEncoderDecoderForConditionalGeneration,
 )
+from hf_tfm.compat import CACHE_NAME
 
 STEPS = 3
 GREEDY = dict(do_sample=False, max_new_tokens=STEPS + 1, min_new_tokens=STEPS + 1)
@@ -293,7 +294,7 @@ def test_first_forward_still_names_a_bad_token_id():
     with pytest.raises(ValueError, match=match):
         model.generate(bad, attention_mask=torch.ones_like(bad), **GREEDY)
     with torch.no_grad():
-        past = model(prompt(), use_cache=True).past_key_values
+        past = model(prompt(), use_cache=True).get(CACHE_NAME)
     with pytest.raises(ValueError, match=match):
         model(bad[:, 1:3], past_key_values=past)
 

@@ -43,6 +43,7 @@ CODE_FILES = {
     "modeling_tfm_saving.py",
     "modeling_tfm_loss.py",
     "configuration_tfm_parallel.py",
+    "compat.py",
 }
 TOKENIZER_FILES = {"tokenizer.json", "tokenizer_config.json"}
 GREEDY = {"max_new_tokens": 5, "min_new_tokens": 5, "do_sample": False}

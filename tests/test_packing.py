@@ -7,10 +7,9 @@ import json
 
 import pytest
 import torch
-from conftest import VOCAB, tiny_config
+from conftest import VOCAB, require_flex_attention, tiny_config
 from datasets import Dataset
 from test_train import tiny_config_file, tiny_spec
-from torch._dynamo.exc import TorchDynamoException
 from transformers import AttentionInterface, DataCollatorWithFlattening, default_data_collator
 from transformers.cache_utils import DynamicCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -24,6 +23,7 @@ from hf_tfm import (
     TfmEncoderForMaskedLM,
 )
 from hf_tfm.cli import main
+from hf_tfm.compat import CACHE_NAME
 from hf_tfm.training import run as run_module
 from hf_tfm.training.data import best_fit_decreasing, document_examples, pack_examples, packing_collator
 from hf_tfm.training.tokenizers import train_byte_level_bpe, train_wordpiece
@@ -138,10 +138,8 @@ def test_packed_flex_attention_matches_padded(build, position):
     examples = example_ids()
     labels = None if build is decoder else mlm_labels(examples)
     expected = logits_of(build("eager", position_embedding_type=position), padded(examples, labels))
-    try:
-        actual = logits_of(build("flex_attention", position_embedding_type=position), packed(examples, labels))
-    except TorchDynamoException as error:  # only torch's compiler failing, never an hf_tfm error
-        pytest.skip(f"flex_attention cannot be compiled by this torch build: {type(error).__name__}: {error}")
+    require_flex_attention()
+    actual = logits_of(build("flex_attention", position_embedding_type=position), packed(examples, labels))
     torch.testing.assert_close(actual, expected, **TOLERANCE)
 
 
@@ -225,8 +223,8 @@ def test_packed_rows_are_never_cached():
     model = decoder()
     batch = packed(example_ids())
     with torch.no_grad():
-        assert model(input_ids=batch["input_ids"], position_ids=batch["position_ids"]).past_key_values is None
-        with pytest.raises(ValueError, match="position_ids restart inside a row .* past_key_values were given"):
+        assert model(input_ids=batch["input_ids"], position_ids=batch["position_ids"]).get(CACHE_NAME) is None
+        with pytest.raises(ValueError, match="position_ids restart inside a row .* a cache was given"):
             model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], past_key_values=DynamicCache())
 
 

@@ -100,8 +100,14 @@ def test_trust_remote_code_without_package(tmp_path):
             with torch.no_grad():
                 logits = model(data["input"], attention_mask=data["mask"]).logits
             torch.testing.assert_close(logits, want["logits"], rtol=0, atol=0)
-            tokens = model.generate(data["input"], attention_mask=data["mask"], max_new_tokens=5, do_sample=False)
-            assert torch.equal(tokens, want["tokens"]), name
+            out = model.generate(
+                data["input"], attention_mask=data["mask"], max_new_tokens=5, do_sample=False,
+                return_dict_in_generate=True,
+            )
+            assert torch.equal(out.sequences, want["tokens"]), name
+            # the cache went back to the model at every step (transformers 5.24 renamed its keyword)
+            cache = out["cache"] if "cache" in out else out["past_key_values"]
+            assert cache.get_seq_length() == out.sequences.shape[1] - 1, (name, cache.get_seq_length())
         print("loaded", len(data["expected"]))
         """,
         tmp_path,

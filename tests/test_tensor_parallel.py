@@ -25,7 +25,8 @@ from transformers.distributed import DistributedConfig
 from transformers.distributed.tensor_parallel import ALL_PARALLEL_STYLES
 
 from hf_tfm import TfmDecoderConfig, TfmEncoderConfig, TfmEncoderDecoderConfig
-from hf_tfm.configuration_tfm_parallel import TOKEN_DISPATCH, check_parallel_layout
+from hf_tfm.compat import TOKEN_DISPATCH
+from hf_tfm.configuration_tfm_parallel import check_parallel_layout
 from hf_tfm.modeling_tfm import (
     TfmDecoderForCausalLM,
     TfmDecoderForSequenceClassification,

@@ -34,6 +34,7 @@ from transformers.trainer import TRAINER_STATE_NAME
 
 from hf_tfm_cli.spec import RunSpec
 
+from ..compat import load_trainer_checkpoint
 from ..hub.card import RUN_RECORD, read_run_record, write_card_from_run
 from ..presets import preset_path
 from . import tokenizers
@@ -435,7 +436,7 @@ def train(spec: RunSpec) -> dict:
     before = before_training(spec, trainer, output, resume_from)
     if resume_from is not None and step_of(resume_from) >= spec.max_steps:
         # Trainer checks max_steps only after a step: resuming a finished run would train one step past it
-        trainer._load_from_checkpoint(str(resume_from))
+        load_trainer_checkpoint(trainer, str(resume_from))
         trainer.state = TrainerState.load_from_json(str(resume_from / TRAINER_STATE_NAME))
     else:
         train_until_diverged(trainer, output, csv_log, resume_from)

@@ -1,0 +1,146 @@
+"""`make test-matrix`: the release-sensitive tests against every transformers minor release, lower bound to newest.
+
+The releases are read from the package index when this runs (never written down here), so the next CI run after a
+new transformers release tests it with no change to the project. One venv (build/venv-matrix) is reused; only
+transformers (and whatever its own requirements move) is swapped between releases. Each release prints one line,
+`transformers 5.21.1: 512 passed`, and the run fails if any release fails.
+
+    python tests/release_matrix.py --torch torch==2.13.0 [--releases 5.17.0 5.24.0] [--skip-installed-in .venv]
+"""
+
+import argparse
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV = ROOT / "build" / "venv-matrix"
+# What can break between releases: the modeling API (cache, masks, outputs, attention and experts interfaces), the
+# generation loop, loading and remote code, converters against transformers' own classes, PEFT's wrapping,
+# tensor/expert parallel plans, and the compatibility table. Training, data and metrics code only meets Trainer, which
+# the full suite covers on the newest release.
+TESTS = [
+    "tests/test_compat.py",
+    "tests/test_config.py",
+    "tests/test_modeling.py",
+    "tests/test_block_options.py",
+    "tests/test_parity.py",
+    "tests/test_generation.py",
+    "tests/test_host_sync.py",
+    "tests/test_save_load.py",
+    "tests/test_encoder_decoder.py",
+    "tests/test_t5_bart_parity.py",
+    "tests/test_moe.py",
+    "tests/test_vocab_padding.py",
+    "tests/test_peft.py",
+    "tests/test_tensor_parallel.py",
+    *sorted(str(path.relative_to(ROOT)) for path in (ROOT / "tests").glob("test_convert_*.py")),
+]
+EXTRA_PACKAGES = ["peft", "pytest", "pytest-xdist"]
+
+
+def supported_range() -> tuple[tuple[int, ...], int]:
+    """pyproject.toml's `transformers>=LOWER,<UPPER` as (lower version, upper major)."""
+    text = (ROOT / "pyproject.toml").read_text()
+    match = re.search(r'"transformers>=([\d.]+),<(\d+)"', text)
+    if match is None:
+        raise SystemExit("pyproject.toml: no `transformers>=X,<Y` requirement found")
+    return parse(match.group(1)), int(match.group(2))
+
+
+def parse(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("."))
+
+
+def index_releases(python: Path) -> list[str]:
+    """Every transformers release the package index offers now, as `pip index versions` lists them."""
+    result = subprocess.run(
+        [str(python), "-m", "pip", "index", "versions", "transformers"], capture_output=True, text=True, check=True
+    )
+    match = re.search(r"Available versions: (.+)", result.stdout)
+    if match is None:
+        raise SystemExit(f"pip index versions transformers printed no versions:\n{result.stdout}{result.stderr}")
+    return [v.strip() for v in match.group(1).split(",")]
+
+
+def newest_patch_per_minor(releases: list[str], lower: tuple[int, ...], upper_major: int) -> list[str]:
+    """Final releases (no rc/dev) from `lower` up to the upper major, the newest patch of each minor, oldest first."""
+    final = [parse(v) for v in releases if re.fullmatch(r"\d+\.\d+\.\d+", v)]
+    chosen: dict[tuple[int, int], tuple[int, ...]] = {}
+    for version in final:
+        minor = version[:2]
+        if lower[:2] <= minor and version[0] < upper_major and (minor not in chosen or version > chosen[minor]):
+            chosen[minor] = version
+    return [".".join(map(str, chosen[minor])) for minor in sorted(chosen)]
+
+
+def run(command: list[str], **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([str(part) for part in command], cwd=ROOT, text=True, **kwargs)
+
+
+def make_venv(torch_requirement: str) -> Path:
+    python = VENV / "bin" / "python"
+    if not python.exists():
+        run([sys.executable, "-m", "venv", VENV], check=True)
+        run([python, "-m", "pip", "install", "-q", torch_requirement], check=True)
+        run([python, "-m", "pip", "install", "-q", "-e", ".", *EXTRA_PACKAGES], check=True)
+    return python
+
+
+def installed_transformers(python: Path) -> str:
+    result = run([python, "-c", "import transformers; print(transformers.__version__)"], capture_output=True)
+    return result.stdout.strip()
+
+
+def test_release(python: Path, release: str) -> tuple[bool, str]:
+    """Install `release` in the matrix venv and run TESTS; (passed, pytest's closing counts)."""
+    install = run([python, "-m", "pip", "install", "-q", f"transformers=={release}"], capture_output=True)
+    if install.returncode != 0:
+        return False, "install failed: " + install.stderr.strip().splitlines()[-1]
+    if installed_transformers(python) != release:
+        return False, f"installed {installed_transformers(python)!r} instead"
+    tests = run([python, "-m", "pytest", "-n", "2", "-q", "-p", "no:cacheprovider", *TESTS], capture_output=True)
+    lines = [line for line in tests.stdout.splitlines() if line.strip()]
+    summary = lines[-1].strip("= ") if lines else "no output"
+    if tests.returncode != 0:
+        failures = [line for line in lines if line.startswith(("FAILED", "ERROR"))]
+        print("\n".join(failures[:30]), file=sys.stderr)
+    return tests.returncode == 0, re.sub(r" in [\d.]+s.*", "", summary)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--torch", default="torch", help="the torch requirement for the venv (make passes the pin)")
+    parser.add_argument("--releases", nargs="+", help="test these releases instead of those the index offers")
+    parser.add_argument(
+        "--skip-installed-in",
+        type=Path,
+        help="a venv whose transformers the full suite has just tested (CI's .venv): that release is not rerun",
+    )
+    args = parser.parse_args(argv)
+    python = make_venv(args.torch)
+    lower, upper_major = supported_range()
+    releases = args.releases or newest_patch_per_minor(index_releases(python), lower, upper_major)
+    skipped = None
+    if args.skip_installed_in is not None:
+        skipped = installed_transformers(args.skip_installed_in / "bin" / "python")
+    print(f"transformers releases >= {'.'.join(map(str, lower))}, < {upper_major}: {', '.join(releases)}", flush=True)
+    results = {}
+    for release in releases:
+        if release == skipped:
+            print(f"transformers {release}: the full suite ran on it (make test)", flush=True)
+            continue
+        started = time.time()
+        passed, summary = test_release(python, release)
+        results[release] = passed
+        print(f"transformers {release}: {summary} ({time.time() - started:.0f} s)", flush=True)
+    failed = [release for release, passed in results.items() if not passed]
+    if failed:
+        print(f"FAILED on transformers {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
