@@ -120,6 +120,40 @@ def upload_folder(model, folder, repo_id: str, *, token=None, keep_hub_card: boo
     return model._upload_modified_files(folder, repo_id, files_timestamps=skip, token=token, **commit)
 
 
+def checkpointing_argument(enabled: bool) -> dict:
+    """TrainingArguments' activation checkpointing switch: `activation_checkpointing` from transformers 5.23 (the old
+    `gradient_checkpointing` warns there), `gradient_checkpointing` before."""
+    from transformers import TrainingArguments
+
+    fields = TrainingArguments.__dataclass_fields__
+    return {"activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing": enabled}
+
+
+def run_before_from_pretrained(auto_class, check) -> None:
+    """Make `auto_class.from_pretrained(path, ...)` call `check(auto_class_or_subclass, path, ...)` first (once, even
+    if hf_tfm is imported again). transformers offers no pre-load hook on the Auto classes: the classmethod's
+    function is wrapped."""
+    if getattr(auto_class.from_pretrained, "runs_hf_tfm_check", False):
+        return
+    function = auto_class.from_pretrained.__func__
+
+    @functools.wraps(function)
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        check(cls, pretrained_model_name_or_path, *args, **kwargs)
+        return function(cls, pretrained_model_name_or_path, *args, **kwargs)
+
+    from_pretrained.runs_hf_tfm_check = True
+    auto_class.from_pretrained = classmethod(from_pretrained)
+
+
+def fold_layer_numbers(names) -> list[str]:
+    """Weight or module names with their layer numbers folded (`model.layers.{0, 1}.mlp`), as transformers' loading
+    report prints them."""
+    from transformers.utils.loading_report import update_key_name
+
+    return sorted(update_key_name(dict.fromkeys(names, "")))
+
+
 def load_trainer_checkpoint(trainer, checkpoint: str) -> None:
     """Load a Trainer checkpoint's weights into `trainer.model` without training (a run resumed at its last step).
     transformers has no public call for it; `Trainer._load_from_checkpoint` is what `train(resume_from_checkpoint=)`
@@ -185,6 +219,13 @@ def _probe_trainer_checkpoint() -> str | None:
     )
 
 
+def _has_training_field(*names) -> str | None:
+    from transformers import TrainingArguments
+
+    fields = TrainingArguments.__dataclass_fields__
+    return None if any(name in fields for name in names) else f"TrainingArguments has none of {names}"
+
+
 def _probe_capturing_hooks() -> str | None:
     from transformers.utils import output_capturing
 
@@ -192,9 +233,8 @@ def _probe_capturing_hooks() -> str | None:
 
 
 def _probe_loading_report() -> str | None:
-    from transformers.utils.loading_report import update_key_name
-
-    return None if update_key_name({"a.0.b": "", "a.1.b": ""}) else "update_key_name returned nothing"
+    folded = fold_layer_numbers(["a.0.b", "a.1.b"])
+    return None if folded == ["a.{0, 1}.b"] else f"update_key_name folds a.0.b, a.1.b into {folded}"
 
 
 def _probe_auto_from_pretrained() -> str | None:
@@ -247,6 +287,13 @@ TABLE = [
         _probe_trainer_checkpoint,
     ),
     Row(
+        "TrainingArguments checkpointing",
+        "checkpointing_argument: `activation_checkpointing` (5.23+) or `gradient_checkpointing` (5.17-5.22)",
+        "5.17-5.22 `gradient_checkpointing`; 5.23+ `activation_checkpointing` (the old name deprecated)",
+        "`activation_checkpointing` alone once the lower bound reaches 5.23",
+        lambda: _has_training_field("activation_checkpointing", "gradient_checkpointing"),
+    ),
+    Row(
         "output_capturing.maybe_install_capturing_hooks",
         "installs the router-logit capture hooks in train(), outside any compiled graph (transformers installs "
         "them on first use under a lock dynamo cannot trace)",
@@ -256,14 +303,15 @@ TABLE = [
     ),
     Row(
         "loading_report.update_key_name",
-        "folds layer numbers in the names of weights an error lists (modeling_tfm_saving)",
+        "fold_layer_numbers: layer numbers folded in the weights an error lists (modeling_tfm_saving)",
         "all",
         "a local folding function",
         _probe_loading_report,
     ),
     Row(
         "Auto*.from_pretrained.__func__",
-        "the Auto classes' from_pretrained is wrapped to name a wrong model_type in an hf_tfm config.json",
+        "run_before_from_pretrained: the Auto classes' from_pretrained is wrapped to name a wrong model_type in an "
+        "hf_tfm config.json (config_json_checks)",
         "all",
         "a public pre-load hook of the Auto classes",
         _probe_auto_from_pretrained,

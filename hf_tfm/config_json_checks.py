@@ -7,13 +7,13 @@ folder's config.json first and, only when its auto_map names one of hf_tfm's con
 everything else goes to transformers unchanged. Not remote code: installed with hf_tfm, applied on `import hf_tfm`.
 """
 
-import functools
 import json
 import os
 import re
 
 import transformers
 
+from .compat import run_before_from_pretrained
 from .configuration_tfm import TfmDecoderConfig, TfmEncoderConfig, TfmEncoderDecoderConfig
 
 _PARADIGMS = {config.model_type: config for config in (TfmDecoderConfig, TfmEncoderConfig, TfmEncoderDecoderConfig)}
@@ -48,21 +48,12 @@ def check_config_json(folder, auto_class: str = "AutoConfig") -> None:
         )
 
 
-def _checking_config_json(from_pretrained):
-    function = from_pretrained.__func__
-
-    @functools.wraps(function)
-    def wrapper(cls, pretrained_model_name_or_path, *args, **kwargs):
-        if not isinstance(kwargs.get("config"), transformers.PreTrainedConfig):  # a given config replaces the file's
-            check_config_json(pretrained_model_name_or_path, cls.__name__)
-        return function(cls, pretrained_model_name_or_path, *args, **kwargs)
-
-    wrapper.checks_hf_tfm_config_json = True
-    return classmethod(wrapper)
+def _check_before_load(auto_class, pretrained_model_name_or_path, *args, **kwargs) -> None:
+    if not isinstance(kwargs.get("config"), transformers.PreTrainedConfig):  # a given config replaces the file's
+        check_config_json(pretrained_model_name_or_path, auto_class.__name__)
 
 
 def check_config_json_on_load() -> None:
     auto_names = {"AutoConfig"}.union(*(c.auto_classes for c in _PARADIGMS.values()))
     for auto_class in (getattr(transformers, name) for name in sorted(auto_names)):
-        if not getattr(auto_class.from_pretrained, "checks_hf_tfm_config_json", False):  # once, if re-imported
-            auto_class.from_pretrained = _checking_config_json(auto_class.from_pretrained)
+        run_before_from_pretrained(auto_class, _check_before_load)

@@ -434,10 +434,9 @@ def body_weights(model, keys) -> list[str]:
 
 def _modules_of(keys, most: int = 12) -> str:
     """The modules the weights belong to, layer numbers folded (`model.layers.{0, 1}.mlp.gate_proj`)."""
-    from transformers.utils.loading_report import update_key_name
+    from .compat import fold_layer_numbers  # imported here: this module also runs alone, loaded from its file
 
-    modules = dict.fromkeys(sorted({key.rsplit(".", 1)[0] for key in keys}), "")  # one value: folded together
-    names = sorted(update_key_name(modules))
+    names = fold_layer_numbers({key.rsplit(".", 1)[0] for key in keys})
     more = f" (and {len(names) - most} more)" if len(names) > most else ""
     return ", ".join(names[:most]) + more
 

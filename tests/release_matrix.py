@@ -18,9 +18,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / "build" / "venv-matrix"
 # What can break between releases: the modeling API (cache, masks, outputs, attention and experts interfaces), the
-# generation loop, loading and remote code, converters against transformers' own classes, PEFT's wrapping,
-# tensor/expert parallel plans, and the compatibility table. Training, data and metrics code only meets Trainer, which
-# the full suite covers on the newest release.
+# generation loop, pipelines, loading, saving and remote code, converters against transformers' own classes, PEFT's
+# wrapping, tensor/expert parallel plans, and the compatibility table. The Trainer-facing tests (test_trainer_features,
+# test_train, test_hub's local Hub server) are written against the newest releases' API and run in the full suite.
 TESTS = [
     "tests/test_compat.py",
     "tests/test_config.py",
@@ -36,9 +36,17 @@ TESTS = [
     "tests/test_vocab_padding.py",
     "tests/test_peft.py",
     "tests/test_tensor_parallel.py",
+    "tests/test_encoder.py",
+    "tests/test_heads.py",
+    "tests/test_bad_input.py",
+    "tests/test_fused_loss.py",
+    "tests/test_packing.py",
+    "tests/test_upcycle.py",
+    "tests/test_checkpoints.py",
+    "tests/test_card.py",
     *sorted(str(path.relative_to(ROOT)) for path in (ROOT / "tests").glob("test_convert_*.py")),
 ]
-EXTRA_PACKAGES = ["peft", "pytest", "pytest-xdist"]
+EXTRA = ".[test]"  # the extras the tests import (PEFT, datasets, tokenizers, pytest)
 
 
 def supported_range() -> tuple[tuple[int, ...], int]:
@@ -85,7 +93,7 @@ def make_venv(torch_requirement: str) -> Path:
     if not python.exists():
         run([sys.executable, "-m", "venv", VENV], check=True)
         run([python, "-m", "pip", "install", "-q", torch_requirement], check=True)
-        run([python, "-m", "pip", "install", "-q", "-e", ".", *EXTRA_PACKAGES], check=True)
+        run([python, "-m", "pip", "install", "-q", "-e", EXTRA], check=True)
     return python
 
 

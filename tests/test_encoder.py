@@ -377,7 +377,7 @@ def test_feature_extraction_pipeline(pipeline_folders):
 def test_question_answering_pipeline_is_removed(pipeline_folders):
     """transformers 5 removed the question-answering pipeline (QA is tested through the model's head instead)."""
     folders, _ = pipeline_folders
-    with pytest.raises(KeyError, match="question-answering has been removed"):
+    with pytest.raises(KeyError, match="question-answering"):  # "has been removed" (5.23+), "Unknown task" before
         pipeline("question-answering", model=str(folders[TfmEncoderForMaskedLM]))
 
 

@@ -34,7 +34,7 @@ from transformers.trainer import TRAINER_STATE_NAME
 
 from hf_tfm_cli.spec import RunSpec
 
-from ..compat import load_trainer_checkpoint
+from ..compat import checkpointing_argument, load_trainer_checkpoint
 from ..hub.card import RUN_RECORD, read_run_record, write_card_from_run
 from ..presets import preset_path
 from . import tokenizers
@@ -250,7 +250,7 @@ def training_arguments(spec: RunSpec, output: Path) -> TrainingArguments:
         seed=spec.seed,
         data_seed=spec.seed,
         bf16=spec.bf16,
-        activation_checkpointing=spec.gradient_checkpointing,
+        **checkpointing_argument(spec.gradient_checkpointing),
         torch_compile=spec.torch_compile,
         report_to=spec.report_to,
         # without an accelerator, say so: else `accelerate launch` on CPU starts N processes that each train alone
