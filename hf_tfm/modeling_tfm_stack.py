@@ -211,6 +211,13 @@ class TfmPreTrainedModel(PreTrainedModel):
             cache = cache.self_attention_cache
         return stack.build_masks(inputs_embeds, attention_mask, cache)
 
+    def post_init(self):
+        # an attention backend or serving engine that cannot run this config is refused now, when the model is
+        # built or loaded (vLLM builds it with attn_implementation="vllm"), not at its first request
+        if refusal := self.config.backend_refusal(self.config._attn_implementation):
+            raise ValueError(refusal)
+        super().post_init()
+
     def _sdpa_can_dispatch(self, is_init_check: bool = False) -> bool:
         # sdpa cannot soft-cap attention scores: refused when asked for, and the default falls back to eager
         if self.config.attn_logit_softcapping is not None:

@@ -276,3 +276,47 @@ def test_other_folders_keep_transformers_messages(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="trust_remote_code=True"):
         AutoConfig.from_pretrained(tmp_path, trust_remote_code=False)
+
+
+# ---------------------------------------------------------------------------------- backends and serving engines
+
+
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        (dict(position_embedding_type="alibi"), "position_embedding_type='alibi'"),
+        (dict(position_embedding_type="relative_bias"), "position_embedding_type='relative_bias'"),
+        (dict(num_experts=4, num_experts_per_tok=2), "hidden_act='gelu'"),
+        (dict(num_experts=4, num_experts_per_tok=2, hidden_act="silu", scoring_func="sigmoid"), "scoring_func"),
+        (dict(num_experts=4, num_experts_per_tok=2, hidden_act="silu", capacity_factor=1.5), "capacity_factor"),
+        (dict(num_experts=4, num_experts_per_tok=2, hidden_act="silu", router_bias_update_rate=0.01), "router_bias"),
+        (
+            dict(num_experts=4, num_experts_per_tok=2, hidden_act="silu", shared_expert_intermediate_size=32),
+            "shared_expert_intermediate_size",
+        ),
+    ],
+)
+def test_what_vllm_cannot_express_is_named(overrides, field):
+    assert field in tiny_config(**overrides).backend_refusal("vllm")
+
+
+def test_what_vllm_can_express_passes():
+    for overrides in (dict(), dict(num_experts=4, num_experts_per_tok=2, hidden_act="silu"), dict(sliding_window=4)):
+        assert tiny_config(position_embedding_type="rope", **overrides).backend_refusal("vllm") is None
+    assert tiny_config(TfmEncoderDecoderConfig).backend_refusal("vllm").startswith("model_type")
+    for implementation in ("eager", "sdpa", "flex_attention", None):
+        assert tiny_config(position_embedding_type="alibi").backend_refusal(implementation) is None
+
+
+def test_a_backend_that_cannot_add_a_bias_is_refused_when_the_model_is_built():
+    """Not at the first forward (a serving engine would already be serving): when the model is built or loaded."""
+    from transformers import AutoModelForCausalLM
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    ALL_ATTENTION_FUNCTIONS.register("engine_without_bias", ALL_ATTENTION_FUNCTIONS["sdpa"])
+    with pytest.raises(ValueError, match="position_embedding_type='alibi' adds a bias"):
+        AutoModelForCausalLM.from_config(
+            tiny_config(position_embedding_type="alibi"), attn_implementation="engine_without_bias"
+        )
+    model = AutoModelForCausalLM.from_config(tiny_config(), attn_implementation="engine_without_bias")
+    assert model.config._attn_implementation == "engine_without_bias"

