@@ -1,6 +1,7 @@
 """Shipping without PyTorch modeling code: torch.export through transformers' static-cache wrapper (the ExecuTorch
 path) and ONNX (hf_tfm.onnx_export) run by onnxruntime, each proved against hf_tfm's own outputs."""
 
+import numpy as np
 import pytest
 import torch
 from conftest import perturb, tiny_config
@@ -140,3 +141,38 @@ def test_onnx_export_keeps_the_models_attention_backend(tmp_path):
     model.set_attn_implementation("sdpa")
     export_onnx(model, tmp_path)
     assert model.config._attn_implementation == "sdpa"
+
+
+# --------------------------------------------------------------------------------------------------------- GGUF
+
+
+def test_gguf_written_from_a_converted_model_reads_back_and_loads_exactly(tmp_path, monkeypatch):
+    """The gguf package reads back every tensor and the metadata llama.cpp needs; transformers' GGUF loader (which
+    undoes llama.cpp's Q/K row order) gives hf_tfm's logits exactly. Without that row order it would not."""
+    gguf = pytest.importorskip("gguf", reason="gguf is in the export extras")
+    from transformers import LlamaForCausalLM
+
+    import hf_tfm
+    from hf_tfm import gguf_export
+
+    torch.manual_seed(0)
+    model = perturb(TfmDecoderForCausalLM(hf_tfm.preset_config("llama-1.3m")), scale=0.05)
+    gguf_export.write_llama_gguf(model, tmp_path / "model.gguf")
+    reader = gguf.GGUFReader(str(tmp_path / "model.gguf"))
+    config = model.config
+    assert len(reader.tensors) == 2 + 9 * config.num_hidden_layers  # tied: no output.weight
+    fields = {name: field.parts[-1] for name, field in reader.fields.items()}
+    assert fields["general.architecture"].tobytes() == b"llama"
+    assert int(fields["llama.block_count"][0]) == config.num_hidden_layers
+    assert int(fields["llama.attention.head_count_kv"][0]) == config.num_key_value_heads
+    embedding = next(t for t in reader.tensors if t.name == "token_embd.weight")
+    assert np.array_equal(np.asarray(embedding.data), model.model.embed_tokens.weight.detach().numpy())
+    ids = torch.randint(3, config.vocab_size, (2, 9))
+    with torch.no_grad():
+        expected = model(ids).logits
+        loaded = LlamaForCausalLM.from_pretrained(tmp_path, gguf_file="model.gguf")
+        assert torch.equal(loaded(ids).logits, expected)
+        monkeypatch.setattr(gguf_export, "llama_cpp_rows", lambda weight, heads: weight)  # negative control
+        gguf_export.write_llama_gguf(model, tmp_path / "unpermuted.gguf")
+        unpermuted = LlamaForCausalLM.from_pretrained(tmp_path, gguf_file="unpermuted.gguf")
+        assert (unpermuted(ids).logits - expected).abs().max() > 1e-3

@@ -22,7 +22,12 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 import hf_tfm
-from hf_tfm import TfmDecoderForCausalLM, TfmEncoderDecoderConfig, TfmEncoderDecoderForConditionalGeneration
+from hf_tfm import (
+    TfmDecoderForCausalLM,
+    TfmEncoderDecoderConfig,
+    TfmEncoderDecoderForConditionalGeneration,
+    TfmEncoderModel,
+)
 
 PROMPTS = [[5, 6, 7, 8, 9], [11, 12], [20, 21, 22, 23, 24, 25, 26, 27], [40, 41, 42]]  # continuous batching
 NEW_TOKENS = 12
@@ -137,6 +142,42 @@ def test_encoder_decoder_is_refused_at_load(tmp_path):
     TfmEncoderDecoderForConditionalGeneration(config).save_pretrained(tmp_path / "t5")
     result = serve(tmp_path / "t5")
     assert result.returncode != 0 and "RESULT" not in result.stdout
+
+
+EMBED_RUNNER = textwrap.dedent(
+    """
+    import json, sys
+    from vllm import LLM
+
+    if __name__ == "__main__":
+        llm = LLM(model=sys.argv[1], model_impl="transformers", trust_remote_code=True, dtype="float32",
+                  max_model_len=64, enforce_eager=True, runner="pooling", convert="embed")
+        outputs = llm.embed([{"prompt_token_ids": p} for p in json.loads(sys.argv[2])])
+        print("RESULT " + json.dumps([o.outputs.embedding for o in outputs]), flush=True)
+    """
+)
+
+
+def test_encoder_embeddings_through_the_pooling_runner_equal_the_forward(tmp_path):
+    """An hf_tfm encoder served for embeddings (vLLM's pooling runner: first-token pooling, normalised) gives
+    hf_tfm's own first-token hidden state, normalised, for each prompt."""
+    torch.manual_seed(0)
+    model = TfmEncoderModel(hf_tfm.preset_config("bert-1.4m")).eval()
+    model.save_pretrained(tmp_path / "encoder")
+    word_tokenizer(model.config.vocab_size).save_pretrained(tmp_path / "encoder")
+    result = subprocess.run(
+        [sys.executable, "-c", EMBED_RUNNER, str(tmp_path / "encoder"), json.dumps(PROMPTS)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=ENV,
+    )
+    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+    assert result.returncode == 0 and lines, result.stderr[-4000:]
+    served = torch.tensor(json.loads(lines[-1].removeprefix("RESULT ")))
+    with torch.no_grad():
+        first = torch.stack([model(torch.tensor([p])).last_hidden_state[0, 0] for p in PROMPTS])
+    torch.testing.assert_close(served, torch.nn.functional.normalize(first, dim=-1), rtol=0, atol=1e-5)
 
 
 def free_port() -> int:
