@@ -5,7 +5,8 @@ the same model and prompts: 32 prompts of different lengths, 64 new tokens each,
     -> benchmarks/results/vllm-cpu-<date>.json
 
 vLLM batches the prompts continuously (no padding); generate() runs them as one left-padded batch, as a user would.
-Each side runs `--repeats` times after one warm-up; medians are reported. The model is `llama-19m` (hidden 256,
+Both sides are built first, warmed up once, then run `--repeats` rounds in alternating order; medians and the
+spread ((slowest - fastest) / median) are reported. The model is `llama-19m` (hidden 256,
 4 layers, vocab 32000) with random weights, so that generation runs the full 64 tokens.
 """
 
@@ -41,7 +42,8 @@ def save_model(folder: Path, preset: str) -> None:
     model.save_pretrained(folder)
 
 
-def time_generate(folder: Path, batch: list[list[int]], new_tokens: int, repeats: int) -> list[float]:
+def generate_call(folder: Path, batch: list[list[int]], new_tokens: int):
+    """hf_tfm's generate() on the prompts as one left-padded batch, as a user would run it."""
     from transformers import AutoModelForCausalLM
 
     import hf_tfm  # noqa: F401  (registers the model types)
@@ -50,16 +52,15 @@ def time_generate(folder: Path, batch: list[list[int]], new_tokens: int, repeats
     width = max(map(len, batch))
     ids = torch.tensor([[0] * (width - len(p)) + p for p in batch])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
-    seconds = []
-    for _ in range(repeats + 1):  # the first is the warm-up
-        started = time.perf_counter()
+
+    def call():
         with torch.no_grad():
             model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens)
-        seconds.append(time.perf_counter() - started)
-    return seconds[1:]
+
+    return call
 
 
-def time_vllm(folder: Path, batch: list[list[int]], new_tokens: int, repeats: int) -> list[float]:
+def vllm_call(folder: Path, batch: list[list[int]], new_tokens: int):
     from vllm import LLM, SamplingParams
 
     llm = LLM(
@@ -73,12 +74,20 @@ def time_vllm(folder: Path, batch: list[list[int]], new_tokens: int, repeats: in
     )
     params = SamplingParams(max_tokens=new_tokens, min_tokens=new_tokens, temperature=0.0, detokenize=False)
     inputs = [{"prompt_token_ids": p} for p in batch]
-    seconds = []
-    for _ in range(repeats + 1):
-        started = time.perf_counter()
-        llm.generate(inputs, params, use_tqdm=False)
-        seconds.append(time.perf_counter() - started)
-    return seconds[1:]
+    return lambda: llm.generate(inputs, params, use_tqdm=False)
+
+
+def alternating(calls: dict, repeats: int) -> dict[str, list[float]]:
+    """Each call once as warm-up, then `repeats` rounds in alternating order; seconds per call."""
+    seconds = {name: [] for name in calls}
+    for call in calls.values():
+        call()
+    for round_ in range(repeats):
+        for name in sorted(calls, reverse=bool(round_ % 2)):
+            started = time.perf_counter()
+            calls[name]()
+            seconds[name].append(time.perf_counter() - started)
+    return seconds
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -86,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--preset", default="llama-19m")
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     import transformers
@@ -96,13 +105,17 @@ def main(argv: list[str] | None = None) -> None:
         folder = Path(scratch) / "model"
         save_model(folder, args.preset)
         batch = prompts(args.prompts, 32000)
-        measured = {
-            "generate": time_generate(folder, batch, args.new_tokens, args.repeats),
-            "vllm": time_vllm(folder, batch, args.new_tokens, args.repeats),
-        }
+        calls = {"generate": generate_call(folder, batch, args.new_tokens)}
+        calls["vllm"] = vllm_call(folder, batch, args.new_tokens)
+        measured = alternating(calls, args.repeats)
     tokens = args.prompts * args.new_tokens
     rows = {
-        side: {"median_s": statistics.median(s), "seconds": s, "tokens_per_s": tokens / statistics.median(s)}
+        side: {
+            "median_s": statistics.median(s),
+            "seconds": s,
+            "tokens_per_s": tokens / statistics.median(s),
+            "spread": (max(s) - min(s)) / statistics.median(s),
+        }
         for side, s in measured.items()
     }
     record = {
@@ -117,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
     path = RESULTS / f"vllm-cpu-{record['date']}.json"
     path.write_text(json.dumps(record, indent=2) + "\n")
     for side, row in rows.items():
-        print(f"{side:9s} {row['tokens_per_s']:10.1f} tokens/s (median of {args.repeats})")
+        print(f"{side:9s} {row['tokens_per_s']:10.1f} tokens/s (median of {args.repeats}, spread {row['spread']:.0%})")
     print(f"vLLM / generate(): {record['vllm_over_generate']:.2f}x; written: {path}")
 
 
