@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / "build" / "venv-matrix"
 # What can break between releases: the modeling API (cache, masks, outputs, attention and experts interfaces), the
 # generation loop, pipelines, loading, saving and remote code, converters against transformers' own classes, PEFT's
-# wrapping, tensor/expert parallel plans, and the compatibility table. The Trainer-facing tests (test_trainer_features,
+# wrapping, tensor/expert parallel plans, export (transformers' static-cache export wrapper, ONNX, GGUF loading), and
+# the compatibility table. The Trainer-facing tests (test_trainer_features,
 # test_train, test_hub's local Hub server) are written against the newest releases' API and run in the full suite.
 TESTS = [
     "tests/test_compat.py",
@@ -44,6 +45,7 @@ TESTS = [
     "tests/test_upcycle.py",
     "tests/test_checkpoints.py",
     "tests/test_card.py",
+    "tests/test_export.py",
     *sorted(str(path.relative_to(ROOT)) for path in (ROOT / "tests").glob("test_convert_*.py")),
 ]
 EXTRA = ".[test]"  # the extras the tests import (PEFT, datasets, tokenizers, pytest)
