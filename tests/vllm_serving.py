@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import perturb
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
@@ -65,11 +66,7 @@ def word_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
 def saved_model(folder: Path, config) -> list[list[int]]:
     """Save a model of `config` (weights perturbed away from their init) with a tokenizer; its greedy tokens."""
     torch.manual_seed(0)
-    model = TfmDecoderForCausalLM(config).eval()
-    with torch.no_grad():
-        for tensor in model.state_dict().values():
-            if tensor.is_floating_point():
-                tensor.add_(torch.randn_like(tensor) * 0.05)
+    model = perturb(TfmDecoderForCausalLM(config), scale=0.05)
     model.generation_config.eos_token_id = None  # both sides generate exactly NEW_TOKENS
     model.config.eos_token_id = None
     model.save_pretrained(folder)
