@@ -51,6 +51,7 @@ from .modeling_tfm_layers import (
     sinusoidal_table,
 )
 from .modeling_tfm_loss import load_balancing_loss
+from .modeling_tfm_quantization import finish_torchao_loading
 from .modeling_tfm_saving import load_checked, push_with_card, save_staged
 
 
@@ -355,9 +356,13 @@ class TfmPreTrainedModel(PreTrainedModel):
         missing and its manifest must verify (altered weights are an error naming the file), and weights that do not
         fit the config are an error instead of a logged report. Loading into another head (a masked LM into
         `...ForSequenceClassification`) may miss the new head's weights and leave the old head's over; the body's
-        must match. `strict=False` (or `ignore_mismatched_sizes=True`) accepts any mismatch, as transformers does."""
+        must match. `strict=False` (or `ignore_mismatched_sizes=True`) accepts any mismatch, as transformers does.
+        With a torchao `quantization_config`, the MoE experts' 3D weights are quantised too (modeling_tfm_quantization).
+        """
         load = super().from_pretrained
-        return load_checked(load, pretrained_model_name_or_path, *model_args, strict=strict, **kwargs)
+        loaded = load_checked(load, pretrained_model_name_or_path, *model_args, strict=strict, **kwargs)
+        finish_torchao_loading(loaded[0] if isinstance(loaded, tuple) else loaded)
+        return loaded
 
     def resize_token_embeddings(self, new_num_tokens=None, pad_to_multiple_of=None, mean_resizing=True):
         """transformers' `resize_token_embeddings`, keeping the vocabulary apart from the tables' padding:

@@ -42,6 +42,7 @@ CODE_FILES = {
     "modeling_tfm_layers.py",
     "modeling_tfm_saving.py",
     "modeling_tfm_loss.py",
+    "modeling_tfm_quantization.py",
     "configuration_tfm_parallel.py",
     "compat.py",
 }
