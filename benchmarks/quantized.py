@@ -2,7 +2,8 @@
 weights memory, batch-1 decode tokens/s and how far the logits move. GPT-2-, Llama- and Mixtral-shaped pairs of
 hundreds of MB in fp32 (random weights: the reference built, hf_tfm converted from it exactly), CPU.
 
-    python -m benchmarks.quantized    # -> benchmarks/results/quantized-cpu-<date>.json (~15 min, 2 cores)
+    python -m benchmarks.quantized    # -> benchmarks/results/quantized-cpu-<date>.json (~6 min, 2 cores)
+    python -m benchmarks.quantized --linear    # one Linear at batch 1, fp32 against int8 weight-only, bias or not
 
 Each model is saved, then loaded with `from_pretrained(..., quantization_config=TorchAoConfig(...))` as a user would:
 int8 weight-only (`Int8WeightOnlyConfig`) and int8 dynamic activation (`Int8DynamicActivationInt8WeightConfig`).
@@ -149,14 +150,46 @@ def run_pair(name: str, folder: Path, new_tokens: int, repeats: int) -> dict:
     return {"reference": reference_class.__name__, "rows": rows}
 
 
+def linear_probe(repeats: int = 2000) -> dict:
+    """Microseconds per batch-1 call of one Linear of GPT-2's widths, fp32 against torchao int8 weight-only, with and
+    without a bias: where int8 decode is slower than fp32, this shows which layers pay."""
+    from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+    rows = {}
+    for bias in (False, True):
+        for inputs, outputs in ((768, 768), (768, 3072), (3072, 768)):
+            torch.manual_seed(0)
+            fp32 = torch.nn.Linear(inputs, outputs, bias=bias)
+            int8 = torch.nn.Linear(inputs, outputs, bias=bias)
+            int8.load_state_dict(fp32.state_dict())
+            quantize_(int8, Int8WeightOnlyConfig())
+            x = torch.randn(1, 1, inputs)
+            work = {}
+            for name, layer in (("fp32", fp32), ("int8", int8)):
+                work[name] = lambda layer=layer: [layer(x) for _ in range(repeats)]
+            with torch.no_grad():
+                seconds = alternating_medians(work, warmup=1, repeats=5, device=torch.device("cpu"))
+            rows[f"{inputs}->{outputs} bias={bias}"] = {
+                f"{name}_us": round(timing["median_s"] / repeats * 1e6, 1) for name, timing in seconds.items()
+            }
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", nargs="+", default=list(PAIRS), choices=list(PAIRS))
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--linear", action="store_true", help="only the one-Linear probe (linear_probe)")
     parser.add_argument("--output", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(2)
+    if args.linear:
+        record = header("cpu", "python -m benchmarks.quantized --linear", torch.device("cpu"))
+        record["linear_us"] = linear_probe()
+        print(record["linear_us"])
+        write(record, "quantized-linear-cpu", args.output)
+        return
     command = "python -m benchmarks.quantized " + " ".join(f"--pairs {' '.join(args.pairs)}".split())
     record = header("cpu", command, torch.device("cpu"))
     record.update(new_tokens=args.new_tokens, repeats=args.repeats, pairs={})

@@ -46,6 +46,7 @@ TESTS = [
     "tests/test_checkpoints.py",
     "tests/test_card.py",
     "tests/test_export.py",
+    "tests/test_quantization.py",
     *sorted(str(path.relative_to(ROOT)) for path in (ROOT / "tests").glob("test_convert_*.py")),
 ]
 EXTRA = ".[test]"  # the extras the tests import (PEFT, datasets, tokenizers, pytest)
@@ -95,7 +96,7 @@ def make_venv(torch_requirement: str) -> Path:
     if not python.exists():
         run([sys.executable, "-m", "venv", VENV], check=True)
         run([python, "-m", "pip", "install", "-q", torch_requirement], check=True)
-        run([python, "-m", "pip", "install", "-q", "-e", EXTRA], check=True)
+    run([python, "-m", "pip", "install", "-q", "-e", EXTRA], check=True)  # a reused venv gets extras added since
     return python
 
 
