@@ -23,8 +23,15 @@ import tempfile
 from pathlib import Path
 
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM
-from transformers import TorchAoConfig
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
+    TorchAoConfig,
+)
 
 from benchmarks.measure import alternating_medians
 from benchmarks.record import header, write
@@ -67,7 +74,8 @@ PAIRS = {
 def configs() -> dict:
     from torchao.quantization import Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig
 
-    return {"fp32": None, "int8-weight-only": Int8WeightOnlyConfig, "int8-dynamic": Int8DynamicActivationInt8WeightConfig}
+    dynamic = Int8DynamicActivationInt8WeightConfig
+    return {"fp32": None, "int8-weight-only": Int8WeightOnlyConfig, "int8-dynamic": dynamic}
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
@@ -166,7 +174,7 @@ def linear_probe(repeats: int = 2000) -> dict:
             x = torch.randn(1, 1, inputs)
             work = {}
             for name, layer in (("fp32", fp32), ("int8", int8)):
-                work[name] = lambda layer=layer: [layer(x) for _ in range(repeats)]
+                work[name] = lambda layer=layer, x=x: [layer(x) for _ in range(repeats)]
             with torch.no_grad():
                 seconds = alternating_medians(work, warmup=1, repeats=5, device=torch.device("cpu"))
             rows[f"{inputs}->{outputs} bias={bias}"] = {

@@ -18,7 +18,7 @@ EXPERT_WEIGHTS = ("gate_up_proj", "down_proj")
 
 
 def expert_modules(model: nn.Module) -> dict[str, nn.Module]:
-    """Modules holding fused 3D expert weights (hf_tfm's `TfmExperts`, transformers' Mixtral-style experts), by name."""
+    """Modules holding fused 3D expert weights (hf_tfm's `TfmExperts`, transformers' Mixtral-style ones), by name."""
     return {
         name: module
         for name, module in model.named_modules()

@@ -357,7 +357,7 @@ class TfmPreTrainedModel(PreTrainedModel):
         fit the config are an error instead of a logged report. Loading into another head (a masked LM into
         `...ForSequenceClassification`) may miss the new head's weights and leave the old head's over; the body's
         must match. `strict=False` (or `ignore_mismatched_sizes=True`) accepts any mismatch, as transformers does.
-        With a torchao `quantization_config`, the MoE experts' 3D weights are quantised too (modeling_tfm_quantization).
+        With a torchao `quantization_config` the MoE experts' 3D weights are quantised too (modeling_tfm_quantization).
         """
         load = super().from_pretrained
         loaded = load_checked(load, pretrained_model_name_or_path, *model_args, strict=strict, **kwargs)

@@ -19,7 +19,7 @@ from hf_tfm.convert_llama import llama_to_tfm
 from hf_tfm.convert_mixtral import mixtral_to_tfm
 from hf_tfm.modeling_tfm_quantization import expert_modules, is_quantized, quantize_expert_weights
 
-quantization = pytest.importorskip("torchao.quantization", reason="torchao is in the test extras: pip install '.[test]'")
+quantization = pytest.importorskip("torchao.quantization", reason="torchao is in the test extras: pip install .[test]")
 WEIGHT_ONLY, DYNAMIC = quantization.Int8WeightOnlyConfig, quantization.Int8DynamicActivationInt8WeightConfig
 
 MOE = dict(position_embedding_type="rope", num_experts=4, num_experts_per_tok=2, hidden_act="silu", ffn_type="glu")
@@ -68,9 +68,12 @@ def quantized_weights(model) -> list[torch.Tensor]:
 def dequantized_copy(quantized, fp32_folder) -> torch.nn.Module:
     """The full-precision model holding exactly the weights the quantised one computes with."""
     copy = type(quantized).from_pretrained(fp32_folder).eval()
-    state = {name: value.dequantize() if is_quantized(value) else value for name, value in quantized.state_dict().items()}
+    state = {
+        name: value.dequantize() if is_quantized(value) else value for name, value in quantized.state_dict().items()
+    }
     copy.load_state_dict(state)
-    copy.set_experts_implementation("eager") if expert_modules(copy) else None
+    if expert_modules(copy):
+        copy.set_experts_implementation("eager")
     return copy
 
 
@@ -107,7 +110,7 @@ def test_a_quantised_model_saves_and_reloads_exactly(tmp_path, name, config):
     model.save_pretrained(tmp_path / "int8")
     again = load(name, tmp_path / "int8")
     assert again.config.quantization_config.quant_method == "torchao"
-    assert [type(weight) for weight in quantized_weights(again)] == [type(weight) for weight in quantized_weights(model)]
+    assert list(map(type, quantized_weights(again))) == list(map(type, quantized_weights(model)))
     assert torch.equal(logits(again), logits(model))
     if model.config.is_encoder_decoder or name == "decoder-moe":
         ids = inputs(model)["input_ids"][:1]
@@ -117,7 +120,8 @@ def test_a_quantised_model_saves_and_reloads_exactly(tmp_path, name, config):
 
 def test_quantised_experts_run_the_eager_loop(tmp_path):
     _, folder = saved(tmp_path, "decoder-moe")
-    assert load("decoder-moe", folder, experts_implementation="grouped_mm").config._experts_implementation == "grouped_mm"
+    plain = load("decoder-moe", folder, experts_implementation="grouped_mm")
+    assert plain.config._experts_implementation == "grouped_mm"
     quantized = load("decoder-moe", folder, WEIGHT_ONLY(), experts_implementation="grouped_mm")
     assert quantized.config._experts_implementation == "eager"  # torchao's int8 tensors have no batched matmul
 
