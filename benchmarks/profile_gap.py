@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import DynamicCache
 
 from benchmarks.measure import alternating_medians
@@ -45,6 +46,48 @@ def prefilled(model, vocab_size: int):
     with torch.inference_mode():
         model(prompt, **cache_output(cache), use_cache=True)
     return decode_step(model, cache, prompt[:, -1:], torch.tensor([[PROMPT]]))
+
+
+class OperatorCount(TorchDispatchMode):
+    """Counts the aten operators dispatched while active."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def generate_step_counts(model, cache_implementation: str = "dynamic", steps: int = 4) -> dict[str, float]:
+    """Python function calls (cProfile) and aten operators per decode step of a batch-1 greedy `generate()`, the
+    whole loop included (input preparation, the model, logits processing): a run of `2 * steps` new tokens minus a run
+    of `steps`, divided by `steps`, so the prompt and the per-call set-up cancel. Counts do not depend on machine load:
+    tests compare them (tests/test_step_budget.py)."""
+    prompt = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    model.generation_config.eos_token_id = None  # every run decodes all its tokens
+
+    def counts(new_tokens: int) -> tuple[int, int]:
+        options = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, num_beams=1)
+        if cache_implementation == "static":
+            options["cache_implementation"] = "static"
+
+        def run():
+            with torch.no_grad():
+                model.generate(prompt, attention_mask=torch.ones_like(prompt), **options)
+
+        run()  # first calls (warnings once, lazy set-up) are not steps
+        profiler = cProfile.Profile()
+        profiler.enable()
+        run()
+        profiler.disable()
+        with OperatorCount() as operators:
+            run()
+        return pstats.Stats(profiler).total_calls, operators.count
+
+    (calls, operators), (more_calls, more_operators) = counts(steps), counts(2 * steps)
+    return {"python_calls": (more_calls - calls) / steps, "aten_ops": (more_operators - operators) / steps}
 
 
 def python_calls(step) -> float:

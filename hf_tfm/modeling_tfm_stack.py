@@ -2,6 +2,7 @@
 stack (embeddings, position scheme, blocks, final norm), causal or bidirectional, with or without cross-attention.
 """
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -187,6 +188,13 @@ class TfmPreTrainedModel(PreTrainedModel):
         "cross_attentions": OutputRecorder(TfmAttention, index=1, layer_name="cross_attn"),
         "router_logits": OutputRecorder(TfmRouter, index=0),
     }
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # generate() reads the forward's signature at every decode step of a model registered for the Auto classes (a
+        # cache_position check for remote code): a signature stored on the function answers it without rebuilding it
+        if "forward" in cls.__dict__:
+            cls.forward.__signature__ = inspect.signature(cls.forward)
 
     @experts_settable
     def _can_set_experts_implementation(self) -> bool:
@@ -569,6 +577,11 @@ class TfmStack(TfmPreTrainedModel):
         self.layers = nn.ModuleList(
             [TfmBlock(config, i, is_causal, cross_attention) for i in range(num_layers or config.num_hidden_layers)]
         )
+        # resolved once, not at every decode step: each layer's attention kind (which mask and RoPE table it reads),
+        # the kinds in use (the masks to build), and whether it skips RoPE (`nope_layers`)
+        nope = set(config.nope_layers or ())
+        self.layer_plan = tuple((config.layer_type(i), i in nope) for i in range(len(self.layers)))
+        self.layer_kinds = tuple(sorted({kind for kind, _ in self.layer_plan}))
         self.norm = make_norm(config) if config.final_norm else None
         self.pooler = TfmPooler(config) if pooler else None
         self.gradient_checkpointing = False
@@ -648,7 +661,7 @@ class TfmStack(TfmPreTrainedModel):
         if sequence_ids is not None:
             packed["and_mask_function"] = packed_sequence_mask_function(sequence_ids)
         masks = {}
-        for kind in self.config.layer_kinds():
+        for kind in self.layer_kinds:
             if not self.is_causal:
                 make = (
                     create_bidirectional_mask if kind == "full_attention" else create_bidirectional_sliding_window_mask
@@ -676,7 +689,7 @@ class TfmStack(TfmPreTrainedModel):
         if isinstance(self.rotary_emb, nn.ModuleDict):
             return {kind: rotary(hidden_states, position_ids) for kind, rotary in self.rotary_emb.items()}
         table = self.rotary_emb(hidden_states, position_ids)
-        return dict.fromkeys(self.config.layer_kinds(), table)
+        return dict.fromkeys(self.layer_kinds, table)
 
     def padding_aware_positions(self, input_ids, past_length: int) -> torch.Tensor | None:
         """RoBERTa's positions: counted over non-padding tokens, -1 for padding (row `position_offset - 1`)."""
@@ -760,15 +773,13 @@ class TfmStack(TfmPreTrainedModel):
 
         if sequence_ids is not None:  # flash attention reads the examples' boundaries from the positions (varlen)
             kwargs["position_ids"] = position_ids
-        nope = set(self.config.nope_layers or ())
-        for index, layer in enumerate(self.layers):
-            kind = self.config.layer_type(index)
+        for layer, (kind, nope) in zip(self.layers, self.layer_plan):
             hidden_states = layer(
                 hidden_states,
                 encoder_hidden_states,
                 position_bias,
                 attention_mask=masks[kind],
-                position_embeddings=None if index in nope else rotary.get(kind),
+                position_embeddings=None if nope else rotary.get(kind),
                 cache=cache,
                 encoder_attention_mask=encoder_attention_mask,
                 **kwargs,

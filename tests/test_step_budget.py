@@ -1,0 +1,69 @@
+"""A regression guard for decode speed that timing noise cannot fool: per batch-1 greedy decode step of `generate()`
+(dynamic and static cache; dense, MoE, sliding-window and encoder-decoder pairs), the Python function calls (cProfile)
+and the aten operators dispatched, hf_tfm against the reference class holding the same weights
+(`benchmarks.profile_gap.generate_step_counts`). Counts do not depend on the machine's load.
+
+Each pair may cost at most its committed budget, a multiple of the reference's count. The goal is 1.0 everywhere
+(issue 22); a budget is lowered when a change brings the count down, never raised to let a regression through."""
+
+import math
+
+import pytest
+import torch
+
+from benchmarks.pairs import PROFILES, build_pair
+from benchmarks.profile_gap import generate_step_counts
+from hf_tfm.modeling_tfm_stack import TfmBlock
+
+# (pair, cache): (Python calls, aten operators), hf_tfm / reference, measured on transformers 5.24 at the smoke shapes
+BUDGETS = {
+    ("gpt2", "dynamic"): (1.15, 1.19),
+    ("gpt2", "static"): (1.07, 1.15),
+    ("llama", "dynamic"): (1.35, 1.0),
+    ("llama", "static"): (1.22, 1.0),
+    ("mixtral", "dynamic"): (1.20, 1.0),
+    ("mixtral", "static"): (1.11, 1.0),
+    ("qwen3", "dynamic"): (1.32, 1.0),
+    ("qwen3", "static"): (1.24, 1.0),
+    ("gemma2", "dynamic"): (1.25, 1.0),
+    ("gemma2", "static"): (1.19, 1.0),
+    ("t5", "dynamic"): (1.25, 1.17),
+    ("t5", "static"): (1.18, 1.04),
+    ("bart", "dynamic"): (1.28, 1.0),
+    ("bart", "static"): (1.23, 1.0),
+}
+
+
+def pair(name: str):
+    return build_pair(name, PROFILES["smoke"]["pairs"][name]["config"])
+
+
+@pytest.mark.parametrize(("name", "cache"), list(BUDGETS))
+def test_a_decode_step_costs_no_more_than_its_budget(name, cache):
+    reference, ours = pair(name)
+    theirs, mine = generate_step_counts(reference, cache), generate_step_counts(ours, cache)
+    for index, measure in enumerate(("python_calls", "aten_ops")):
+        budget = BUDGETS[(name, cache)][index]
+        ratio = mine[measure] / theirs[measure]
+        assert ratio <= budget + 1e-9, (
+            f"{name} {cache} cache: {mine[measure]:.0f} {measure} per decode step against the reference's "
+            f"{theirs[measure]:.0f} ({ratio:.3f}x), over the budget of {budget}x"
+        )
+
+
+def test_the_counts_are_exact_and_see_a_regression(monkeypatch):
+    _, model = pair("llama")
+    counts = generate_step_counts(model)
+    assert generate_step_counts(model) == counts  # the same work, the same counts
+    assert all(value > 0 and math.isclose(value, round(value)) for value in counts.values())
+    forward = TfmBlock.forward
+
+    def slower(self, *args, **kwargs):  # one needless Python call and one operator per layer
+        abs(torch.zeros(()))
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(TfmBlock, "forward", slower)
+    layers = model.config.num_hidden_layers
+    slowed = generate_step_counts(model)
+    assert slowed["python_calls"] >= counts["python_calls"] + 2 * layers
+    assert slowed["aten_ops"] >= counts["aten_ops"] + layers
