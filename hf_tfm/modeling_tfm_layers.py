@@ -286,7 +286,114 @@ def attention_scale(config: TfmConfig) -> float:
     return config.head_dim**-0.5
 
 
-class TfmAttention(nn.Module):
+class FusedProjections:
+    """Linear layers that read the same input (attention's q/k/v, a GLU's gate/up), run as one matmul where nothing
+    trains: their weights (and biases) are moved into one concatenated tensor and each layer's parameter keeps a view
+    of its rows, assigned through `.data`. Parameter objects, names and optimizer references are unchanged and no
+    memory is added; the product is the separate layers' up to fp32 rounding (tests/test_fused_projections.py).
+    Built at the first forward that can use it (eval mode, gradients off: a decode step), released by `train()`."""
+
+    @torch.inference_mode(False)  # built under generate()'s inference mode, the weights must stay usable outside it
+    def __init__(self, owner: nn.Module, names: tuple[str, ...]):
+        layers = [owner._modules[name] for name in names]
+        self.sizes = [layer.out_features for layer in layers]
+        self.weight = torch.cat([layer.weight.data for layer in layers])
+        has_bias = layers[0].bias is not None
+        self.bias = torch.cat([layer.bias.data for layer in layers]) if has_bias else None
+        for index, layer in enumerate(layers):
+            layer.weight.data = self.weight.split(self.sizes)[index]
+            if has_bias:
+                layer.bias.data = self.bias.split(self.sizes)[index]
+        # what must still hold for the fused tensors to be the layers' own (read without a Python call per check)
+        self.checks = [
+            (name, layer, layer.weight, layer.bias, layer.weight.data_ptr()) for name, layer in zip(names, layers)
+        ]
+
+    def holds(self, owner: nn.Module) -> bool:
+        """Whether every layer still computes with its view: not after `.to()` (new storage), a reassigned weight or
+        a wrapped layer (LoRA)."""
+        modules = owner._modules
+        for name, layer, weight, bias, pointer in self.checks:
+            parameters = layer._parameters
+            if modules[name] is not layer or parameters["weight"] is not weight or parameters["bias"] is not bias:
+                return False
+            if weight.data_ptr() != pointer:
+                return False
+        return True
+
+    def __call__(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return nn.functional.linear(hidden_states, self.weight, self.bias).split(self.sizes, dim=-1)
+
+    @staticmethod
+    def fusable(layers: list[nn.Module]) -> bool:
+        """Plain Linear layers with plain weights (not a LoRA wrapper, a quantised, sharded or offloaded weight), alike
+        in device, dtype and bias."""
+        first = layers[0]
+        return (
+            all(
+                type(layer) is nn.Linear
+                and type(layer.weight) is nn.Parameter
+                and layer.weight.device == first.weight.device
+                and layer.weight.dtype == first.weight.dtype
+                and (layer.bias is None) == (first.bias is None)
+                for layer in layers
+            )
+            and first.weight.device.type != "meta"
+        )
+
+    @staticmethod
+    @torch.inference_mode(False)
+    def release(layers: list[nn.Module]) -> None:
+        """Give each layer's parameters their own storage again."""
+        for layer in layers:
+            for parameter in (layer.weight, layer.bias):
+                if parameter is not None and type(parameter) is nn.Parameter:
+                    parameter.data = parameter.data.clone()
+
+
+class FusingModule(nn.Module):
+    """A module whose layers named in `fusable` read one input and run as one matmul at inference
+    (FusedProjections)."""
+
+    fusable: tuple[str, ...] = ()
+
+    def __init__(self):
+        super().__init__()
+        self.fused = None
+        self.register_state_dict_post_hook(copy_fused_views)
+
+    def fused_projections(self) -> FusedProjections | None:
+        """The fused form of the layers when this forward can use it (eval mode, gradients off, not compiling, the
+        layers fusable), built or rebuilt now if it no longer holds them; else None: run them separately."""
+        if self.training or torch.is_grad_enabled() or torch.compiler.is_compiling():
+            return None
+        fused = self.fused
+        if fused is None or not fused.holds(self):
+            layers = [getattr(self, name) for name in self.fusable]
+            if not layers:
+                return None
+            fused = self.fused = FusedProjections(self, self.fusable) if FusedProjections.fusable(layers) else None
+        return fused
+
+    def train(self, mode: bool = True):
+        if mode and self.fused is not None:
+            FusedProjections.release([getattr(self, name) for name in self.fusable])
+            self.fused = None
+        return super().train(mode)
+
+
+def copy_fused_views(module: FusingModule, state_dict: dict, prefix: str, local_metadata) -> None:
+    """A fused module's state dict holds copies of its layers' views: savers that drop tensors sharing storage
+    (accelerate's `clean_state_dict_for_safetensors`) would otherwise keep one of them and lose the rest."""
+    if module.fused is None:
+        return
+    for name in module.fusable:
+        for key in (f"{prefix}{name}.weight", f"{prefix}{name}.bias"):
+            if key in state_dict:
+                state_dict[key] = state_dict[key].clone()
+
+
+class TfmAttention(FusingModule):
     """Multi-head attention with MHA/GQA/MQA, optional RoPE (full or partial), optional QK-norm, optional additive
     position bias (ALiBi, relative), an optional sliding window and score soft-capping, and any transformers
     attention backend. `is_causal` is set explicitly: sdpa reads it when the mask is skipped. As cross-attention it
@@ -299,6 +406,7 @@ class TfmAttention(nn.Module):
         self.layer_idx = layer_idx
         self.is_causal = is_causal and not is_cross_attention
         self.is_cross_attention = is_cross_attention
+        self.fusable = () if is_cross_attention else ("q_proj", "k_proj", "v_proj")
         self.head_dim = config.head_dim
         self.num_heads = config.num_attention_heads
         self.num_key_value_heads = config.num_key_value_heads
@@ -334,11 +442,18 @@ class TfmAttention(nn.Module):
         **kwargs: Unpack[TransformersKwargs],
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         input_shape = hidden_states.shape[:-1]
-        query_states = self._heads(self.q_proj(hidden_states), self.q_norm)
+        fused = None if self.is_cross_attention else self.fused_projections()
+        if fused is not None:
+            query, key, value = fused(hidden_states)
+            query_states, key_states = self._heads(query, self.q_norm), self._heads(key, self.k_norm)
+            value_states = self._heads(value, None)
+        else:
+            query_states = self._heads(self.q_proj(hidden_states), self.q_norm)
         if self.is_cross_attention:
             key_states, value_states = self._cross_key_values(key_value_states, cache)
         else:
-            key_states, value_states = self._project_key_values(hidden_states)
+            if fused is None:
+                key_states, value_states = self._project_key_values(hidden_states)
             if position_embeddings is not None:
                 cos, sin = position_embeddings
                 query_states, key_states = apply_rotary(query_states, key_states, cos, sin)
@@ -405,7 +520,7 @@ class TfmAttention(nn.Module):
 # ------------------------------------------------------------------------------------------------- feed-forward
 
 
-class TfmFeedForward(nn.Module):
+class TfmFeedForward(FusingModule):
     """Two-layer MLP (`down(act(up(x)))`) or gated GLU (`down(act(gate(x)) * up(x))`: SwiGLU, GeGLU...)."""
 
     def __init__(self, config: TfmConfig, intermediate_size: int | None = None, gated: bool | None = None):
@@ -413,6 +528,7 @@ class TfmFeedForward(nn.Module):
         hidden, bias = config.hidden_size, config.mlp_bias
         inner = intermediate_size or config.intermediate_size
         self.gated = config.ffn_type == "glu" if gated is None else gated
+        self.fusable = ("gate_proj", "up_proj") if self.gated else ()
         if self.gated:
             self.gate_proj = nn.Linear(hidden, inner, bias=bias)
         self.up_proj = nn.Linear(hidden, inner, bias=bias)
@@ -420,9 +536,14 @@ class TfmFeedForward(nn.Module):
         self.act_fn = ACT2FN[config.hidden_act]
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        if self.gated:
-            return self.down_proj(self.act_fn(self.gate_proj(hidden_states)) * self.up_proj(hidden_states))
-        return self.down_proj(self.act_fn(self.up_proj(hidden_states)))
+        if not self.gated:
+            return self.down_proj(self.act_fn(self.up_proj(hidden_states)))
+        fused = self.fused_projections()
+        if fused is not None:
+            gate, up = fused(hidden_states)
+        else:
+            gate, up = self.gate_proj(hidden_states), self.up_proj(hidden_states)
+        return self.down_proj(self.act_fn(gate) * up)
 
 
 class TfmPooler(nn.Module):
