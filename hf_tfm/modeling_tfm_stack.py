@@ -90,6 +90,11 @@ class TfmBlock(GradientCheckpointingLayer):
         self.mlp = TfmMoE(config) if config.is_moe_layer(layer_idx) else TfmFeedForward(config)
         self.ffn_norm, self.post_ffn_norm = self._norms(config)
         self.dropout = nn.Dropout(config.hidden_dropout)
+        # Llama's block (a norm before each sublayer and nothing else) runs without the general residual helpers:
+        # two fewer Python frames per sublayer in every decode step
+        self.plain_pre_norm = (
+            self.norm_position == "pre" and not self.parallel_residual and self.attn_norm is not None
+        ) and self.cross_attn is None
 
     def _norms(self, config: TfmConfig) -> tuple[nn.Module | None, nn.Module | None]:
         """A sublayer's (input or residual-sum norm, output norm): both for sandwich, only the output norm for
@@ -132,6 +137,10 @@ class TfmBlock(GradientCheckpointingLayer):
             cache=cache,
             **kwargs,
         )
+        if self.plain_pre_norm:
+            attn = self.self_attn(self.attn_norm(hidden_states), **attention)[0]
+            hidden_states = hidden_states + maybe_dropout(self.dropout, attn)
+            return hidden_states + maybe_dropout(self.dropout, self.mlp(self.ffn_norm(hidden_states)))
         if self.parallel_residual:  # GPT-NeoX: both branches read the block input
             attn = self._branch(hidden_states, self.attn_norm, self.post_attn_norm, self.self_attn, **attention)
             mlp = self._branch(hidden_states, self.ffn_norm, self.post_ffn_norm, self.mlp)
@@ -283,9 +292,11 @@ class TfmPreTrainedModel(PreTrainedModel):
         labels, or asked by `output_router_logits` (argument, else config). Pops the argument from the head's
         kwargs, because the head passes its own decision on to the stack."""
         asked = kwargs.pop("output_router_logits", None)
+        if self.config.num_experts == 0:  # a dense model: nothing to ask, and one config read fewer per decode step
+            return False
         if asked is None:
             asked = self.config.output_router_logits
-        return self.config.num_experts > 0 and (labels is not None or bool(asked))
+        return labels is not None or bool(asked)
 
     def add_router_losses(self, loss, router_logits, attention_mask, labels, **kwargs):
         """The task loss plus the weighted aux and z losses, and the aux loss to report. Under Trainer's
@@ -405,9 +416,8 @@ def reads_input_values(config: TfmConfig, past_length: int | torch.Tensor, lengt
     feeds several tokens (a prompt continued on a cache, assisted decoding's candidates), never on a decode step's
     single token, which the model sampled from its own vocabulary. A static cache counts its tokens in a device
     tensor: unknown on the host, so one token on an initialised static cache counts as a decode step."""
-    if not config.check_input_values:
-        return False
-    return length > 1 or (isinstance(past_length, int) and past_length == 0)
+    starts = length > 1 or (isinstance(past_length, int) and past_length == 0)
+    return starts and config.check_input_values  # a decode step answers without reading the config
 
 
 def read_bounds(tensors: list[torch.Tensor]) -> list[list[int]]:
@@ -493,10 +503,10 @@ def check_inputs(
     tensors = [entry[0] for entry in ids.values()]
     # a decode step's positions count the tokens so far (generate()'s and the default ones alike), so they pass the
     # table only once the host-known length does: that step still gets its error, without a sync on the others
-    beyond = isinstance(past_length, int) and past_length + length > config.max_position_embeddings
-    table = config.position_embedding_type in ("learned", "sinusoidal") and position_ids.numel() > 0
-    if table and (read_values or (config.check_input_values and beyond)):
-        tensors.append(position_ids)
+    if config.position_embedding_type in ("learned", "sinusoidal") and position_ids.numel() > 0:  # a table to index
+        beyond = isinstance(past_length, int) and past_length + length > config.max_position_embeddings
+        if read_values or (config.check_input_values and beyond):
+            tensors.append(position_ids)
     if not tensors:
         return
     bounds = read_bounds(tensors)
