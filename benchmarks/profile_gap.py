@@ -4,9 +4,10 @@ taken apart by the profilers.
     python -m benchmarks.profile_gap      # writes benchmarks/results/profile-cpu-<date>.json
 
 Per model: median step time (alternating, like benchmarks.speed), Python function calls per step (cProfile),
-aten operators per step, and from one torch.profiler run the step time and the CPU time inside top-level
-operators. Their difference is the time outside operators: Python module calls, output dataclasses, mask and
-cache bookkeeping (inflated, like the operator time, by the profiler itself).
+aten operators per step, the same two counts per decode step of a whole `generate()` loop (`generate_step_counts`,
+what tests/test_step_budget.py holds to budgets), and from one torch.profiler run the step time and the CPU time
+inside top-level operators. Their difference is the time outside operators: Python module calls, output
+dataclasses, mask and cache bookkeeping (inflated, like the operator time, by the profiler itself).
 """
 
 import cProfile
@@ -131,6 +132,11 @@ def profile_pair(name: str, profile_name: str) -> dict:
             "overhead_us": profiled - inside,
         }
     row["time_ratio"] = row["ours"]["step_us"] / row["reference"]["step_us"]
+    # the regression guard's counts (tests/test_step_budget.py), here at this profile's shapes
+    row["generate_step"] = {
+        cache: {"reference": generate_step_counts(reference, cache), "ours": generate_step_counts(ours, cache)}
+        for cache in ("dynamic", "static")
+    }
     return row
 
 

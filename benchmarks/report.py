@@ -277,6 +277,24 @@ def gap_section(record: dict, source: Path) -> list[str]:
             + " | ".join(cells)
             + " |"
         )
+    counted = [row for row in record["rows"] if "generate_step" in row]
+    if counted:
+        lines += [
+            "",
+            "Per decode step of a whole batch-1 greedy `generate()` loop (input preparation, model, logits "
+            "processing), counted, not timed: the counts `tests/test_step_budget.py` holds to committed budgets.",
+            "",
+            "| pair | cache | Python calls / step (ref -> ours) | ratio | aten ops / step (ref -> ours) | ratio |",
+            "|---|---|---|---|---|---|",
+        ]
+        for row in counted:
+            for cache, sides in row["generate_step"].items():
+                ref, ours = sides["reference"], sides["ours"]
+                lines.append(
+                    f"| {row['pair']} | {cache} | {ref['python_calls']:,.0f} -> {ours['python_calls']:,.0f} | "
+                    f"{ours['python_calls'] / ref['python_calls']:.3f} | {ref['aten_ops']:,.0f} -> "
+                    f"{ours['aten_ops']:,.0f} | {ours['aten_ops'] / ref['aten_ops']:.3f} |"
+                )
     return lines + [""]
 
 
