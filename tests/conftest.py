@@ -41,6 +41,15 @@ def tiny_model(seed: int = 0, **overrides) -> TfmDecoderForCausalLM:
     return TfmDecoderForCausalLM(tiny_config(**overrides)).eval()
 
 
+def padded_inputs(model) -> dict:
+    """A batch of two rows of 7 tokens, the second left-padded by 2, plus 4 decoder tokens for an encoder-decoder."""
+    ids = torch.randint(3, VOCAB, (2, 7), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0
+    extra = {"decoder_input_ids": ids[:, :4]} if model.config.is_encoder_decoder else {}
+    return dict(input_ids=ids, attention_mask=mask, **extra)
+
+
 def perturb(model, scale: float = 0.1):
     """Add noise to every tensor a checkpoint holds (norm weights, biases, BART's final_logits_bias; not computed
     buffers such as RoPE's inv_freq), so that a dropped, swapped or transposed tensor changes the outputs well

@@ -7,7 +7,7 @@ import copy
 
 import pytest
 import torch
-from conftest import perturb, tiny_config
+from conftest import padded_inputs, perturb, tiny_config
 from torch import nn
 
 from hf_tfm import (
@@ -52,21 +52,13 @@ def build(name: str) -> torch.nn.Module:
     return perturb(model_class(config), scale=0.5).eval()
 
 
-def batch(model) -> dict:
-    ids = torch.randint(3, 97, (2, 7), generator=torch.Generator().manual_seed(1))
-    mask = torch.ones_like(ids)
-    mask[0, :2] = 0
-    extra = {"decoder_input_ids": ids[:, :4]} if model.config.is_encoder_decoder else {}
-    return dict(input_ids=ids, attention_mask=mask, **extra)
-
-
 def fusing_modules(model) -> list[FusingModule]:
     return [module for module in model.modules() if isinstance(module, FusingModule) and module.fusable]
 
 
 def logits(model, grad: bool = False) -> torch.Tensor:
     with torch.set_grad_enabled(grad):
-        return model(**batch(model)).logits.detach()
+        return model(**padded_inputs(model)).logits.detach()
 
 
 @pytest.mark.parametrize("name", CONFIGS)
@@ -82,7 +74,7 @@ def test_fused_inference_computes_the_separate_layers_numbers(name):
         first = getattr(module, module.fusable[0]).weight
         assert first.data_ptr() == module.fused.weight.data_ptr()
     if model.can_generate():
-        ids = batch(model)["input_ids"]
+        ids = padded_inputs(model)["input_ids"]
         greedy = dict(max_new_tokens=6, min_new_tokens=6, do_sample=False)
         unfused = copy.deepcopy(model)
         with torch.enable_grad():  # generate() turns gradients off; the copy runs its layers separately anyway
@@ -99,7 +91,7 @@ def test_training_after_fused_inference_is_unchanged():
     logits(model)  # fused, with the optimizer already holding the parameters
     for m, optimizer in zip((model, twin), optimizers):
         m.train()
-        inputs = batch(m)
+        inputs = padded_inputs(m)
         m(**inputs, labels=inputs["input_ids"]).loss.backward()
         optimizer.step()
     assert all(module.fused is None for module in fusing_modules(model))  # train() released the views
@@ -138,9 +130,9 @@ def test_a_dtype_move_or_a_reassigned_weight_is_followed():
 def test_fused_under_inference_mode_leaves_weights_that_train():
     model = build("llama")
     with torch.inference_mode():
-        model.generate(batch(model)["input_ids"][:1], max_new_tokens=3, do_sample=False)
+        model.generate(padded_inputs(model)["input_ids"][:1], max_new_tokens=3, do_sample=False)
     assert fusing_modules(model)[0].fused is not None
-    model(**batch(model)).logits.sum().backward()  # eval mode, gradients on: no inference tensor in the graph
+    model(**padded_inputs(model)).logits.sum().backward()  # eval mode, gradients on: no inference tensor in the graph
     assert model.model.layers[0].self_attn.q_proj.weight.grad is not None
 
 

@@ -4,7 +4,7 @@ model holding the same (dequantised) weights and against the reference classes q
 
 import pytest
 import torch
-from conftest import perturb, tiny_config
+from conftest import padded_inputs, perturb, tiny_config
 from transformers import LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM, TorchAoConfig
 
 from hf_tfm import (
@@ -48,17 +48,9 @@ def load(name: str, folder, config=None, **kwargs) -> torch.nn.Module:
     return MODELS[name][0].from_pretrained(folder, **quantization, **kwargs).eval()
 
 
-def inputs(model) -> dict:
-    ids = torch.randint(3, 97, (2, 7), generator=torch.Generator().manual_seed(1))
-    mask = torch.ones_like(ids)
-    mask[1, :2] = 0
-    extra = {"decoder_input_ids": ids[:, :4]} if model.config.is_encoder_decoder else {}
-    return dict(input_ids=ids, attention_mask=mask, **extra)
-
-
 def logits(model) -> torch.Tensor:
     with torch.no_grad():
-        return model(**inputs(model)).logits
+        return model(**padded_inputs(model)).logits
 
 
 def quantized_weights(model) -> list[torch.Tensor]:
@@ -113,7 +105,7 @@ def test_a_quantised_model_saves_and_reloads_exactly(tmp_path, name, config):
     assert list(map(type, quantized_weights(again))) == list(map(type, quantized_weights(model)))
     assert torch.equal(logits(again), logits(model))
     if model.config.is_encoder_decoder or name == "decoder-moe":
-        ids = inputs(model)["input_ids"][:1]
+        ids = padded_inputs(model)["input_ids"][:1]
         greedy = dict(max_new_tokens=6, min_new_tokens=6, do_sample=False)
         assert torch.equal(again.generate(ids, **greedy), model.generate(ids, **greedy))
 
