@@ -327,13 +327,15 @@ class FusedProjections:
 
     @staticmethod
     def fusable(layers: list[nn.Module]) -> bool:
-        """Plain Linear layers with plain weights (not a LoRA wrapper, a quantised, sharded or offloaded weight), alike
-        in device, dtype and bias."""
+        """Plain Linear layers with plain weights (not a LoRA wrapper, a quantised, sharded or offloaded weight, nor
+        one DeepSpeed ZeRO-3 gathers per forward: a fused copy would keep the whole layer resident), alike in
+        device, dtype and bias."""
         first = layers[0]
         return (
             all(
                 type(layer) is nn.Linear
                 and type(layer.weight) is nn.Parameter
+                and not hasattr(layer.weight, "ds_id")
                 and layer.weight.device == first.weight.device
                 and layer.weight.dtype == first.weight.dtype
                 and (layer.bias is None) == (first.bias is None)

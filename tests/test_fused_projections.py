@@ -145,3 +145,12 @@ def test_adapters_keep_their_layers_unfused():
     assert torch.equal(logits(lora), expected)  # the adapter's update is in both
     attention = [m for m in fusing_modules(lora) if "q_proj" in m.fusable]
     assert attention and all(module.fused is None for module in attention)
+
+
+def test_weights_deepspeed_gathers_per_forward_stay_unfused():
+    model = build("llama")
+    for module in fusing_modules(model):
+        for name in module.fusable:
+            getattr(module, name).weight.ds_id = 0  # what ZeRO-3 marks its partitioned parameters with
+    logits(model)
+    assert all(module.fused is None for module in fusing_modules(model))
