@@ -8,9 +8,10 @@ hundreds of MB in fp32 (random weights: the reference built, hf_tfm converted fr
 Each model is saved, then loaded with `from_pretrained(..., quantization_config=TorchAoConfig(...))` as a user would:
 int8 weight-only (`Int8WeightOnlyConfig`) and int8 dynamic activation (`Int8DynamicActivationInt8WeightConfig`).
 transformers quantises `nn.Linear` weights only; hf_tfm quantises its MoE experts' 3D weights too
-(hf_tfm.modeling_tfm_quantization), and the Mixtral reference gets the same done to it here (`quantize_expert_weights`,
-eager experts), so both sides hold the same int8 weights. GPT-2's reference keeps its projections in `Conv1D`, which
-torchao does not touch: it stays full precision under either configuration, as a user loading it would get.
+(hf_tfm.modeling_tfm_quantization), and the Mixtral reference gets the same done to it here
+(`finish_torchao_loading`: quantised experts, run eager), so both sides hold the same int8 weights. GPT-2's reference
+keeps its projections in `Conv1D`, which torchao does not touch: it stays full precision under either configuration,
+as a user loading it would get.
 
 Decode: greedy, `--new-tokens` tokens after a 16-token prompt, dynamic cache; every model of a pair in one process,
 alternating order over `--repeats` rounds; median tokens/s and the spread ((slowest - fastest) / median).
@@ -39,7 +40,7 @@ from hf_tfm import TfmDecoderForCausalLM
 from hf_tfm.convert_gpt2 import gpt2_to_tfm
 from hf_tfm.convert_llama import llama_to_tfm
 from hf_tfm.convert_mixtral import mixtral_to_tfm
-from hf_tfm.modeling_tfm_quantization import expert_modules, quantize_expert_weights
+from hf_tfm.modeling_tfm_quantization import finish_torchao_loading, is_quantized
 
 PAIRS = {
     "gpt2": (GPT2LMHeadModel, GPT2Config(n_embd=768, n_layer=12, n_head=12, vocab_size=50257), gpt2_to_tfm),
@@ -85,7 +86,7 @@ def weight_bytes(model: torch.nn.Module) -> int:
         if id(tensor) in seen:
             continue
         seen.add(id(tensor))
-        if hasattr(tensor, "__tensor_flatten__") and type(tensor) not in (torch.nn.Parameter, torch.Tensor):
+        if is_quantized(tensor):
             names, _ = tensor.__tensor_flatten__()
             total += sum(getattr(tensor, name).nbytes for name in names)
         else:
@@ -97,9 +98,8 @@ def load(model_class, folder: Path, config) -> torch.nn.Module:
     if config is None:
         return model_class.from_pretrained(folder).eval()
     model = model_class.from_pretrained(folder, quantization_config=TorchAoConfig(config())).eval()
-    if model_class is not TfmDecoderForCausalLM and expert_modules(model):  # the reference, quantised as hf_tfm is
-        quantize_expert_weights(model, config())
-        model.set_experts_implementation("eager")
+    if model_class is not TfmDecoderForCausalLM:  # the reference, quantised as hf_tfm's from_pretrained does it
+        finish_torchao_loading(model)
     return model
 
 

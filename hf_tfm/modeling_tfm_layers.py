@@ -294,16 +294,16 @@ class FusedProjections:
     Built at the first forward that can use it (eval mode, gradients off: a decode step), released by `train()`."""
 
     @torch.inference_mode(False)  # built under generate()'s inference mode, the weights must stay usable outside it
-    def __init__(self, owner: nn.Module, names: tuple[str, ...]):
-        layers = [owner._modules[name] for name in names]
+    def __init__(self, names: tuple[str, ...], layers: list[nn.Linear]):
         self.sizes = [layer.out_features for layer in layers]
         self.weight = torch.cat([layer.weight.data for layer in layers])
         has_bias = layers[0].bias is not None
         self.bias = torch.cat([layer.bias.data for layer in layers]) if has_bias else None
-        for index, layer in enumerate(layers):
-            layer.weight.data = self.weight.split(self.sizes)[index]
-            if has_bias:
-                layer.bias.data = self.bias.split(self.sizes)[index]
+        biases = self.bias.split(self.sizes) if has_bias else [None] * len(layers)
+        for layer, weight, bias in zip(layers, self.weight.split(self.sizes), biases):
+            layer.weight.data = weight
+            if bias is not None:
+                layer.bias.data = bias
         # what must still hold for the fused tensors to be the layers' own (read without a Python call per check)
         self.checks = [
             (name, layer, layer.weight, layer.bias, layer.weight.data_ptr()) for name, layer in zip(names, layers)
@@ -344,13 +344,12 @@ class FusedProjections:
             and first.weight.device.type != "meta"
         )
 
-    @staticmethod
     @torch.inference_mode(False)
-    def release(layers: list[nn.Module]) -> None:
-        """Give each layer's parameters their own storage again."""
-        for layer in layers:
-            for parameter in (layer.weight, layer.bias):
-                if parameter is not None and type(parameter) is nn.Parameter:
+    def release(self) -> None:
+        """Give the fused layers' parameters their own storage again."""
+        for _, _, weight, bias, _ in self.checks:
+            for parameter in (weight, bias):
+                if parameter is not None:
                     parameter.data = parameter.data.clone()
 
 
@@ -375,12 +374,12 @@ class FusingModule(nn.Module):
             layers = [getattr(self, name) for name in self.fusable]
             if not layers:
                 return None
-            fused = self.fused = FusedProjections(self, self.fusable) if FusedProjections.fusable(layers) else None
+            fused = self.fused = FusedProjections(self.fusable, layers) if FusedProjections.fusable(layers) else None
         return fused
 
     def train(self, mode: bool = True):
         if mode and self.fused is not None:
-            FusedProjections.release([getattr(self, name) for name in self.fusable])
+            self.fused.release()
             self.fused = None
         return super().train(mode)
 

@@ -30,30 +30,30 @@ def is_quantized(weight: torch.Tensor) -> bool:
     return type(weight) not in (nn.Parameter, torch.Tensor)  # torchao's weights are tensor subclasses
 
 
-def quantize_expert_weights(model: nn.Module, quant_type, skip=()) -> list[str]:
+def experts_quantized(module: nn.Module) -> bool:
+    return all(is_quantized(getattr(module, weight)) for weight in EXPERT_WEIGHTS)
+
+
+def quantize_expert_weights(model: nn.Module, quant_type, skip=()) -> None:
     """Quantise every expert module's 3D weights with the torchao configuration `quant_type`, except modules whose
     name contains an entry of `skip` (TorchAoConfig's `modules_to_not_convert`) and weights already quantised (a
-    pre-quantised checkpoint). Returns the names of the modules quantised. A configuration torchao cannot apply to a
-    parameter is refused naming the module."""
+    pre-quantised checkpoint). A configuration torchao cannot apply to a parameter is refused naming the module."""
     from torchao.quantization import FqnToConfig, quantize_
 
-    quantized = []
     for name, module in expert_modules(model).items():
-        if any(entry in name for entry in skip or ()) or all(is_quantized(getattr(module, w)) for w in EXPERT_WEIGHTS):
+        if any(entry in name for entry in skip or ()) or experts_quantized(module):
             continue
         reason = "torchao skipped them"  # as it skips shapes its kernels cannot take, with a log line only
         try:
             quantize_(module, FqnToConfig({weight: quant_type for weight in EXPERT_WEIGHTS}), filter_fn=None)
         except (NotImplementedError, AssertionError, ValueError) as error:
             reason = str(error)
-        if not all(is_quantized(getattr(module, weight)) for weight in EXPERT_WEIGHTS):
+        if not experts_quantized(module):
             raise ValueError(
                 f"{name}: torchao's {type(quant_type).__name__} cannot quantise the experts' 3D weights "
                 f"{EXPERT_WEIGHTS} ({reason}). Use Int8WeightOnlyConfig or Int8DynamicActivationInt8WeightConfig, or "
                 f"keep the experts in full precision with TorchAoConfig(..., modules_to_not_convert=['experts'])."
             )
-        quantized.append(name)
-    return quantized
 
 
 def unquantized_linears(model: nn.Module, quantizer) -> list[str]:
@@ -90,5 +90,5 @@ def finish_torchao_loading(model: nn.Module) -> None:
                 f"shapes (for int4, a group_size dividing in_features) or list the layers in "
                 f"TorchAoConfig(..., modules_to_not_convert=[...])."
             )
-    if any(is_quantized(module.gate_up_proj) for module in expert_modules(model).values()):
+    if any(experts_quantized(module) for module in expert_modules(model).values()):
         model.set_experts_implementation("eager")

@@ -93,8 +93,11 @@ class TfmBlock(GradientCheckpointingLayer):
         # Llama's block (a norm before each sublayer and nothing else) runs without the general residual helpers:
         # two fewer Python frames per sublayer in every decode step
         self.plain_pre_norm = (
-            self.norm_position == "pre" and not self.parallel_residual and self.attn_norm is not None
-        ) and self.cross_attn is None
+            self.norm_position == "pre"
+            and not self.parallel_residual
+            and self.attn_norm is not None
+            and self.cross_attn is None
+        )
 
     def _norms(self, config: TfmConfig) -> tuple[nn.Module | None, nn.Module | None]:
         """A sublayer's (input or residual-sum norm, output norm): both for sandwich, only the output norm for

@@ -17,7 +17,12 @@ from hf_tfm import (
 )
 from hf_tfm.convert_llama import llama_to_tfm
 from hf_tfm.convert_mixtral import mixtral_to_tfm
-from hf_tfm.modeling_tfm_quantization import expert_modules, is_quantized, quantize_expert_weights
+from hf_tfm.modeling_tfm_quantization import (
+    expert_modules,
+    finish_torchao_loading,
+    is_quantized,
+    quantize_expert_weights,
+)
 
 quantization = pytest.importorskip("torchao.quantization", reason="torchao is in the test extras: pip install .[test]")
 WEIGHT_ONLY, DYNAMIC = quantization.Int8WeightOnlyConfig, quantization.Int8DynamicActivationInt8WeightConfig
@@ -168,9 +173,7 @@ def test_quantised_like_the_reference_class_quantised_the_same_way(tmp_path, nam
     reference.save_pretrained(tmp_path / "reference")
     convert(reference).save_pretrained(tmp_path / "ours")
     reference = reference_class.from_pretrained(tmp_path / "reference", quantization_config=TorchAoConfig(config()))
-    if expert_modules(reference):  # transformers quantises Linear weights only: its experts, as hf_tfm does
-        quantize_expert_weights(reference, config())
-        reference.set_experts_implementation("eager")
+    finish_torchao_loading(reference)  # transformers quantises Linear weights only: its experts, as hf_tfm does
     ours = TfmDecoderForCausalLM.from_pretrained(tmp_path / "ours", quantization_config=TorchAoConfig(config()))
     assert len(quantized_weights(ours)) == len(quantized_weights(reference)) > 0
     ids = torch.randint(3, 97, (2, 9), generator=torch.Generator().manual_seed(2))
