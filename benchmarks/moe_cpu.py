@@ -16,7 +16,7 @@ import transformers
 from transformers import MixtralConfig, MixtralForCausalLM
 
 from hf_tfm import TfmDecoderConfig, TfmDecoderForCausalLM
-from hf_tfm.convert_mixtral import mixtral_to_tfm
+from hf_tfm.convert import to_tfm
 
 SHAPE = dict(vocab_size=4096, hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2)
 EXPERTS, TOP_K, EXPERT_WIDTH, BATCH, LENGTH, REPEATS = 8, 2, 256, 8, 128, 12
@@ -34,7 +34,7 @@ def main() -> None:
     mixtral = MixtralForCausalLM(
         MixtralConfig(**SHAPE, intermediate_size=EXPERT_WIDTH, num_local_experts=EXPERTS, num_experts_per_tok=TOP_K)
     )
-    ours = mixtral_to_tfm(mixtral)
+    ours = to_tfm(mixtral)
     dense = TfmDecoderForCausalLM(  # same attention, one GLU as wide as the TOP_K active experts together
         TfmDecoderConfig(
             **SHAPE,

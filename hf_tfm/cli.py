@@ -4,7 +4,7 @@ its command line. `python -m hf_tfm.cli ...` (e.g. under `accelerate launch -m h
 import json
 from pathlib import Path
 
-from hf_tfm_cli import CONVERTERS, PARADIGM_CLASSES, Converter, main
+from hf_tfm_cli import main
 
 __all__ = ["main", "run_command"]
 
@@ -25,34 +25,37 @@ def _copy_tokenizer(source: str, destination: str) -> None:
         pass  # a folder without tokenizer files carries weights only
 
 
-def _converter_for(model_type: str | None, to: str | None) -> tuple[Converter, str]:
-    """The family and the direction ("to_tfm" or "from_tfm") a source folder's model_type and `--to` ask for."""
+def _direction(model_type: str | None, to: str | None) -> tuple[str, bool]:
+    """The family and the direction (True: to hf_tfm) a source folder's model_type and `--to` ask for."""
+    from .families import FAMILIES
+
     problem = f"error: no converter for model_type={model_type!r} with --to {to}"
-    if model_type in CONVERTERS:
+    if model_type in FAMILIES:
         if to is not None:
             raise SystemExit(f"{problem}: a {model_type} folder converts to hf_tfm (leave --to out)")
-        return CONVERTERS[model_type], "to_tfm"
-    back = [name for name, converter in CONVERTERS.items() if converter.paradigm == model_type]
+        return model_type, True
+    back = [name for name, record in FAMILIES.items() if record.paradigm == model_type]
     if not back:
-        raise SystemExit(f"{problem}: SOURCE must hold an hf_tfm model or one of {', '.join(CONVERTERS)}")
+        raise SystemExit(f"{problem}: SOURCE must hold an hf_tfm model or one of {', '.join(FAMILIES)}")
     if to not in back:  # None too: an hf_tfm folder needs a target
         raise SystemExit(f"{problem}: a {model_type} model converts back with --to {' | '.join(back)}")
-    return CONVERTERS[to], "from_tfm"
+    return to, False
 
 
 def _convert(source: str, destination: str, to: str | None) -> None:
-    import importlib
-
+    from .convert import from_tfm, to_tfm
+    from .families import FAMILIES
     from .training.checkpoints import load_saved
 
     model_type = _saved_config(source).get("model_type")
-    converter, direction = _converter_for(model_type, to)
-    takes = converter.references if direction == "to_tfm" else PARADIGM_CLASSES[converter.paradigm]
+    name, forward = _direction(model_type, to)
+    record = FAMILIES[name]
+    takes = record.classes if forward else dict.fromkeys(record.classes.values())
     model = load_saved(source)
     found = type(model).__name__
-    if found not in takes:  # a head the converter has no counterpart for
-        raise SystemExit(f"error: {source} holds a {found}; the {converter.name} converter takes {' or '.join(takes)}")
-    converted = getattr(importlib.import_module(converter.module), getattr(converter, direction))(model)
+    if found not in takes:  # a head the family has no counterpart for
+        raise SystemExit(f"error: {source} holds a {found}; the {name} converter takes {' or '.join(takes)}")
+    converted = to_tfm(model) if forward else from_tfm(model, name)
     converted.save_pretrained(destination)
     _copy_tokenizer(source, destination)
     print(f"converted {model_type} ({found}) -> {type(converted).__name__}: {destination}")

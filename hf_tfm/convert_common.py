@@ -1,5 +1,5 @@
-"""What every exact-parity converter shares: convert configs and refuse what does not survive the round trip, rename
-fields and weights, and load weights strictly."""
+"""What the conversion engine (`hf_tfm.convert`) and the family records share: field tables, the round-trip config
+check that refuses what a conversion would change, and strict loading."""
 
 import copy
 import dataclasses
@@ -50,15 +50,6 @@ def head_dim_kwargs(config: TfmConfig) -> dict:
     return {} if config.head_dim == derived else {"head_dim": config.head_dim}
 
 
-def without_derived_head_dim(config):
-    """`config` as the way back writes it, for the round-trip comparison: without a `head_dim` key that equals the
-    width the modeling code derives anyway (`head_dim_kwargs` writes the key only when it differs)."""
-    if getattr(config, "head_dim", None) == config.hidden_size // config.num_attention_heads:
-        config = copy.deepcopy(config)
-        del config.head_dim
-    return config
-
-
 def require_compatible(config, target: str, expected: dict[str, object], unsupported: dict[str, bool] | None = None):
     """Raise one ValueError naming every field of `config` whose value differs from `expected` or is flagged True in
     `unsupported`: a precondition on an hf_tfm model (upcycling). Converters check with `converted_config`."""
@@ -86,26 +77,6 @@ def renamed_fields(config, names: dict[str, str]) -> dict[str, object]:
 def inverted(names: dict[str, str]) -> dict[str, str]:
     """A `{source name: target name}` table read the other way, for the converter back."""
     return {target: source for source, target in names.items()}
-
-
-def renamed_keys(state: dict[str, torch.Tensor], renames: dict[str, str]) -> dict[str, torch.Tensor]:
-    """The state dict with every key's substrings replaced per `renames` (for layouts that differ only in names)."""
-    renamed = {}
-    for key, value in state.items():
-        for old, new in renames.items():
-            key = key.replace(old, new)
-        renamed[key] = value
-    return renamed
-
-
-def require_one_token_table(state: dict[str, torch.Tensor], shared: str, copies: list[str]) -> None:
-    """hf_tfm keeps one token table for encoder and decoder: every copy must equal `shared`."""
-    for key in copies:
-        if not torch.equal(state[key], state[shared]):
-            raise ValueError(
-                f"Cannot convert exactly: {key} differs from {shared}, and hf_tfm keeps one token table "
-                "shared by encoder and decoder"
-            )
 
 
 def load_exact(
@@ -147,24 +118,6 @@ def without_vocab_padding(model: nn.Module, state: dict[str, torch.Tensor]) -> d
                 tensor = tensor[tuple(slice(want) for want in target.shape)]  # BART's final_logits_bias is [1, vocab]
         fitted[key] = tensor
     return fitted
-
-
-def renamed_model(model: nn.Module, target: nn.Module, renames: dict[str, str]) -> nn.Module:
-    """`target` loaded with `model`'s weights and generation config, for layouts that differ only in names
-    (`renames`: as `renamed_keys`)."""
-    state = renamed_keys(model.state_dict(), renames)
-    return load_exact(target, state, generation_config=getattr(model, "generation_config", None))
-
-
-def renamed_modules(source: dict[str, torch.Tensor], modules: dict[str, str]) -> dict[str, torch.Tensor]:
-    """The `.weight` and `.bias` of each `{source module: target module}` entry, under the target's name. A module
-    without a bias has none to copy; a missing weight is left for `load_exact` to name."""
-    state = {}
-    for src, dst in modules.items():
-        for suffix in (".weight", ".bias"):
-            if src + suffix in source:
-                state[dst + suffix] = source[src + suffix]
-    return state
 
 
 # config.json keys that describe a file, a run or a task, not the function the weights compute (`model_type` and

@@ -3,8 +3,8 @@
 The route to llama.cpp is hf_tfm's exact converter to the matching transformers family, then llama.cpp's own
 `convert_hf_to_gguf.py` on the saved folder:
 
-    from hf_tfm.convert_llama import tfm_to_llama
-    tfm_to_llama(model).save_pretrained("llama-folder")          # plus the tokenizer files
+    from hf_tfm.convert import from_tfm
+    from_tfm(model, "llama").save_pretrained("llama-folder")      # plus the tokenizer files
     python llama.cpp/convert_hf_to_gguf.py llama-folder --outtype f32   # on a machine with llama.cpp
 
 llama.cpp is not on the package index, so what can be proved here is proved with `write_llama_gguf`: the same
@@ -32,9 +32,9 @@ def write_llama_gguf(model, path) -> Path:
     """Write `model` (an hf_tfm decoder that converts exactly to `LlamaForCausalLM`, or a Llama) as f32 GGUF."""
     from gguf import GGUFWriter, LlamaFileType
 
-    from .convert_llama import tfm_to_llama
+    from .convert import from_tfm
 
-    llama = model if type(model).__name__ == "LlamaForCausalLM" else tfm_to_llama(model)
+    llama = model if type(model).__name__ == "LlamaForCausalLM" else from_tfm(model, "llama")
     config, state = llama.config, {k: v.detach().float() for k, v in llama.state_dict().items()}
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads

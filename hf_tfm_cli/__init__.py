@@ -7,65 +7,20 @@ a command that runs imports `hf_tfm` (whose command handlers live in `hf_tfm.cli
 
 import argparse
 import json
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, fields
 
 from .spec import TASKS, RunSpec, describe, number, positive_float, positive_int, value_kind
 
-__all__ = ["CONVERTERS", "TASKS", "Converter", "RunSpec", "build_parser", "main", "spec_from_args"]
+__all__ = ["FAMILY_NAMES", "TASKS", "RunSpec", "build_parser", "main", "spec_from_args"]
 
 
-@dataclass(frozen=True)
-class Converter:
-    """One reference family `hf-tfm convert` turns into hf_tfm and back. `name` is its transformers model_type (a
-    source folder's config.json says it) and its `--to` value; hf_tfm/convert_<name>.py holds `<name>_to_tfm` and
-    `tfm_to_<name>`."""
-
-    name: str
-    paradigm: str  # the hf_tfm model_type it converts to and from
-    references: tuple[str, ...]  # the transformers classes it converts, the usual checkpoint's first
-
-    @property
-    def module(self) -> str:
-        return f"hf_tfm.convert_{self.name}"
-
-    @property
-    def to_tfm(self) -> str:
-        return f"{self.name}_to_tfm"
-
-    @property
-    def from_tfm(self) -> str:
-        return f"tfm_to_{self.name}"
-
-
-# the hf_tfm classes each paradigm's converters take and give
-PARADIGM_CLASSES = {
-    "tfm_decoder": ("TfmDecoderForCausalLM",),
-    "tfm_encoder": ("TfmEncoderForMaskedLM", "TfmEncoderModel"),
-    "tfm_encoder_decoder": ("TfmEncoderDecoderForConditionalGeneration",),
-}
-# every family `hf-tfm convert` covers: read by the parser (`--to`, help), the command and the README test
-CONVERTERS = {
-    converter.name: converter
-    for converter in (
-        Converter("gpt2", "tfm_decoder", ("GPT2LMHeadModel",)),
-        Converter("llama", "tfm_decoder", ("LlamaForCausalLM",)),
-        Converter("mistral", "tfm_decoder", ("MistralForCausalLM",)),
-        Converter("mixtral", "tfm_decoder", ("MixtralForCausalLM",)),
-        Converter("qwen2", "tfm_decoder", ("Qwen2ForCausalLM",)),
-        Converter("qwen3", "tfm_decoder", ("Qwen3ForCausalLM",)),
-        Converter("qwen3_moe", "tfm_decoder", ("Qwen3MoeForCausalLM",)),
-        Converter("olmo2", "tfm_decoder", ("Olmo2ForCausalLM",)),
-        Converter("phi3", "tfm_decoder", ("Phi3ForCausalLM",)),
-        Converter("gpt_neox", "tfm_decoder", ("GPTNeoXForCausalLM",)),
-        Converter("gemma2", "tfm_decoder", ("Gemma2ForCausalLM",)),
-        Converter("smollm3", "tfm_decoder", ("SmolLM3ForCausalLM",)),
-        Converter("bert", "tfm_encoder", ("BertForMaskedLM", "BertModel")),
-        Converter("roberta", "tfm_encoder", ("RobertaForMaskedLM", "RobertaModel")),
-        Converter("modernbert", "tfm_encoder", ("ModernBertForMaskedLM", "ModernBertModel")),
-        Converter("t5", "tfm_encoder_decoder", ("T5ForConditionalGeneration",)),
-        Converter("bart", "tfm_encoder_decoder", ("BartForConditionalGeneration",)),
-    )
-}
+# every family `hf-tfm convert` covers, as its transformers model_type (a source folder's config.json says it) and
+# its --to value: the registry's names (hf_tfm.families.FAMILIES, which tests/test_cli.py holds this to), kept here
+# because the parser must answer without importing torch
+FAMILY_NAMES = (
+    "gpt2", "llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "olmo2", "phi3", "gpt_neox", "gemma2",
+    "smollm3", "bert", "roberta", "modernbert", "t5", "bart",
+)  # fmt: skip
 
 EXAMPLES = {
     "demo": """examples:
@@ -90,7 +45,7 @@ EXAMPLES = {
     "convert": f"""examples:
   hf-tfm convert path/to/gpt2 runs/tfm-from-gpt2      # a saved folder of any family below -> hf_tfm
   hf-tfm convert runs/tfm-from-gpt2 runs/back --to gpt2
-families (config.json model_type, and --to): {", ".join(CONVERTERS)}""",
+families (config.json model_type, and --to): {", ".join(FAMILY_NAMES)}""",
     "upcycle": """examples:
   hf-tfm upcycle runs/demo/causal-lm/model runs/demo-moe --num-experts 8 --top-k 2""",
     "card": """examples:
@@ -208,11 +163,11 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--top-p", type=number(float, 0, 1, low_open=True), default=1.0)
     generate.add_argument("--seed", type=number(int, 0), default=0)
     convert = command(
-        "convert", f"convert transformers checkpoints of {len(CONVERTERS)} families to hf_tfm and back, exactly"
+        "convert", f"convert transformers checkpoints of {len(FAMILY_NAMES)} families to hf_tfm and back, exactly"
     )
     convert.add_argument("source", help="a saved model folder: a family's (see --to) or an hf_tfm model")
     convert.add_argument("destination", help="folder to write the converted model to")
-    convert.add_argument("--to", choices=list(CONVERTERS), help="the family to convert an hf_tfm model back to")
+    convert.add_argument("--to", choices=list(FAMILY_NAMES), help="the family to convert an hf_tfm model back to")
     upcycle = command("upcycle", "turn a dense GLU checkpoint into an MoE one (experts = copies of the FFN)")
     upcycle.add_argument("source", help="a saved dense hf_tfm model folder (ffn_type=glu, no mlp bias)")
     upcycle.add_argument("destination")

@@ -1,6 +1,5 @@
 """The `hf-tfm` command, the main job, the presets and the embedded corpus."""
 
-import importlib
 import re
 import shlex
 import subprocess
@@ -24,9 +23,11 @@ from transformers import (
 
 from hf_tfm import TfmDecoderForCausalLM, preset_config, preset_names
 from hf_tfm.cli import main
+from hf_tfm.convert import config_from_tfm
+from hf_tfm.families import FAMILIES, PARADIGMS, families_table
 from hf_tfm.training.checkpoints import load_saved
 from hf_tfm.training.corpus import stdlib_docstrings
-from hf_tfm_cli import CONVERTERS, EXAMPLES, PARADIGM_CLASSES, TASKS, RunSpec, build_parser, spec_from_args
+from hf_tfm_cli import EXAMPLES, FAMILY_NAMES, TASKS, RunSpec, build_parser, spec_from_args
 from hf_tfm_cli import main as cli_main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,19 +50,19 @@ TINY_SIZES = {
 }
 
 
-def tiny_reference(converter, reference: str):
-    """`reference` (a transformers class of `converter`'s family) built from the family's default config, shrunk:
+def tiny_reference(record, reference: str):
+    """`reference` (a transformers class of `record`'s family) built from the family's default config, shrunk:
     what a published checkpoint of the family looks like, at a size that runs in milliseconds."""
     import transformers
 
-    defaults = AutoConfig.for_model(converter.name).to_dict()
+    defaults = AutoConfig.for_model(record.name).to_dict()
     fields = {key: value for key, value in TINY_SIZES.items() if defaults.get(key) is not None}
     ids = {key: value for key, value in defaults.items() if key.endswith("token_id") and isinstance(value, int)}
     large = sorted({value for value in ids.values() if value >= VOCAB})
     small = {value: VOCAB - 1 - i for i, value in enumerate(large)}  # equal ids stay equal (ModernBERT's cls, bos)
     fields |= {key: small[value] for key, value in ids.items() if value in small}
     torch.manual_seed(0)
-    config = AutoConfig.for_model(converter.name, **fields)
+    config = AutoConfig.for_model(record.name, **fields)
     return perturb(getattr(transformers, reference)(config))
 
 
@@ -73,22 +74,20 @@ def _outputs(model, ids):
 
 
 FAMILY_CLASSES = [
-    pytest.param(converter, reference, id=reference)
-    for converter in CONVERTERS.values()
-    for reference in converter.references
+    pytest.param(record, reference, id=reference) for record in FAMILIES.values() for reference in record.classes
 ]
 
 
-@pytest.mark.parametrize("converter, reference", FAMILY_CLASSES)
-def test_convert_command_round_trip_every_family(tmp_path, converter, reference):
+@pytest.mark.parametrize("record, reference", FAMILY_CLASSES)
+def test_convert_command_round_trip_every_family(tmp_path, record, reference):
     """`hf-tfm convert` turns a saved checkpoint of every family in its table into hf_tfm and back: the saved hf_tfm
     model computes the reference outputs, and the folder converted back holds the same class and state dict."""
-    original = tiny_reference(converter, reference)
-    original.save_pretrained(tmp_path / converter.name)
-    main(["convert", str(tmp_path / converter.name), str(tmp_path / "tfm")])
-    main(["convert", str(tmp_path / "tfm"), str(tmp_path / "back"), "--to", converter.name])
+    original = tiny_reference(record, reference)
+    original.save_pretrained(tmp_path / record.name)
+    main(["convert", str(tmp_path / record.name), str(tmp_path / "tfm")])
+    main(["convert", str(tmp_path / "tfm"), str(tmp_path / "back"), "--to", record.name])
     ours, back = load_saved(tmp_path / "tfm"), load_saved(tmp_path / "back")
-    assert type(ours).__name__ in PARADIGM_CLASSES[converter.paradigm] and type(back) is type(original)
+    assert type(ours).__name__ in PARADIGMS[record.paradigm].classes and type(back) is type(original)
     assert_same_state_dict(back.state_dict(), original.state_dict())
     ids = torch.randint(3, VOCAB, (2, 8))
     expected = _outputs(original, ids)
@@ -97,19 +96,19 @@ def test_convert_command_round_trip_every_family(tmp_path, converter, reference)
 
 
 PRESET_FAMILIES = [
-    (preset, CONVERTERS[family])
+    (preset, FAMILIES[family])
     for preset in preset_names()
-    if (family := preset.rsplit("-", 1)[0].replace("-", "_")) in CONVERTERS
+    if (family := preset.rsplit("-", 1)[0].replace("-", "_")) in FAMILIES
 ]
 
 
-@pytest.mark.parametrize("preset, converter", PRESET_FAMILIES, ids=[preset for preset, _ in PRESET_FAMILIES])
-def test_presets_named_after_a_family_convert_to_it(preset, converter):
+@pytest.mark.parametrize("preset, record", PRESET_FAMILIES, ids=[preset for preset, _ in PRESET_FAMILIES])
+def test_presets_named_after_a_family_convert_to_it(preset, record):
     """`llama-1.3m`, `qwen3-moe-2.9m`...: a preset named after a family is that family's architecture (fields its
     own model never reads, such as a dense width beside experts, do not block it)."""
     preset_fields = preset_config(preset)
-    family = getattr(importlib.import_module(converter.module), f"tfm_config_to_{converter.name}")(preset_fields)
-    assert type(family) in {getattr(transformers, name).config_class for name in converter.references}
+    family = config_from_tfm(preset_fields, record.name)
+    assert type(family) in {getattr(transformers, name).config_class for name in record.classes}
     for field in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"):
         assert family.get_text_config().to_dict().get(field, getattr(family, field, None)) == getattr(
             preset_fields, field
@@ -135,7 +134,7 @@ def test_convert_command_names_the_problem(tmp_path):
             "tfm_decoder", vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, num_attention_heads=4
         )
     ).save_pretrained(tmp_path / "tfm")
-    decoders = " | ".join(name for name, converter in CONVERTERS.items() if converter.paradigm == "tfm_decoder")
+    decoders = " | ".join(name for name, record in FAMILIES.items() if record.paradigm == "tfm_decoder")
     with pytest.raises(SystemExit, match=f"with --to None: a tfm_decoder model converts back with --to {decoders}$"):
         main(["convert", str(tmp_path / "tfm"), str(tmp_path / "out")])
     with pytest.raises(SystemExit, match="model_type='tfm_decoder' with --to bert: .* --to gpt2 | llama"):
@@ -152,19 +151,15 @@ def test_convert_command_names_the_problem(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_convert_table_is_the_parser_and_the_readme():
-    """One table: the parser's --to choices are its families, and README's converter table lists each family's
-    reference classes and module."""
+def test_convert_table_is_the_registry():
+    """One table: the registry. The torch-free parser's family names and --to choices are its names, and README's
+    converter table is the one the registry writes (`python -m hf_tfm.families`)."""
+    assert FAMILY_NAMES == tuple(FAMILIES)
     convert = build_parser()._subparsers._group_actions[0].choices["convert"]
-    assert next(a for a in convert._actions if a.dest == "to").choices == list(CONVERTERS)
+    assert next(a for a in convert._actions if a.dest == "to").choices == list(FAMILIES)
     readme = (REPO / "README.md").read_text()
-    rows = {line for line in readme.splitlines() if line.startswith("| `") and "`hf_tfm.convert_" in line}
-    for converter in CONVERTERS.values():
-        row = next((line for line in rows if f"`{converter.module}`" in line), None)
-        assert row, f"README's converter table has no row for {converter.module}"
-        assert all(f"`{reference}`" in row for reference in converter.references), row
-        assert f"`{converter.to_tfm}`" in row and f"`{converter.from_tfm}`" in row, row
-    assert f"--to {'|'.join(CONVERTERS)}]" in readme
+    assert families_table() in readme, "README's converter table is not the registry's: python -m hf_tfm.families"
+    assert f"--to {'|'.join(FAMILIES)}]" in readme
 
 
 @pytest.mark.parametrize(

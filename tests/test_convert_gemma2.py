@@ -3,6 +3,8 @@ query_pre_attn_scalar, attention and final logit soft-capping, head_dim != hidde
 full layers whose window is shorter than the test sequence (generation runs past it, dynamic and static caches).
 Gemma 2 attends eagerly: sdpa cannot soft-cap the scores."""
 
+from functools import partial
+
 import pytest
 import torch
 from conftest import perturb, tiny_config
@@ -20,7 +22,7 @@ from parity_harness import (
 from transformers import AutoModelForCausalLM, Gemma2Config, Gemma2ForCausalLM
 
 from hf_tfm import TfmDecoderForCausalLM
-from hf_tfm.convert_gemma2 import gemma2_config_to_tfm, gemma2_to_tfm, tfm_config_to_gemma2, tfm_to_gemma2
+from hf_tfm.convert import config_from_tfm, config_to_tfm, from_tfm, to_tfm
 
 
 def gemma2_config(**overrides) -> Gemma2Config:
@@ -46,20 +48,20 @@ def gemma2(**overrides) -> Gemma2ForCausalLM:
 
 def test_gemma2_parity():
     ref = gemma2()
-    ours = gemma2_to_tfm(ref)
+    ours = to_tfm(ref)
     assert ours.config._attn_implementation == "eager"
     assert ours.config.layer_types == ["sliding_attention", "full_attention", "sliding_attention"]
     assert_logits_match(ref, ours, attn="eager")
     assert_generate_matches(ref, ours, num_beams=1, max_new_tokens=6)
     assert_generate_matches(ref, ours, num_beams=3, max_new_tokens=6)
-    back = tfm_to_gemma2(ours)
+    back = from_tfm(ours, "gemma2")
     assert back.config._attn_implementation == "eager"  # not transformers 5.17's default sdpa, which drops the cap
     assert_logits_match(ref, back, attn="eager")
 
 
 def test_converted_gemma2_saves_and_loads(tmp_path):
     """The (1 + weight) norms and the window survive save_pretrained -> from_pretrained (built on the meta device)."""
-    ours = gemma2_to_tfm(gemma2())
+    ours = to_tfm(gemma2())
     ours.save_pretrained(tmp_path)
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     input_ids = padded_batch()[0]
@@ -72,7 +74,7 @@ def test_gemma2_decoding_past_the_window(cache_implementation):
     """Every step's logits, not only the tokens, match while the cache's sliding layers run past the window (a
     window that is off by two changes them by > 1 at this shape while the greedy tokens still agree)."""
     ref = gemma2()
-    assert_decoding_matches(ref, gemma2_to_tfm(ref), cache_implementation)
+    assert_decoding_matches(ref, to_tfm(ref), cache_implementation)
 
 
 @pytest.mark.parametrize(
@@ -94,12 +96,12 @@ def test_each_option_changes_the_reference(overrides):
 
 @pytest.mark.parametrize("overrides", [{}, pytest.param(dict(tie_word_embeddings=False), id="untied")])
 def test_gemma2_round_trip(overrides):
-    assert_round_trip(gemma2(**overrides), gemma2_to_tfm, tfm_to_gemma2)
+    assert_round_trip(gemma2(**overrides), to_tfm, partial(from_tfm, name="gemma2"))
 
 
 def test_softcapping_refuses_sdpa():
     """sdpa cannot cap attention scores: hf_tfm attends eagerly by default and refuses sdpa, naming the field."""
-    config = gemma2_config_to_tfm(gemma2_config())
+    config = config_to_tfm(gemma2_config())
     model = TfmDecoderForCausalLM(config)
     assert model.config._attn_implementation == "eager"
     with pytest.raises(ValueError, match="attn_logit_softcapping"):
@@ -110,8 +112,8 @@ def test_softcapping_refuses_sdpa():
 
 def test_gemma2_config_hf_tfm_cannot_express_is_refused():
     with pytest.raises(ValueError, match="use_bidirectional_attention"):
-        gemma2_config_to_tfm(gemma2_config(use_bidirectional_attention=True))
-    assert gemma2_config_to_tfm(gemma2_config(use_bidirectional_attention=False))  # False is causal, as None
+        config_to_tfm(gemma2_config(use_bidirectional_attention=True))
+    assert config_to_tfm(gemma2_config(use_bidirectional_attention=False))  # False is causal, as None
 
 
 GEMMA2_SHAPED = dict(
@@ -125,7 +127,7 @@ GEMMA2_SHAPED = dict(
 
 def test_gemma2_shaped_tfm_config_converts():
     """Without query_pre_attn_scalar hf_tfm scales by head_dim ** -0.5: Gemma 2's query_pre_attn_scalar=head_dim."""
-    config = tfm_config_to_gemma2(tiny_config(**GEMMA2_SHAPED))
+    config = config_from_tfm(tiny_config(**GEMMA2_SHAPED), "gemma2")
     assert config.query_pre_attn_scalar == 8 and config.final_logit_softcapping is None
 
 
@@ -145,4 +147,4 @@ def test_gemma2_shaped_tfm_config_converts():
 )
 def test_tfm_config_gemma2_cannot_express_is_refused(overrides, field):
     with pytest.raises(ValueError, match=field):
-        tfm_config_to_gemma2(tiny_config(**{**GEMMA2_SHAPED, **overrides}))
+        config_from_tfm(tiny_config(**{**GEMMA2_SHAPED, **overrides}), "gemma2")

@@ -1,13 +1,15 @@
 """GPTNeoXForCausalLM <-> hf_tfm, exact both ways: fused per-head query_key_value, partial rotary (rotary_pct),
 parallel and sequential residuals, biases everywhere, an untied LM head."""
 
+from functools import partial
+
 import pytest
 import torch
 from conftest import VOCAB, perturb, tiny_config
 from parity_harness import assert_generate_matches, assert_logits_match, assert_round_trip, padded_batch
 from transformers import AutoModelForCausalLM, GPTNeoXConfig, GPTNeoXForCausalLM
 
-from hf_tfm.convert_gpt_neox import gpt_neox_config_to_tfm, gpt_neox_to_tfm, tfm_config_to_gpt_neox, tfm_to_gpt_neox
+from hf_tfm.convert import config_from_tfm, config_to_tfm, from_tfm, to_tfm
 
 
 def gpt_neox_config(**overrides) -> GPTNeoXConfig:
@@ -38,7 +40,7 @@ VARIANTS = [
 @pytest.mark.parametrize("overrides", VARIANTS)
 def test_gpt_neox_parity(overrides):
     ref = gpt_neox(**overrides)
-    ours = gpt_neox_to_tfm(ref)
+    ours = to_tfm(ref)
     config = ours.config
     assert config.parallel_residual == ref.config.use_parallel_residual
     assert config.rope_parameters["partial_rotary_factor"] == ref.config.rope_parameters["partial_rotary_factor"] < 1
@@ -46,18 +48,18 @@ def test_gpt_neox_parity(overrides):
         assert_logits_match(ref, ours, attn=attn)
     assert_generate_matches(ref, ours, num_beams=1)
     assert_generate_matches(ref, ours, num_beams=3)
-    back = tfm_to_gpt_neox(ours)
+    back = from_tfm(ours, "gpt_neox")
     assert_logits_match(ref, back)
 
 
 @pytest.mark.parametrize("overrides", [*VARIANTS, pytest.param(dict(tie_word_embeddings=True), id="tied")])
 def test_gpt_neox_round_trip(overrides):
-    assert_round_trip(gpt_neox(**overrides), gpt_neox_to_tfm, tfm_to_gpt_neox)
+    assert_round_trip(gpt_neox(**overrides), to_tfm, partial(from_tfm, name="gpt_neox"))
 
 
 def test_converted_gpt_neox_saves_and_loads(tmp_path):
     """Partial RoPE's inv_freq is rebuilt right after from_pretrained (built on the meta device)."""
-    ours = gpt_neox_to_tfm(gpt_neox())
+    ours = to_tfm(gpt_neox())
     ours.save_pretrained(tmp_path)
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     input_ids = padded_batch()[0]
@@ -68,7 +70,7 @@ def test_converted_gpt_neox_saves_and_loads(tmp_path):
 def test_fused_qkv_is_split_per_head():
     """query_key_value's output rows are [heads, 3, head_dim]: head h's query is rows [3h*d, 3h*d + d)."""
     ref = gpt_neox()
-    ours = gpt_neox_to_tfm(ref)
+    ours = to_tfm(ref)
     fused = ref.gpt_neox.layers[0].attention.query_key_value.weight
     d = ref.config.hidden_size // ref.config.num_attention_heads
     attn = ours.model.layers[0].self_attn
@@ -82,22 +84,22 @@ def test_fused_qkv_is_split_per_head():
 def test_full_rotary_round_trips_configs():
     """rotary_pct=1.0 is hf_tfm's plain RoPE and comes back as 1.0 (GPTNeoXConfig would otherwise default to 0.25)."""
     config = gpt_neox_config(rotary_pct=1.0)
-    ours = gpt_neox_config_to_tfm(config)
+    ours = config_to_tfm(config)
     assert ours.rope_parameters.get("partial_rotary_factor", 1.0) == 1.0
-    assert tfm_config_to_gpt_neox(ours).rope_parameters["partial_rotary_factor"] == 1.0
+    assert config_from_tfm(ours, "gpt_neox").rope_parameters["partial_rotary_factor"] == 1.0
 
 
 def test_gpt_neox_config_hf_tfm_cannot_express_is_refused():
     """12 * 0.25 = 3 rotary features: GPT-NeoX then rotates 4 with frequencies of a 3-wide band; hf_tfm refuses."""
     with pytest.raises(ValueError, match="partial_rotary_factor"):
-        gpt_neox_config_to_tfm(gpt_neox_config(hidden_size=24, rotary_pct=0.25))
+        config_to_tfm(gpt_neox_config(hidden_size=24, rotary_pct=0.25))
 
 
 GPT_NEOX_SHAPED = dict(position_embedding_type="rope", parallel_residual=True, tie_word_embeddings=False)
 
 
 def test_gpt_neox_shaped_tfm_config_converts():
-    config = tfm_config_to_gpt_neox(tiny_config(**GPT_NEOX_SHAPED))
+    config = config_from_tfm(tiny_config(**GPT_NEOX_SHAPED), "gpt_neox")
     assert config.use_parallel_residual and config.rope_parameters["partial_rotary_factor"] == 1.0
 
 
@@ -114,4 +116,4 @@ def test_gpt_neox_shaped_tfm_config_converts():
 def test_tfm_config_gpt_neox_cannot_express_is_refused(overrides, field):
     config = tiny_config(**{**GPT_NEOX_SHAPED, **overrides})
     with pytest.raises(ValueError, match=field):
-        tfm_config_to_gpt_neox(config)
+        config_from_tfm(config, "gpt_neox")

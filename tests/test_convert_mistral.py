@@ -1,6 +1,8 @@
 """MistralForCausalLM <-> hf_tfm, exact both ways: a sliding window shorter than the test sequence (generation runs
 past it with a dynamic and a static cache), no window, and tied embeddings."""
 
+from functools import partial
+
 import pytest
 from conftest import perturb, tiny_model
 from parity_harness import (
@@ -15,7 +17,7 @@ from parity_harness import (
 )
 from transformers import MistralConfig, MistralForCausalLM
 
-from hf_tfm.convert_mistral import mistral_config_to_tfm, mistral_to_tfm, tfm_config_to_mistral, tfm_to_mistral
+from hf_tfm.convert import config_from_tfm, config_to_tfm, from_tfm, to_tfm
 
 
 def mistral(**overrides) -> MistralForCausalLM:
@@ -31,7 +33,7 @@ VARIANTS = [
 @pytest.mark.parametrize("overrides", VARIANTS)
 def test_mistral_parity(overrides):
     ref = mistral(**overrides)
-    ours = assert_converts_exactly(ref, mistral_to_tfm, tfm_to_mistral)
+    ours = assert_converts_exactly(ref, to_tfm, partial(from_tfm, name="mistral"))
     assert ours.config.sliding_window == ref.config.sliding_window
     expected_type = "full_attention" if ref.config.sliding_window is None else "sliding_attention"
     assert ours.config.layer_types == [expected_type] * 2
@@ -42,7 +44,7 @@ def test_mistral_generates_past_the_window(cache):
     """Decoding 6 tokens after a 9-token prompt with a window of 4: every step's logits are Mistral's (sliding cache
     layers drop what the window no longer sees), and greedy and beam tokens are too."""
     ref = mistral()
-    ours = mistral_to_tfm(ref)
+    ours = to_tfm(ref)
     assert_decoding_matches(ref, ours, cache)
     for model in (ref, ours):
         model.generation_config.cache_implementation = cache
@@ -51,7 +53,7 @@ def test_mistral_generates_past_the_window(cache):
 
 @pytest.mark.parametrize("overrides", VARIANTS)
 def test_mistral_round_trip(overrides):
-    assert_round_trip(mistral(**overrides), mistral_to_tfm, tfm_to_mistral)
+    assert_round_trip(mistral(**overrides), to_tfm, partial(from_tfm, name="mistral"))
 
 
 def mistral_shaped(**overrides):
@@ -71,9 +73,11 @@ INEXPRESSIBLE = [
 
 @pytest.mark.parametrize("make_source, field", INEXPRESSIBLE, ids=[case[1] for case in INEXPRESSIBLE])
 def test_tfm_config_mistral_cannot_express_raises(make_source, field):
-    assert isinstance(tfm_config_to_mistral(mistral_shaped().config), MistralConfig)  # the baseline converts
+    assert isinstance(config_from_tfm(mistral_shaped().config, "mistral"), MistralConfig)  # the baseline converts
     others = ["sliding_window", *(name for _, name in INEXPRESSIBLE)]
-    assert_refused_by_name(tfm_to_mistral, make_source(), field, others)  # the field is named, not every field
+    assert_refused_by_name(
+        partial(from_tfm, name="mistral"), make_source(), field, others
+    )  # the field is named, not every field
 
 
 def test_mistral_config_key_it_does_not_read_raises():
@@ -82,4 +86,4 @@ def test_mistral_config_key_it_does_not_read_raises():
     config = mistral().config
     config.layer_types = ["sliding_attention", "full_attention"]
     with pytest.raises(ValueError, match="layer_types"):
-        mistral_config_to_tfm(config)
+        config_to_tfm(config)

@@ -3,6 +3,8 @@ bidirectional window is shorter than the test sequence, one RoPE theta per layer
 fused back, no attention norm in layer 0, embedding and final norms, the MLM head, with every bias off (as published)
 or on."""
 
+from functools import partial
+
 import pytest
 import torch
 from conftest import VOCAB, perturb, tiny_config
@@ -18,12 +20,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
 from hf_tfm import TfmEncoderConfig, TfmEncoderForMaskedLM, TfmEncoderModel
-from hf_tfm.convert_modernbert import (
-    modernbert_config_to_tfm,
-    modernbert_to_tfm,
-    tfm_config_to_modernbert,
-    tfm_to_modernbert,
-)
+from hf_tfm.convert import config_from_tfm, config_to_tfm, from_tfm, to_tfm
 
 LOCAL_ATTENTION = 4  # a local query sees the keys at most 2 tokens away: fewer than the 9-token test batch
 KINDS = ("full_attention", "sliding_attention")
@@ -66,16 +63,16 @@ MODELS = [
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 def test_modernbert_logits_match(cls, overrides, attn):
     ref = modernbert(cls, **overrides)
-    ours = modernbert_to_tfm(ref)
+    ours = to_tfm(ref)
     assert ours.config.layer_types == ["full_attention", "sliding_attention", "sliding_attention"]
     assert ours.config.sliding_window == LOCAL_ATTENTION // 2
     assert_logits_match(ref, ours, attn)
-    assert_logits_match(ref, tfm_to_modernbert(ours), attn)
+    assert_logits_match(ref, from_tfm(ours, "modernbert"), attn)
 
 
 @pytest.mark.parametrize("cls, overrides", MODELS)
 def test_modernbert_round_trip(cls, overrides):
-    assert_round_trip(modernbert(cls, **overrides), modernbert_to_tfm, tfm_to_modernbert)
+    assert_round_trip(modernbert(cls, **overrides), to_tfm, partial(from_tfm, name="modernbert"))
 
 
 @pytest.mark.parametrize(
@@ -118,7 +115,7 @@ def _windows_passed(model) -> list:
 def test_window_passed_to_attention_matches_modernbert():
     """Flash attention reads the window kwarg as w - 1 tokens each side: a bidirectional layer passes w + 1."""
     ref = modernbert(ModernBertModel)
-    assert _windows_passed(modernbert_to_tfm(ref)) == _windows_passed(ref) == [None, 3, 3]
+    assert _windows_passed(to_tfm(ref)) == _windows_passed(ref) == [None, 3, 3]
 
 
 MODERNBERT_SHAPED = dict(
@@ -143,10 +140,10 @@ def test_modernbert_shaped_tfm_converts(cls):
     """A ModernBERT-shaped hf_tfm model with one flat RoPE dict converts (the dict goes to both layer types)."""
     torch.manual_seed(0)
     ours = perturb(cls(tiny_config(TfmEncoderConfig, **MODERNBERT_SHAPED)))
-    ref = tfm_to_modernbert(ours)
+    ref = from_tfm(ours, "modernbert")
     assert ref.config.local_attention == 4
     assert_logits_match(ref, ours)
-    assert modernbert_to_tfm(ref).config.rope_parameters == ours.config.rope_parameters
+    assert to_tfm(ref).config.rope_parameters == ours.config.rope_parameters
 
 
 def test_hub_config_keys_convert():
@@ -163,7 +160,7 @@ def test_hub_config_keys_convert():
         classifier_pooling="mean",
         deterministic_flash_attn=True,
     )
-    config = modernbert_config_to_tfm(modernbert_config(**hub_keys))
+    config = config_to_tfm(modernbert_config(**hub_keys))
     assert config.rope_parameters["full_attention"]["rope_theta"] == 160_000.0
 
 
@@ -185,7 +182,7 @@ def test_hub_config_keys_convert():
 )
 def test_modernbert_config_hf_tfm_cannot_express_is_refused(overrides, field):
     with pytest.raises(ValueError, match=field):
-        modernbert_config_to_tfm(modernbert_config(**overrides))
+        config_to_tfm(modernbert_config(**overrides))
 
 
 @pytest.mark.parametrize(
@@ -208,19 +205,19 @@ def test_modernbert_config_hf_tfm_cannot_express_is_refused(overrides, field):
 )  # fmt: skip
 def test_tfm_config_modernbert_cannot_express_is_refused(overrides, field):
     with pytest.raises(ValueError, match=field):
-        tfm_config_to_modernbert(tiny_config(TfmEncoderConfig, **{**MODERNBERT_SHAPED, **overrides}))
+        config_from_tfm(tiny_config(TfmEncoderConfig, **{**MODERNBERT_SHAPED, **overrides}), "modernbert")
 
 
 def test_other_models_are_refused():
-    with pytest.raises(TypeError, match="ModernBertModel or ModernBertForMaskedLM"):
-        modernbert_to_tfm(torch.nn.Linear(2, 2))
-    with pytest.raises(TypeError, match="TfmEncoderModel or TfmEncoderForMaskedLM"):
-        tfm_to_modernbert(torch.nn.Linear(2, 2))
+    with pytest.raises(TypeError, match="ModernBertForMaskedLM, ModernBertModel, .*; got Linear"):
+        to_tfm(torch.nn.Linear(2, 2))
+    with pytest.raises(TypeError, match="modernbert converts TfmEncoderForMaskedLM or TfmEncoderModel, got Linear"):
+        from_tfm(torch.nn.Linear(2, 2), "modernbert")
 
 
 def test_converted_model_saves_and_loads(tmp_path):
     """The per-layer-type RoPE tables are computed buffers: rebuilt right after from_pretrained's meta-device load."""
-    ours = modernbert_to_tfm(modernbert())
+    ours = to_tfm(modernbert())
     ours.save_pretrained(tmp_path)
     loaded = TfmEncoderForMaskedLM.from_pretrained(tmp_path).eval()
     input_ids = padded_batch()[0]

@@ -2,6 +2,8 @@
 over the whole query and key projections (qk_norm="projection"), GQA, q/k/v/o biases, and a head_dim that is not
 hidden / heads (an extra config key OLMo2's modeling code reads)."""
 
+from functools import partial
+
 import pytest
 import torch
 from conftest import perturb, tiny_config
@@ -14,7 +16,7 @@ from parity_harness import (
 )
 from transformers import Olmo2Config, Olmo2ForCausalLM
 
-from hf_tfm.convert_olmo2 import olmo2_config_to_tfm, olmo2_to_tfm, tfm_config_to_olmo2, tfm_to_olmo2
+from hf_tfm.convert import config_from_tfm, config_to_tfm, from_tfm, to_tfm
 
 
 def olmo2_config(**overrides) -> Olmo2Config:
@@ -35,13 +37,13 @@ def olmo2(**overrides) -> Olmo2ForCausalLM:
     ],
 )
 def test_olmo2_parity(overrides):
-    ours = assert_converts_exactly(olmo2(**overrides), olmo2_to_tfm, tfm_to_olmo2, back_attn="sdpa")
+    ours = assert_converts_exactly(olmo2(**overrides), to_tfm, partial(from_tfm, name="olmo2"), back_attn="sdpa")
     assert ours.config.norm_position == "output" and ours.config.qk_norm == "projection"
 
 
 @pytest.mark.parametrize("overrides", [{}, pytest.param(dict(attention_bias=True, head_dim=16), id="bias-head-dim")])
 def test_olmo2_round_trip(overrides):
-    assert_round_trip(olmo2(**overrides), olmo2_to_tfm, tfm_to_olmo2)
+    assert_round_trip(olmo2(**overrides), to_tfm, partial(from_tfm, name="olmo2"))
 
 
 def test_qk_norm_changes_the_reference():
@@ -66,16 +68,16 @@ def test_olmo2_config_hf_tfm_cannot_express_is_refused(overrides, field):
     """OLMo2 rotates every feature whatever partial_rotary_factor says, and a key the converter does not know is
     refused by name rather than dropped."""
     with pytest.raises(ValueError, match=field):
-        olmo2_config_to_tfm(olmo2_config(**overrides))
+        config_to_tfm(olmo2_config(**overrides))
 
 
 OLMO2_SHAPED = dict(LLAMA_SHAPED, norm_position="output", qk_norm="projection", hidden_act="silu")
 
 
 def test_olmo2_shaped_tfm_config_converts():
-    config = tfm_config_to_olmo2(tiny_config(**OLMO2_SHAPED, head_dim=16))
+    config = config_from_tfm(tiny_config(**OLMO2_SHAPED, head_dim=16), "olmo2")
     assert config.head_dim == 16 and not config.attention_bias
-    assert "head_dim" not in tfm_config_to_olmo2(tiny_config(**OLMO2_SHAPED)).to_dict()  # derived: not written
+    assert "head_dim" not in config_from_tfm(tiny_config(**OLMO2_SHAPED), "olmo2").to_dict()  # derived: not written
 
 
 @pytest.mark.parametrize(
@@ -93,4 +95,4 @@ def test_olmo2_shaped_tfm_config_converts():
 )
 def test_tfm_config_olmo2_cannot_express_is_refused(overrides, field):
     with pytest.raises(ValueError, match=field):
-        tfm_config_to_olmo2(tiny_config(**{**OLMO2_SHAPED, **overrides}))
+        config_from_tfm(tiny_config(**{**OLMO2_SHAPED, **overrides}), "olmo2")

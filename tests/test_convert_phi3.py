@@ -2,6 +2,8 @@
 the way back, GQA, partial rotary, a sliding window (every layer) shorter than the test sequence with generation
 past it, and LongRoPE with its short and its long factors."""
 
+from functools import partial
+
 import pytest
 import torch
 from conftest import perturb, tiny_config
@@ -17,7 +19,7 @@ from parity_harness import (
 )
 from transformers import Phi3Config, Phi3ForCausalLM
 
-from hf_tfm.convert_phi3 import phi3_config_to_tfm, phi3_to_tfm, tfm_config_to_phi3, tfm_to_phi3
+from hf_tfm.convert import config_from_tfm, config_to_tfm, from_tfm, to_tfm
 
 PARTIAL = dict(rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5))
 
@@ -55,12 +57,14 @@ def phi3(**overrides) -> Phi3ForCausalLM:
     ],
 )
 def test_phi3_parity(overrides):
-    assert_converts_exactly(phi3(**overrides), phi3_to_tfm, tfm_to_phi3, max_new_tokens=6, back_attn="sdpa")
+    assert_converts_exactly(
+        phi3(**overrides), to_tfm, partial(from_tfm, name="phi3"), max_new_tokens=6, back_attn="sdpa"
+    )
 
 
 def test_phi3_static_cache_generation_past_the_window():
     ref = phi3(sliding_window=WINDOW)
-    ours = phi3_to_tfm(ref)
+    ours = to_tfm(ref)
     assert ours.config.layer_types == ["sliding_attention"] * 2
     assert_decoding_matches(ref, ours, "static")
 
@@ -71,7 +75,7 @@ def test_longrope_generation_across_the_original_length():
     original_max_position_embeddings and recomputes every position with the long factors; hf_tfm keeps the keys it
     cached with the short ones, so generation that crosses that length differs."""
     ref = phi3(**longrope(10))
-    assert_generate_matches(ref, phi3_to_tfm(ref), num_beams=1, max_new_tokens=6)
+    assert_generate_matches(ref, to_tfm(ref), num_beams=1, max_new_tokens=6)
 
 
 @pytest.mark.parametrize(
@@ -94,18 +98,18 @@ def test_each_option_changes_the_reference(overrides):
     "overrides", [{}, pytest.param(dict(longrope(8), tie_word_embeddings=True, num_key_value_heads=1), id="mqa")]
 )
 def test_phi3_round_trip(overrides):
-    assert_round_trip(phi3(**overrides), phi3_to_tfm, tfm_to_phi3)
+    assert_round_trip(phi3(**overrides), to_tfm, partial(from_tfm, name="phi3"))
 
 
 def test_phi3_fields():
     """resid_pdrop is the dropout on each sublayer's output; embd_pdrop is never applied by Phi3Model, and
     original_max_position_embeddings is read only by LongRoPE."""
-    config = phi3_config_to_tfm(phi3_config(resid_pdrop=0.1, embd_pdrop=0.2, original_max_position_embeddings=32))
+    config = config_to_tfm(phi3_config(resid_pdrop=0.1, embd_pdrop=0.2, original_max_position_embeddings=32))
     assert config.hidden_dropout == 0.1 and config.embedding_dropout == 0.0
-    assert tfm_config_to_phi3(config).resid_pdrop == 0.1
-    config = phi3_config_to_tfm(phi3_config(**longrope(8)))
+    assert config_from_tfm(config, "phi3").resid_pdrop == 0.1
+    config = config_to_tfm(phi3_config(**longrope(8)))
     assert config.rope_parameters["original_max_position_embeddings"] == 8
-    assert tfm_config_to_phi3(config).original_max_position_embeddings == 8
+    assert config_from_tfm(config, "phi3").original_max_position_embeddings == 8
 
 
 PHI3_SHAPED = dict(LLAMA_SHAPED, hidden_act="silu")
@@ -124,11 +128,11 @@ PHI3_SHAPED = dict(LLAMA_SHAPED, hidden_act="silu")
     ],
 )
 def test_tfm_config_phi3_cannot_express_is_refused(overrides, field):
-    assert tfm_config_to_phi3(tiny_config(**PHI3_SHAPED))  # the shape itself converts
+    assert config_from_tfm(tiny_config(**PHI3_SHAPED), "phi3")  # the shape itself converts
     with pytest.raises(ValueError, match=field):
-        tfm_config_to_phi3(tiny_config(**{**PHI3_SHAPED, **overrides}))
+        config_from_tfm(tiny_config(**{**PHI3_SHAPED, **overrides}), "phi3")
 
 
 def test_phi3_config_hf_tfm_cannot_express_is_refused():
     with pytest.raises(ValueError, match="clip_qkv"):  # a key the converter does not know is refused, not dropped
-        phi3_config_to_tfm(phi3_config(clip_qkv=8.0))
+        config_to_tfm(phi3_config(clip_qkv=8.0))

@@ -2,6 +2,8 @@
 `max_window_layers` or by `layer_types` (a window shorter than the test sequence; dynamic and static caches), a
 `head_dim` key the config class does not declare, and tied embeddings."""
 
+from functools import partial
+
 import pytest
 from conftest import perturb, tiny_model
 from parity_harness import (
@@ -14,7 +16,7 @@ from parity_harness import (
 )
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from hf_tfm.convert_qwen2 import qwen2_config_to_tfm, qwen2_to_tfm, tfm_config_to_qwen2, tfm_to_qwen2
+from hf_tfm.convert import config_from_tfm, config_to_tfm, from_tfm, to_tfm
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 
@@ -35,7 +37,9 @@ VARIANTS = [
 
 @pytest.mark.parametrize("overrides, layer_types", VARIANTS)
 def test_qwen2_parity(overrides, layer_types):
-    ours = assert_converts_exactly(qwen2(**overrides), qwen2_to_tfm, tfm_to_qwen2, caches=("dynamic", "static"))
+    ours = assert_converts_exactly(
+        qwen2(**overrides), to_tfm, partial(from_tfm, name="qwen2"), caches=("dynamic", "static")
+    )
     assert ours.config.layer_types == layer_types
     assert (
         ours.model.layers[0].self_attn.q_proj.bias is not None and ours.model.layers[0].self_attn.o_proj.bias is None
@@ -44,16 +48,16 @@ def test_qwen2_parity(overrides, layer_types):
 
 @pytest.mark.parametrize("overrides, layer_types", VARIANTS)
 def test_qwen2_round_trip(overrides, layer_types):
-    assert_round_trip(qwen2(**overrides), qwen2_to_tfm, tfm_to_qwen2)
+    assert_round_trip(qwen2(**overrides), to_tfm, partial(from_tfm, name="qwen2"))
 
 
 def test_qwen2_config_round_trip_writes_max_window_layers():
     """hf_tfm has no max_window_layers; the way back writes Qwen2's pattern (full layers, then sliding) from
     layer_types, and any other pattern still converts exactly because layer_types decide."""
     config = qwen2(**WINDOWED, max_window_layers=1).config
-    back = tfm_config_to_qwen2(qwen2_config_to_tfm(config))
+    back = config_from_tfm(config_to_tfm(config), "qwen2")
     assert (back.max_window_layers, back.layer_types, back.sliding_window) == (1, [FULL, SLIDING], WINDOW)
-    assert tfm_config_to_qwen2(qwen2_shaped(layer_types=[SLIDING, FULL]).config).layer_types == [SLIDING, FULL]
+    assert config_from_tfm(qwen2_shaped(layer_types=[SLIDING, FULL]).config, "qwen2").layer_types == [SLIDING, FULL]
 
 
 def qwen2_shaped(**overrides):
@@ -80,8 +84,8 @@ INEXPRESSIBLE = [
 
 @pytest.mark.parametrize("make_source, field", INEXPRESSIBLE, ids=[case[1] for case in INEXPRESSIBLE])
 def test_tfm_config_qwen2_cannot_express_raises(make_source, field):
-    assert isinstance(tfm_config_to_qwen2(qwen2_shaped().config), Qwen2Config)  # the baseline converts
-    assert_refused_by_name(tfm_to_qwen2, make_source(), field, [name for _, name in INEXPRESSIBLE])
+    assert isinstance(config_from_tfm(qwen2_shaped().config, "qwen2"), Qwen2Config)  # the baseline converts
+    assert_refused_by_name(partial(from_tfm, name="qwen2"), make_source(), field, [name for _, name in INEXPRESSIBLE])
 
 
 def test_qwen2_sliding_layers_without_window_raise():
@@ -90,7 +94,7 @@ def test_qwen2_sliding_layers_without_window_raise():
     config = Qwen2Config(num_hidden_layers=2, layer_types=[SLIDING, FULL])
     assert config.sliding_window is None
     with pytest.raises(ValueError, match="sliding_window"):
-        qwen2_config_to_tfm(config)
+        config_to_tfm(config)
 
 
 def test_qwen2_config_key_it_does_not_read_raises():
@@ -99,7 +103,7 @@ def test_qwen2_config_key_it_does_not_read_raises():
     config = qwen2().config
     config.attention_bias = False
     with pytest.raises(ValueError, match="attention_bias"):
-        qwen2_config_to_tfm(config)
+        config_to_tfm(config)
 
 
 # Qwen2.5-0.5B's config.json (written by transformers 4.40): keys 5.x no longer declares, a window switched off
@@ -126,8 +130,8 @@ QWEN2_5_0_5B = {
 
 def test_released_qwen2_5_config_converts():
     """`use_mrope` (no Qwen text model reads it) and `max_window_layers` do not block a released config."""
-    config = qwen2_config_to_tfm(Qwen2Config.from_dict(QWEN2_5_0_5B))
+    config = config_to_tfm(Qwen2Config.from_dict(QWEN2_5_0_5B))
     assert (config.head_dim, config.sliding_window, config.rope_parameters["rope_theta"]) == (64, None, 1e6)
     assert config.layer_types == [FULL] * 24 and config.tie_word_embeddings
-    back = tfm_config_to_qwen2(config)
+    back = config_from_tfm(config, "qwen2")
     assert (back.max_window_layers, back.use_sliding_window) == (24, False)

@@ -1,6 +1,8 @@
 """Qwen3ForCausalLM <-> hf_tfm, exact both ways: per-head QK-norm, a head_dim apart from hidden_size // heads, one
 attention_bias flag for all four projections, and sliding layers (a window shorter than the test sequence)."""
 
+from functools import partial
+
 import pytest
 from conftest import perturb, tiny_model
 from parity_harness import (
@@ -13,7 +15,7 @@ from parity_harness import (
 )
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from hf_tfm.convert_qwen3 import qwen3_config_to_tfm, qwen3_to_tfm, tfm_config_to_qwen3, tfm_to_qwen3
+from hf_tfm.convert import config_from_tfm, config_to_tfm, from_tfm, to_tfm
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 
@@ -34,14 +36,16 @@ VARIANTS = [
 
 @pytest.mark.parametrize("overrides, layer_types", VARIANTS)
 def test_qwen3_parity(overrides, layer_types):
-    ours = assert_converts_exactly(qwen3(**overrides), qwen3_to_tfm, tfm_to_qwen3, caches=("dynamic", "static"))
+    ours = assert_converts_exactly(
+        qwen3(**overrides), to_tfm, partial(from_tfm, name="qwen3"), caches=("dynamic", "static")
+    )
     assert ours.config.layer_types == layer_types
     assert ours.config.qk_norm == "per_head" and ours.model.layers[0].self_attn.q_norm.weight.shape == (16,)
 
 
 @pytest.mark.parametrize("overrides, layer_types", VARIANTS)
 def test_qwen3_round_trip(overrides, layer_types):
-    assert_round_trip(qwen3(**overrides), qwen3_to_tfm, tfm_to_qwen3)
+    assert_round_trip(qwen3(**overrides), to_tfm, partial(from_tfm, name="qwen3"))
 
 
 def qwen3_shaped(**overrides):
@@ -60,15 +64,15 @@ INEXPRESSIBLE = [
 
 @pytest.mark.parametrize("make_source, field", INEXPRESSIBLE, ids=[case[1] for case in INEXPRESSIBLE])
 def test_tfm_config_qwen3_cannot_express_raises(make_source, field):
-    assert isinstance(tfm_config_to_qwen3(qwen3_shaped().config), Qwen3Config)  # the baseline converts
-    assert_refused_by_name(tfm_to_qwen3, make_source(), field, [name for _, name in INEXPRESSIBLE])
+    assert isinstance(config_from_tfm(qwen3_shaped().config, "qwen3"), Qwen3Config)  # the baseline converts
+    assert_refused_by_name(partial(from_tfm, name="qwen3"), make_source(), field, [name for _, name in INEXPRESSIBLE])
 
 
 def test_qwen3_sliding_layers_without_window_raise():
     """Every Qwen3 field has an hf_tfm counterpart. Sliding layer_types without use_sliding_window leave Qwen3 no
     window (its forward then fails on None); the converter names the field instead."""
     with pytest.raises(ValueError, match="sliding_window"):
-        qwen3_config_to_tfm(Qwen3Config(num_hidden_layers=2, layer_types=[SLIDING, FULL]))
+        config_to_tfm(Qwen3Config(num_hidden_layers=2, layer_types=[SLIDING, FULL]))
 
 
 def test_qwen3_config_key_it_does_not_read_raises():
@@ -77,4 +81,4 @@ def test_qwen3_config_key_it_does_not_read_raises():
     config = qwen3().config
     config.mlp_bias = True
     with pytest.raises(ValueError, match="mlp_bias"):
-        qwen3_config_to_tfm(config)
+        config_to_tfm(config)

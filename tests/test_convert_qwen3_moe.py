@@ -3,6 +3,8 @@
 on every layer (dynamic and static caches), and the same router logits, aux loss and loss with labels as the
 reference."""
 
+from functools import partial
+
 import pytest
 import torch
 from conftest import perturb, tiny_model
@@ -18,12 +20,7 @@ from parity_harness import (
 )
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-from hf_tfm.convert_qwen3_moe import (
-    qwen3_moe_config_to_tfm,
-    qwen3_moe_to_tfm,
-    tfm_config_to_qwen3_moe,
-    tfm_to_qwen3_moe,
-)
+from hf_tfm.convert import config_from_tfm, config_to_tfm, from_tfm, to_tfm
 
 E, K = 4, 2
 
@@ -61,7 +58,7 @@ def moe_layers(model) -> list[bool]:
 @pytest.mark.parametrize("overrides, moe", VARIANTS)
 def test_qwen3_moe_parity(overrides, moe):
     ref = qwen3_moe(**overrides)
-    ours = assert_converts_exactly(ref, qwen3_moe_to_tfm, tfm_to_qwen3_moe, caches=("dynamic", "static"))
+    ours = assert_converts_exactly(ref, to_tfm, partial(from_tfm, name="qwen3_moe"), caches=("dynamic", "static"))
     assert moe_layers(ours) == moe
     assert ours.config.layer_types == ["sliding_attention" if ref.config.sliding_window else "full_attention"] * 2
 
@@ -72,7 +69,7 @@ def test_qwen3_moe_router_logits_aux_loss_and_loss_match(overrides, moe, experts
     """With labels and output_router_logits: one router-logits tensor per MoE layer, the same aux loss (Mixtral's
     load balancing over the real tokens) and the same loss (cross-entropy + router_aux_loss_coef * aux)."""
     ref = qwen3_moe(**overrides)
-    ours = qwen3_moe_to_tfm(ref)
+    ours = to_tfm(ref)
     for model in (ref, ours):
         model.set_experts_implementation(experts)
     input_ids, attention_mask, position_ids = padded_batch()
@@ -92,7 +89,7 @@ def test_qwen3_moe_router_logits_aux_loss_and_loss_match(overrides, moe, experts
 
 @pytest.mark.parametrize("overrides, moe", VARIANTS)
 def test_qwen3_moe_round_trip(overrides, moe):
-    assert_round_trip(qwen3_moe(**overrides), qwen3_moe_to_tfm, tfm_to_qwen3_moe)
+    assert_round_trip(qwen3_moe(**overrides), to_tfm, partial(from_tfm, name="qwen3_moe"))
 
 
 def qwen3_moe_shaped(**overrides):
@@ -125,8 +122,10 @@ INEXPRESSIBLE = [
 
 @pytest.mark.parametrize("make_source, field", INEXPRESSIBLE, ids=[case[1] for case in INEXPRESSIBLE])
 def test_tfm_config_qwen3_moe_cannot_express_raises(make_source, field):
-    assert isinstance(tfm_config_to_qwen3_moe(qwen3_moe_shaped().config), Qwen3MoeConfig)  # the baseline converts
-    assert_refused_by_name(tfm_to_qwen3_moe, make_source(), field, [name for _, name in INEXPRESSIBLE])
+    assert isinstance(config_from_tfm(qwen3_moe_shaped().config, "qwen3_moe"), Qwen3MoeConfig)  # the baseline converts
+    assert_refused_by_name(
+        partial(from_tfm, name="qwen3_moe"), make_source(), field, [name for _, name in INEXPRESSIBLE]
+    )
 
 
 def test_qwen3_moe_config_key_it_does_not_read_raises():
@@ -135,7 +134,7 @@ def test_qwen3_moe_config_key_it_does_not_read_raises():
     config = qwen3_moe(use_sliding_window=True, sliding_window=WINDOW).config
     config.layer_types = ["full_attention", "sliding_attention"]
     with pytest.raises(ValueError, match="layer_types"):
-        qwen3_moe_config_to_tfm(config)
+        config_to_tfm(config)
 
 
 # Qwen3-30B-A3B's config.json: a head_dim twice hidden_size // heads, and a max_window_layers Qwen3-MoE never reads
@@ -165,7 +164,7 @@ QWEN3_30B_A3B = {
 
 
 def test_released_qwen3_moe_config_converts():
-    config = qwen3_moe_config_to_tfm(Qwen3MoeConfig.from_dict(QWEN3_30B_A3B))
+    config = config_to_tfm(Qwen3MoeConfig.from_dict(QWEN3_30B_A3B))
     assert (config.head_dim, config.num_experts, config.num_experts_per_tok, config.norm_topk_prob) == (
         128,
         128,
@@ -173,5 +172,5 @@ def test_released_qwen3_moe_config_converts():
         True,
     )
     assert (config.moe_intermediate_size, config.intermediate_size, config.sliding_window) == (768, 6144, None)
-    back = tfm_config_to_qwen3_moe(config)
+    back = config_from_tfm(config, "qwen3_moe")
     assert (back.head_dim, back.num_experts, back.mlp_only_layers) == (128, 128, [])

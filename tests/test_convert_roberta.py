@@ -2,6 +2,8 @@
 `pad_token_id + 1` (right- and left-padded batches, no position_ids given), one token type, the MLM head with its
 gelu, and the pooler."""
 
+from functools import partial
+
 import pytest
 import torch
 from conftest import VOCAB, perturb, tiny_config
@@ -9,7 +11,7 @@ from parity_harness import assert_logits_match, assert_round_trip, padded_batch
 from transformers import RobertaConfig, RobertaForMaskedLM, RobertaModel
 
 from hf_tfm import TfmEncoderConfig, TfmEncoderForMaskedLM, TfmEncoderModel
-from hf_tfm.convert_roberta import roberta_config_to_tfm, roberta_to_tfm, tfm_config_to_roberta, tfm_to_roberta
+from hf_tfm.convert import config_from_tfm, config_to_tfm, from_tfm, to_tfm
 
 
 def roberta_config(**overrides) -> RobertaConfig:
@@ -58,22 +60,22 @@ MODELS = [
 def test_roberta_logits_match(make_roberta, attn):
     """Each model derives its own positions from the padding, as RoBERTa is used."""
     ref = make_roberta()
-    ours = roberta_to_tfm(ref)
+    ours = to_tfm(ref)
     assert ours.config.position_offset == 1 and ours.config.max_position_embeddings == 39
     assert_logits_match(ref, ours, attn, position_ids=False)
-    assert_logits_match(ref, tfm_to_roberta(ours), attn, position_ids=False)
+    assert_logits_match(ref, from_tfm(ours, "roberta"), attn, position_ids=False)
 
 
 @pytest.mark.parametrize("make_roberta", MODELS)
 def test_roberta_round_trip(make_roberta):
-    assert_round_trip(make_roberta(), roberta_to_tfm, tfm_to_roberta)
+    assert_round_trip(make_roberta(), to_tfm, partial(from_tfm, name="roberta"))
 
 
 def test_roberta_base_token_ids_and_inputs():
     """roberta-base's ids (bos 0, pad 1, eos 2: positions start at 2), token_type_ids given, inputs_embeds, and
     explicit position_ids, which RoBERTa reads as table rows and hf_tfm as positions (row = id + offset)."""
     ref = roberta(pad_token_id=1, bos_token_id=0, eos_token_id=2, max_position_embeddings=42)
-    ours = roberta_to_tfm(ref)
+    ours = to_tfm(ref)
     assert ours.config.position_offset == 2 and ours.config.max_position_embeddings == 40
     for left in (False, True):
         input_ids, attention_mask, positions = padded_batch(left=left)
@@ -102,21 +104,21 @@ def test_roberta_base_token_ids_and_inputs():
 )
 def test_roberta_config_hf_tfm_cannot_express_is_refused(make_source, field):
     with pytest.raises(ValueError, match=field):
-        roberta_config_to_tfm(make_source())
+        config_to_tfm(make_source())
 
 
 def test_roberta_classifier_dropout_equal_to_hidden_dropout_converts():
-    assert roberta_config_to_tfm(roberta_config(classifier_dropout=0.1)).hidden_dropout == 0.1
+    assert config_to_tfm(roberta_config(classifier_dropout=0.1)).hidden_dropout == 0.1
 
 
 def test_roberta_models_hf_tfm_cannot_express_are_refused():
     with pytest.raises(ValueError, match="hidden_act"):  # RoBERTa's MLM head is gelu whatever hidden_act says
-        roberta_to_tfm(roberta(hidden_act="relu"))
+        to_tfm(roberta(hidden_act="relu"))
     untied = untied_roberta_mlm()
     with torch.no_grad():
         untied.lm_head.bias.add_(1.0)
     with pytest.raises(ValueError, match="lm_head.bias"):
-        roberta_to_tfm(untied)
+        to_tfm(untied)
 
 
 ROBERTA_SHAPED = dict(
@@ -133,7 +135,7 @@ ROBERTA_SHAPED = dict(
 def test_roberta_shaped_tfm_converts(cls):
     torch.manual_seed(0)
     ours = perturb(cls(tiny_config(TfmEncoderConfig, **ROBERTA_SHAPED)))
-    ref = tfm_to_roberta(ours)
+    ref = from_tfm(ours, "roberta")
     assert ref.config.max_position_embeddings == 64 + 1
     assert_logits_match(ref, ours, position_ids=False)
 
@@ -153,10 +155,10 @@ def test_roberta_shaped_tfm_converts(cls):
 )
 def test_tfm_config_roberta_cannot_express_is_refused(overrides, field):
     with pytest.raises(ValueError, match=field):
-        tfm_config_to_roberta(tiny_config(TfmEncoderConfig, **{**ROBERTA_SHAPED, **overrides}))
+        config_from_tfm(tiny_config(TfmEncoderConfig, **{**ROBERTA_SHAPED, **overrides}), "roberta")
 
 
 def test_tfm_mlm_roberta_cannot_express_is_refused():
     ours = TfmEncoderForMaskedLM(tiny_config(TfmEncoderConfig, **ROBERTA_SHAPED, hidden_act="relu"))
     with pytest.raises(ValueError, match="hidden_act"):
-        tfm_to_roberta(ours)
+        from_tfm(ours, "roberta")

@@ -2,6 +2,8 @@
 layers (SmolLM3's use_sliding_window) whose window is shorter than the test sequence, generation running past it
 with dynamic and static caches."""
 
+from functools import partial
+
 import pytest
 import torch
 from conftest import perturb, tiny_config
@@ -16,7 +18,7 @@ from parity_harness import (
 )
 from transformers import SmolLM3Config, SmolLM3ForCausalLM
 
-from hf_tfm.convert_smollm3 import smollm3_config_to_tfm, smollm3_to_tfm, tfm_config_to_smollm3, tfm_to_smollm3
+from hf_tfm.convert import config_from_tfm, config_to_tfm, from_tfm, to_tfm
 
 SLIDING = dict(use_sliding_window=True, sliding_window=WINDOW)
 
@@ -45,12 +47,12 @@ def smollm3(**overrides) -> SmolLM3ForCausalLM:
 )
 def test_smollm3_parity(overrides):
     ref = smollm3(**overrides)
-    ours = assert_converts_exactly(ref, smollm3_to_tfm, tfm_to_smollm3, max_new_tokens=6, back_attn="sdpa")
+    ours = assert_converts_exactly(ref, to_tfm, partial(from_tfm, name="smollm3"), max_new_tokens=6, back_attn="sdpa")
     assert ours.config.nope_layers == [1, 3]
 
 
 def test_smollm3_sliding_layers():
-    ours = smollm3_to_tfm(smollm3(**SLIDING))
+    ours = to_tfm(smollm3(**SLIDING))
     assert ours.config.layer_types == ["full_attention", "sliding_attention"] * 2
     assert ours.config.sliding_window == WINDOW
 
@@ -58,7 +60,7 @@ def test_smollm3_sliding_layers():
 def test_smollm3_static_cache_generation():
     """Sliding layers in a static cache give the reference's tokens past the window."""
     ref = smollm3(**SLIDING)
-    assert_decoding_matches(ref, smollm3_to_tfm(ref), "static")
+    assert_decoding_matches(ref, to_tfm(ref), "static")
 
 
 @pytest.mark.parametrize(
@@ -75,15 +77,15 @@ def test_each_option_changes_the_reference(overrides):
 
 @pytest.mark.parametrize("overrides", [{}, pytest.param(dict(SLIDING, tie_word_embeddings=False), id="untied")])
 def test_smollm3_round_trip(overrides):
-    assert_round_trip(smollm3(**overrides), smollm3_to_tfm, tfm_to_smollm3)
+    assert_round_trip(smollm3(**overrides), to_tfm, partial(from_tfm, name="smollm3"))
 
 
 def test_fields_smollm3_never_reads_convert():
     """no_rope_layer_interval only fills no_rope_layers, entries past the last layer are never read, and without
     sliding layers use_sliding_window is not read either."""
-    config = smollm3_config_to_tfm(smollm3_config(no_rope_layers=[1, 0, 1, 1, 0, 0], no_rope_layer_interval=3))
+    config = config_to_tfm(smollm3_config(no_rope_layers=[1, 0, 1, 1, 0, 0], no_rope_layer_interval=3))
     assert config.nope_layers == [1] and config.layer_types == ["full_attention"] * 4
-    assert smollm3_config_to_tfm(smollm3_config(use_sliding_window=True)).sliding_window is None  # no window
+    assert config_to_tfm(smollm3_config(use_sliding_window=True)).sliding_window is None  # no window
 
 
 @pytest.mark.parametrize(
@@ -96,7 +98,7 @@ def test_fields_smollm3_never_reads_convert():
 )
 def test_smollm3_config_hf_tfm_cannot_express_is_refused(overrides, field):
     with pytest.raises(ValueError, match=field):
-        smollm3_config_to_tfm(smollm3_config(**overrides))
+        config_to_tfm(smollm3_config(**overrides))
 
 
 SMOLLM3_SHAPED = dict(LLAMA_SHAPED, hidden_act="silu", num_hidden_layers=4)
@@ -110,10 +112,10 @@ def test_smollm3_shaped_tfm_config_converts():
         layer_types=["sliding_attention", "full_attention", "full_attention", "sliding_attention"],
         sliding_window=3,
     )
-    config = tfm_config_to_smollm3(tfm)
+    config = config_from_tfm(tfm, "smollm3")
     assert config.no_rope_layers == [0, 1, 0, 1] and config.use_sliding_window and config.sliding_window == 3
     assert config.layer_types == tfm.layer_types
-    assert tfm_config_to_smollm3(tiny_config(**SMOLLM3_SHAPED, nope_layers=[])).no_rope_layers == [1] * 4
+    assert config_from_tfm(tiny_config(**SMOLLM3_SHAPED, nope_layers=[]), "smollm3").no_rope_layers == [1] * 4
 
 
 @pytest.mark.parametrize(
@@ -128,7 +130,7 @@ def test_smollm3_shaped_tfm_config_converts():
 )
 def test_tfm_config_smollm3_cannot_express_is_refused(overrides, field):
     with pytest.raises(ValueError, match=field):
-        tfm_config_to_smollm3(tiny_config(**{**SMOLLM3_SHAPED, **overrides}))
+        config_from_tfm(tiny_config(**{**SMOLLM3_SHAPED, **overrides}), "smollm3")
 
 
 def test_rope_per_layer_type_is_refused():
@@ -136,4 +138,4 @@ def test_rope_per_layer_type_is_refused():
     config = tiny_config(**SMOLLM3_SHAPED)
     config.rope_parameters = {"full_attention": dict(rope_type="default", rope_theta=1e4)}
     with pytest.raises(ValueError, match="rope_parameters is nested"):
-        tfm_config_to_smollm3(config)
+        config_from_tfm(config, "smollm3")

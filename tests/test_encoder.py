@@ -2,6 +2,7 @@
 pipelines, bad input and remote-code loading. Tiny shapes, fp32, CPU."""
 
 import json
+from functools import partial
 
 import pytest
 import torch
@@ -20,7 +21,7 @@ from hf_tfm import (
     TfmEncoderForTokenClassification,
     TfmEncoderModel,
 )
-from hf_tfm.convert_bert import bert_to_tfm, tfm_to_bert
+from hf_tfm.convert import from_tfm, to_tfm
 
 ATOL = 1e-4
 PAD = 0
@@ -102,7 +103,7 @@ BERTS = [
 def test_bert_outputs_match(make_bert, attn):
     """Converted BERTs give the reference hidden states, pooler output and MLM logits on a right-padded batch."""
     ref = make_bert()
-    ours = bert_to_tfm(ref)
+    ours = to_tfm(ref)
     assert type(ours) is (TfmEncoderForMaskedLM if isinstance(ref, BertForMaskedLM) else TfmEncoderModel)
     ref.set_attn_implementation(attn)
     ours.set_attn_implementation(attn)
@@ -122,7 +123,7 @@ def test_bert_round_trip_restores_state_dict(make_bert):
     """BERT -> hf_tfm -> BERT reproduces the state dict exactly: same keys (pooler, both MLM biases), equal tensors."""
     ref = make_bert()
     expected = ref.state_dict()
-    back = tfm_to_bert(bert_to_tfm(ref))
+    back = from_tfm(to_tfm(ref), "bert")
     assert type(back) is type(ref)
     assert_same_state_dict(back.state_dict(), expected)
     if ref.config.tie_word_embeddings and isinstance(ref, BertForMaskedLM):
@@ -133,7 +134,7 @@ def test_bert_round_trip_restores_state_dict(make_bert):
 def test_bert_shaped_tfm_converts_to_bert(cls):
     """A natively built BERT-shaped hf_tfm encoder converts to transformers' BERT with the same outputs."""
     ours = encoder(cls, **BERT_SHAPED)
-    ref = tfm_to_bert(ours)
+    ref = from_tfm(ours, "bert")
     batch = padded_batch()
     with torch.no_grad():
         expected, actual = outputs_as_tensors(ref(**batch)), outputs_as_tensors(ours(**batch))
@@ -145,27 +146,43 @@ def test_bert_shaped_tfm_converts_to_bert(cls):
 @pytest.mark.parametrize(
     "convert, make_source, field",
     [
-        (bert_to_tfm, lambda: bert(is_decoder=True), "is_decoder"),
-        (bert_to_tfm, lambda: bert(is_decoder=True, add_cross_attention=True), "add_cross_attention"),
-        (bert_to_tfm, lambda: bert(position_embedding_type="relative_key"), "position_embedding_type"),
-        (bert_to_tfm, lambda: bert(classifier_dropout=0.3), "classifier_dropout"),
-        (bert_to_tfm, lambda: bert(BertForMaskedLM, tie_word_embeddings=False), "cls.predictions.bias"),
+        (to_tfm, lambda: bert(is_decoder=True), "is_decoder"),
+        (to_tfm, lambda: bert(is_decoder=True, add_cross_attention=True), "add_cross_attention"),
+        (to_tfm, lambda: bert(position_embedding_type="relative_key"), "position_embedding_type"),
+        (to_tfm, lambda: bert(classifier_dropout=0.3), "classifier_dropout"),
+        (to_tfm, lambda: bert(BertForMaskedLM, tie_word_embeddings=False), "cls.predictions.bias"),
         (
-            tfm_to_bert,
+            partial(from_tfm, name="bert"),
             lambda: encoder(**{**BERT_SHAPED, "position_embedding_type": "rope"}),
             "position_embedding_type",
         ),
-        (tfm_to_bert, lambda: encoder(**{**BERT_SHAPED, "norm_position": "pre"}), "norm_position"),
-        (tfm_to_bert, lambda: encoder(**{**BERT_SHAPED, "final_norm": True}), "final_norm"),
-        (tfm_to_bert, lambda: encoder(**{**BERT_SHAPED, "embedding_norm": False}), "embedding_norm"),
-        (tfm_to_bert, lambda: encoder(**{**BERT_SHAPED, "norm_type": "rmsnorm"}), "norm_type"),
-        (tfm_to_bert, lambda: encoder(**{**BERT_SHAPED, "ffn_type": "glu"}), "ffn_type"),
-        (tfm_to_bert, lambda: encoder(**{**BERT_SHAPED, "attention_bias": False}), "attention_bias"),
-        (tfm_to_bert, lambda: encoder(**{**BERT_SHAPED, "num_key_value_heads": 2}), "num_key_value_heads"),
-        (tfm_to_bert, lambda: encoder(**{**BERT_SHAPED, "head_dim": 16}), "head_dim"),
-        (tfm_to_bert, lambda: encoder(**{**BERT_SHAPED, "type_vocab_size": 0}), "type_vocab_size"),
-        (tfm_to_bert, lambda: encoder(**{**BERT_SHAPED, "attention_multiplier": 1.0}), "attention_multiplier"),
-        (tfm_to_bert, lambda: encoder(**{**BERT_SHAPED, "position_offset": 2}), "position_offset"),
+        (partial(from_tfm, name="bert"), lambda: encoder(**{**BERT_SHAPED, "norm_position": "pre"}), "norm_position"),
+        (partial(from_tfm, name="bert"), lambda: encoder(**{**BERT_SHAPED, "final_norm": True}), "final_norm"),
+        (
+            partial(from_tfm, name="bert"),
+            lambda: encoder(**{**BERT_SHAPED, "embedding_norm": False}),
+            "embedding_norm",
+        ),
+        (partial(from_tfm, name="bert"), lambda: encoder(**{**BERT_SHAPED, "norm_type": "rmsnorm"}), "norm_type"),
+        (partial(from_tfm, name="bert"), lambda: encoder(**{**BERT_SHAPED, "ffn_type": "glu"}), "ffn_type"),
+        (
+            partial(from_tfm, name="bert"),
+            lambda: encoder(**{**BERT_SHAPED, "attention_bias": False}),
+            "attention_bias",
+        ),
+        (
+            partial(from_tfm, name="bert"),
+            lambda: encoder(**{**BERT_SHAPED, "num_key_value_heads": 2}),
+            "num_key_value_heads",
+        ),
+        (partial(from_tfm, name="bert"), lambda: encoder(**{**BERT_SHAPED, "head_dim": 16}), "head_dim"),
+        (partial(from_tfm, name="bert"), lambda: encoder(**{**BERT_SHAPED, "type_vocab_size": 0}), "type_vocab_size"),
+        (
+            partial(from_tfm, name="bert"),
+            lambda: encoder(**{**BERT_SHAPED, "attention_multiplier": 1.0}),
+            "attention_multiplier",
+        ),
+        (partial(from_tfm, name="bert"), lambda: encoder(**{**BERT_SHAPED, "position_offset": 2}), "position_offset"),
     ],
 )
 def test_inexpressible_bert_config_raises(convert, make_source, field):

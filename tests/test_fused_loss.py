@@ -13,7 +13,7 @@ from hf_tfm import (
     TfmEncoderDecoderForConditionalGeneration,
     TfmEncoderForMaskedLM,
 )
-from hf_tfm.convert_gpt2 import gpt2_to_tfm
+from hf_tfm.convert import to_tfm
 
 RTOL, ATOL = 1e-5, 1e-6
 NO_DROPOUT = dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)  # train mode, both sides alike
@@ -97,7 +97,7 @@ def test_training_loss_equals_gpt2():
     reference = perturb(
         GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=VOCAB, n_positions=64, **NO_DROPOUT))
     )
-    ours = gpt2_to_tfm(reference)
+    ours = to_tfm(reference)
     ours.config.loss_chunk_size = 4
     input_ids = torch.randint(3, VOCAB, (2, 9))
     reference.train(), ours.train()

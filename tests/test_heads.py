@@ -39,8 +39,9 @@ from hf_tfm import (
     TfmEncoderDecoderConfig,
 )
 from hf_tfm import modeling_tfm as modeling
-from hf_tfm.convert_common import renamed_model
-from hf_tfm.convert_llama import LLAMA_RENAMES, llama_config_to_tfm
+from hf_tfm.convert import config_to_tfm, weights_to_tfm
+from hf_tfm.convert_common import load_exact
+from hf_tfm.families import FAMILIES
 from hf_tfm.modeling_tfm_saving import HEAD_MODULES
 
 PAD = 0
@@ -109,9 +110,11 @@ def test_matches_llama_head(name):
     )
     torch.manual_seed(0)
     llama = perturb(llama_class(config))
-    tfm_config = llama_config_to_tfm(config)
+    tfm_config = config_to_tfm(config)
     tfm_config.num_labels = LABELS
-    ours = renamed_model(llama, ours_class(tfm_config), {**LLAMA_RENAMES, "transformer.": "model."}).eval()
+    ours = ours_class(tfm_config)
+    source = {key.replace("transformer.", "model."): value for key, value in llama.state_dict().items()}
+    ours = load_exact(ours, weights_to_tfm(FAMILIES["llama"].weights, source, ours))
     assert type(getattr(ours, ours.task_layer)) is type(getattr(llama, ours.task_layer))  # same name, same layer
     input_ids, attention_mask = batch()
     inputs = dict(input_ids=input_ids, attention_mask=attention_mask, **targets(name, input_ids))

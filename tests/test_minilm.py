@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from transformers import AutoTokenizer, BertModel
 
 from hf_tfm import TfmEncoderModel
-from hf_tfm.convert_bert import bert_to_tfm
+from hf_tfm.convert import to_tfm
 
 ATOL = 1e-4
 SENTENCES = [
@@ -38,7 +38,7 @@ def outputs():
     folder = minilm_dir()
     tokenizer = AutoTokenizer.from_pretrained(folder)
     reference = BertModel.from_pretrained(folder).eval()
-    converted = bert_to_tfm(reference)
+    converted = to_tfm(reference)
     batch = tokenizer(SENTENCES, padding=True, return_tensors="pt")
     assert (batch["attention_mask"] == 0).any()  # the batch really is padded
     with torch.no_grad():

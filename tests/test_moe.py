@@ -3,6 +3,7 @@ auxiliary-loss-free balancing, every paradigm, remote code, and gradient accumul
 
 import copy
 import math
+from functools import partial
 
 import pytest
 import torch
@@ -35,7 +36,7 @@ from hf_tfm import (
     TfmEncoderForTokenClassification,
     TfmEncoderModel,
 )
-from hf_tfm.convert_mixtral import mixtral_to_tfm, tfm_to_mixtral
+from hf_tfm.convert import from_tfm, to_tfm
 from hf_tfm.modeling_tfm_layers import TfmExperts, TfmFeedForward, TfmMoE, TfmRouter
 
 ATOL = 1e-4
@@ -112,7 +113,7 @@ def mixtral(**overrides) -> MixtralForCausalLM:
 def test_mixtral_logits_and_losses_match(experts):
     """Converted Mixtral: same logits (left-padded), router logits, aux loss and loss, on the same experts backend."""
     ref = mixtral()
-    ours = mixtral_to_tfm(ref)
+    ours = to_tfm(ref)
     for model in (ref, ours):
         model.set_experts_implementation(experts)
         assert model.config._experts_implementation == experts
@@ -138,7 +139,7 @@ def test_mixtral_logits_and_losses_match(experts):
 def test_mixtral_generate_matches(num_beams):
     """Greedy and beam search on a left-padded batch give Mixtral's tokens."""
     ref = mixtral()
-    ours = mixtral_to_tfm(ref)
+    ours = to_tfm(ref)
     input_ids, attention_mask, _, _ = padded_batch()
     kwargs = dict(
         input_ids=input_ids,
@@ -155,7 +156,7 @@ def test_mixtral_round_trip_restores_state_dict():
     """Mixtral -> hf_tfm -> Mixtral reproduces the original state dict exactly."""
     ref = mixtral()
     expected = ref.state_dict()
-    assert_same_state_dict(tfm_to_mixtral(mixtral_to_tfm(ref)).state_dict(), expected)
+    assert_same_state_dict(from_tfm(to_tfm(ref), "mixtral").state_dict(), expected)
 
 
 def mixtral_shaped(**overrides) -> TfmDecoderForCausalLM:
@@ -174,21 +175,25 @@ def mixtral_shaped(**overrides) -> TfmDecoderForCausalLM:
 
 
 INEXPRESSIBLE = [
-    (tfm_to_mixtral, lambda: mixtral_shaped(num_experts=0), "num_experts"),
-    (tfm_to_mixtral, lambda: mixtral_shaped(capacity_factor=1.25), "capacity_factor"),
-    (tfm_to_mixtral, lambda: mixtral_shaped(scoring_func="sigmoid"), "scoring_func"),
-    (tfm_to_mixtral, lambda: mixtral_shaped(shared_expert_intermediate_size=16), "shared_expert_intermediate_size"),
+    (partial(from_tfm, name="mixtral"), lambda: mixtral_shaped(num_experts=0), "num_experts"),
+    (partial(from_tfm, name="mixtral"), lambda: mixtral_shaped(capacity_factor=1.25), "capacity_factor"),
+    (partial(from_tfm, name="mixtral"), lambda: mixtral_shaped(scoring_func="sigmoid"), "scoring_func"),
+    (
+        partial(from_tfm, name="mixtral"),
+        lambda: mixtral_shaped(shared_expert_intermediate_size=16),
+        "shared_expert_intermediate_size",
+    ),
     # not MoE fields, but silently wrong logits (not an error) if the converter lets them through
-    (tfm_to_mixtral, lambda: mixtral_shaped(attention_multiplier=1.0), "attention_multiplier"),
-    (tfm_to_mixtral, lambda: mixtral_shaped(scale_lm_head_input=True), "scale_lm_head_input"),
-    (mixtral_to_tfm, lambda: mixtral(sliding_window=4), "sliding_window"),
+    (partial(from_tfm, name="mixtral"), lambda: mixtral_shaped(attention_multiplier=1.0), "attention_multiplier"),
+    (partial(from_tfm, name="mixtral"), lambda: mixtral_shaped(scale_lm_head_input=True), "scale_lm_head_input"),
+    (to_tfm, lambda: mixtral(sliding_window=4), "sliding_window"),
 ]
 
 
 @pytest.mark.parametrize("convert, make_source, field", INEXPRESSIBLE, ids=[case[2] for case in INEXPRESSIBLE])
 def test_mixtral_inexpressible_config_raises(convert, make_source, field):
     """A config the other side cannot express exactly raises ValueError naming that field (and no other of them)."""
-    assert isinstance(tfm_to_mixtral(mixtral_shaped()), MixtralForCausalLM)  # the baseline itself converts
+    assert isinstance(from_tfm(mixtral_shaped(), "mixtral"), MixtralForCausalLM)  # the baseline itself converts
     with pytest.raises(ValueError, match=field) as error:
         convert(make_source())
     others = [name for _, _, name in INEXPRESSIBLE if name != field and f"{name}=" in str(error.value)]

@@ -1,13 +1,14 @@
 """Exact parity between converted hf_tfm models and the transformers reference classes (GPT-2, Llama), fp32."""
 
+from functools import partial
+
 import pytest
 import torch
 from conftest import VOCAB, assert_same_state_dict, perturb, tiny_config, tiny_model
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from hf_tfm import TfmEncoderConfig
-from hf_tfm.convert_gpt2 import gpt2_config_to_tfm, gpt2_to_tfm, tfm_config_to_gpt2, tfm_to_gpt2
-from hf_tfm.convert_llama import llama_config_to_tfm, llama_to_tfm, tfm_config_to_llama, tfm_to_llama
+from hf_tfm.convert import config_from_tfm, config_to_tfm, from_tfm, to_tfm
 
 ATOL = 1e-4
 PAD = 0
@@ -47,13 +48,15 @@ def llama(rope_parameters=None, tie_word_embeddings=False):
 
 # (id, reference factory, to_tfm, back to reference)
 REFERENCES = [
-    pytest.param(gpt2, gpt2_to_tfm, tfm_to_gpt2, id="gpt2-tied"),
-    pytest.param(lambda: gpt2(tie_word_embeddings=False), gpt2_to_tfm, tfm_to_gpt2, id="gpt2-untied"),
-    pytest.param(llama, llama_to_tfm, tfm_to_llama, id="llama-default-untied"),
-    pytest.param(lambda: llama(tie_word_embeddings=True), llama_to_tfm, tfm_to_llama, id="llama-default-tied"),
-    pytest.param(lambda: llama(LINEAR), llama_to_tfm, tfm_to_llama, id="llama-linear"),
-    pytest.param(lambda: llama(LLAMA3, True), llama_to_tfm, tfm_to_llama, id="llama-llama3-tied"),
-    pytest.param(lambda: llama(YARN), llama_to_tfm, tfm_to_llama, id="llama-yarn"),
+    pytest.param(gpt2, to_tfm, partial(from_tfm, name="gpt2"), id="gpt2-tied"),
+    pytest.param(lambda: gpt2(tie_word_embeddings=False), to_tfm, partial(from_tfm, name="gpt2"), id="gpt2-untied"),
+    pytest.param(llama, to_tfm, partial(from_tfm, name="llama"), id="llama-default-untied"),
+    pytest.param(
+        lambda: llama(tie_word_embeddings=True), to_tfm, partial(from_tfm, name="llama"), id="llama-default-tied"
+    ),
+    pytest.param(lambda: llama(LINEAR), to_tfm, partial(from_tfm, name="llama"), id="llama-linear"),
+    pytest.param(lambda: llama(LLAMA3, True), to_tfm, partial(from_tfm, name="llama"), id="llama-llama3-tied"),
+    pytest.param(lambda: llama(YARN), to_tfm, partial(from_tfm, name="llama"), id="llama-yarn"),
 ]
 
 
@@ -119,18 +122,30 @@ def test_round_trip_restores_state_dict(make_ref, to_tfm, from_tfm):
 @pytest.mark.parametrize(
     "convert, make_source, field",
     [
-        (tfm_to_gpt2, lambda: tiny_model(position_embedding_type="rope"), "position_embedding_type"),
-        (tfm_to_gpt2, lambda: tiny_model(num_key_value_heads=2), "num_key_value_heads"),
-        (tfm_to_gpt2, lambda: tiny_model(norm_type="rmsnorm"), "norm_type"),
-        (tfm_to_gpt2, lambda: tiny_model(attention_bias=False), "attention_bias"),  # a falsy bad value is named too
         (
-            tfm_to_llama,
+            partial(from_tfm, name="gpt2"),
+            lambda: tiny_model(position_embedding_type="rope"),
+            "position_embedding_type",
+        ),
+        (partial(from_tfm, name="gpt2"), lambda: tiny_model(num_key_value_heads=2), "num_key_value_heads"),
+        (partial(from_tfm, name="gpt2"), lambda: tiny_model(norm_type="rmsnorm"), "norm_type"),
+        (
+            partial(from_tfm, name="gpt2"),
+            lambda: tiny_model(attention_bias=False),
+            "attention_bias",
+        ),  # a falsy bad value is named too
+        (
+            partial(from_tfm, name="llama"),
             lambda: tiny_model(position_embedding_type="rope", ffn_type="glu", attention_bias=False, mlp_bias=False),
             "norm_type",
         ),
-        (tfm_to_llama, lambda: tiny_model(norm_type="rmsnorm", ffn_type="glu"), "position_embedding_type"),
-        (gpt2_to_tfm, lambda: gpt2(scale_attn_by_inverse_layer_idx=True), "scale_attn_by_inverse_layer_idx"),
-        (gpt2_to_tfm, lambda: gpt2(scale_attn_weights=False), "scale_attn_weights"),
+        (
+            partial(from_tfm, name="llama"),
+            lambda: tiny_model(norm_type="rmsnorm", ffn_type="glu"),
+            "position_embedding_type",
+        ),
+        (to_tfm, lambda: gpt2(scale_attn_by_inverse_layer_idx=True), "scale_attn_by_inverse_layer_idx"),
+        (to_tfm, lambda: gpt2(scale_attn_weights=False), "scale_attn_weights"),
     ],
 )
 def test_inexpressible_config_raises(convert, make_source, field):
@@ -146,34 +161,38 @@ PARTIAL_ROPE = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_f
 
 
 @pytest.mark.parametrize(
-    "convert, fields, field",
+    "family, fields, field",
     [
-        (tfm_config_to_llama, dict(qk_norm="per_head"), "qk_norm"),
-        (tfm_config_to_llama, dict(sliding_window=4), "sliding_window"),
+        ("llama", dict(qk_norm="per_head"), "qk_norm"),
+        ("llama", dict(sliding_window=4), "sliding_window"),
         (
-            tfm_config_to_llama,
+            "llama",
             dict(sliding_window=4, layer_types=["sliding_attention", "full_attention"]),
             "layer_types",
         ),
-        (tfm_config_to_llama, dict(attention_out_bias=True), "attention_out_bias"),
-        (tfm_config_to_llama, dict(norm_position="sandwich"), "norm_position"),
-        (tfm_config_to_llama, dict(rmsnorm_unit_offset=True), "rmsnorm_unit_offset"),
-        (tfm_config_to_llama, dict(attn_logit_softcapping=50.0), "attn_logit_softcapping"),
-        (tfm_config_to_llama, dict(query_pre_attn_scalar=16.0), "query_pre_attn_scalar"),
-        (tfm_config_to_llama, dict(nope_layers=[1]), "nope_layers"),
-        (tfm_config_to_llama, dict(rope_parameters=PARTIAL_ROPE), "rope_parameters"),  # Llama rotates every feature
-        (tfm_config_to_gpt2, dict(parallel_residual=True), "parallel_residual"),
-        (tfm_config_to_gpt2, dict(final_logit_softcapping=30.0), "final_logit_softcapping"),
-        (tfm_config_to_gpt2, dict(first_layer_attn_norm=False), "first_layer_attn_norm"),
+        ("llama", dict(attention_out_bias=True), "attention_out_bias"),
+        ("llama", dict(norm_position="sandwich"), "norm_position"),
+        ("llama", dict(rmsnorm_unit_offset=True), "rmsnorm_unit_offset"),
+        ("llama", dict(attn_logit_softcapping=50.0), "attn_logit_softcapping"),
+        ("llama", dict(query_pre_attn_scalar=16.0), "query_pre_attn_scalar"),
+        ("llama", dict(nope_layers=[1]), "nope_layers"),
+        (
+            "llama",
+            dict(rope_parameters=PARTIAL_ROPE),
+            "rope_parameters",
+        ),  # Llama rotates every feature
+        ("gpt2", dict(parallel_residual=True), "parallel_residual"),
+        ("gpt2", dict(final_logit_softcapping=30.0), "final_logit_softcapping"),
+        ("gpt2", dict(first_layer_attn_norm=False), "first_layer_attn_norm"),
     ],
 )
-def test_new_block_options_are_refused_without_a_list(convert, fields, field):
+def test_new_block_options_are_refused_without_a_list(family, fields, field):
     """Options TfmConfig gained after these converters were written are refused by name: the round trip compares
     every field, and no converter lists them."""
-    shape = LLAMA_SHAPED if convert is tfm_config_to_llama else {}
-    convert(tiny_config(**shape))  # the baseline converts
+    shape = LLAMA_SHAPED if family == "llama" else {}
+    config_from_tfm(tiny_config(**shape), family)  # the baseline converts
     with pytest.raises(ValueError, match=rf"\b{field}="):
-        convert(tiny_config(**{**shape, **fields}))
+        config_from_tfm(tiny_config(**{**shape, **fields}), family)
 
 
 def test_fields_the_model_never_reads_do_not_block_conversion():
@@ -182,16 +201,16 @@ def test_fields_the_model_never_reads_do_not_block_conversion():
     convert_common.unread_fields)."""
     unread = dict(router_aux_loss_coef=0.5, num_experts_per_tok=4, norm_topk_prob=False, capacity_factor=1.25)
     unread |= dict(norm_bias=False, attention_multiplier=8**-0.5, sliding_window=4, layer_types=["full_attention"] * 2)
-    llama = tfm_config_to_llama(tiny_config(**LLAMA_SHAPED, **unread))
+    llama = config_from_tfm(tiny_config(**LLAMA_SHAPED, **unread), "llama")
     assert llama.num_attention_heads == 4 and not hasattr(llama, "router_aux_loss_coef")
     with pytest.raises(ValueError, match="num_experts=4"):  # experts themselves are read
-        tfm_config_to_llama(tiny_config(**LLAMA_SHAPED, **unread, num_experts=4))
+        config_from_tfm(tiny_config(**LLAMA_SHAPED, **unread, num_experts=4), "llama")
 
 
 def test_a_config_of_another_paradigm_is_refused():
-    """An encoder with GPT-2's every field would still attend both ways: model_type and is_decoder are compared."""
-    with pytest.raises(ValueError, match=r"is_decoder=False.*model_type='tfm_encoder'"):
-        tfm_config_to_gpt2(tiny_config(TfmEncoderConfig, type_vocab_size=0))
+    """An encoder with GPT-2's every field would still attend both ways: the paradigm is checked first, by name."""
+    with pytest.raises(ValueError, match=r"model_type='tfm_encoder', but GPT2Config converts 'tfm_decoder' models"):
+        config_from_tfm(tiny_config(TfmEncoderConfig, type_vocab_size=0), "gpt2")
 
 
 # what transformers 4.x wrote into every config.json; transformers 5 keeps these as attributes nothing reads
@@ -217,8 +236,8 @@ LLAMA_2 = dict(
 @pytest.mark.parametrize(
     "config_class, fields, to_tfm, back",
     [
-        (GPT2Config, GPT2_SMALL, gpt2_config_to_tfm, tfm_config_to_gpt2),
-        (LlamaConfig, LLAMA_2, llama_config_to_tfm, tfm_config_to_llama),
+        (GPT2Config, GPT2_SMALL, config_to_tfm, partial(config_from_tfm, name="gpt2")),
+        (LlamaConfig, LLAMA_2, config_to_tfm, partial(config_from_tfm, name="llama")),
     ],
     ids=["gpt2", "llama-2"],
 )

@@ -15,8 +15,7 @@ from hf_tfm import (
     TfmEncoderForMaskedLM,
     TfmEncoderForSequenceClassification,
 )
-from hf_tfm.convert_llama import llama_to_tfm
-from hf_tfm.convert_mixtral import mixtral_to_tfm
+from hf_tfm.convert import to_tfm
 from hf_tfm.modeling_tfm_quantization import (
     expert_modules,
     finish_torchao_loading,
@@ -146,7 +145,7 @@ REFERENCES = {
     "llama": (
         LlamaForCausalLM,
         LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4),
-        llama_to_tfm,
+        to_tfm,
     ),
     "mixtral": (
         MixtralForCausalLM,
@@ -159,7 +158,7 @@ REFERENCES = {
             num_key_value_heads=2,
             num_local_experts=4,
         ),
-        mixtral_to_tfm,
+        to_tfm,
     ),
 }
 

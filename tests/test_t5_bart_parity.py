@@ -1,12 +1,13 @@
 """Exact parity between converted hf_tfm encoder-decoders and transformers' T5 (v1.0, v1.1) and BART, fp32."""
 
+from functools import partial
+
 import pytest
 import torch
 from conftest import VOCAB, assert_same_state_dict, perturb, tiny_model
 from transformers import BartConfig, BartForConditionalGeneration, T5Config, T5ForConditionalGeneration
 
-from hf_tfm.convert_bart import bart_config_to_tfm, bart_to_tfm, tfm_config_to_bart, tfm_to_bart
-from hf_tfm.convert_t5 import t5_config_to_tfm, t5_to_tfm, tfm_config_to_t5, tfm_to_t5
+from hf_tfm.convert import config_from_tfm, config_to_tfm, from_tfm, to_tfm
 
 ATOL = 1e-4
 PAD, BOS, EOS = 0, 1, 2
@@ -66,10 +67,10 @@ def bart(tied: bool = True, one_table: bool = True, **overrides):
 
 # (id, reference factory, to_tfm, back to reference)
 REFERENCES = [
-    pytest.param(t5, t5_to_tfm, tfm_to_t5, id="t5-v1.0-tied-relu"),
-    pytest.param(lambda: t5(v1_1=True), t5_to_tfm, tfm_to_t5, id="t5-v1.1-untied-gated-gelu"),
-    pytest.param(bart, bart_to_tfm, tfm_to_bart, id="bart-tied-scaled"),
-    pytest.param(lambda: bart(tied=False), bart_to_tfm, tfm_to_bart, id="bart-untied"),
+    pytest.param(t5, to_tfm, partial(from_tfm, name="t5"), id="t5-v1.0-tied-relu"),
+    pytest.param(lambda: t5(v1_1=True), to_tfm, partial(from_tfm, name="t5"), id="t5-v1.1-untied-gated-gelu"),
+    pytest.param(bart, to_tfm, partial(from_tfm, name="bart"), id="bart-tied-scaled"),
+    pytest.param(lambda: bart(tied=False), to_tfm, partial(from_tfm, name="bart"), id="bart-untied"),
 ]
 
 
@@ -136,36 +137,56 @@ def edited(make_ref, to_tfm, **fields):
 @pytest.mark.parametrize(
     "convert, make_source, field",
     [
-        (tfm_to_t5, lambda: edited(t5, t5_to_tfm, position_embedding_type="rope"), "position_embedding_type"),
-        (tfm_to_t5, lambda: edited(t5, t5_to_tfm, attention_multiplier=None), "attention_multiplier"),
-        (tfm_to_t5, lambda: edited(t5, t5_to_tfm, attention_bias=True), "attention_bias"),
-        (tfm_to_t5, lambda: edited(t5, t5_to_tfm, attention_dropout=0.1), "attention_dropout"),
         (
-            tfm_to_t5,
-            lambda: edited(lambda: t5(v1_1=True), t5_to_tfm, hidden_act="gelu"),
+            partial(from_tfm, name="t5"),
+            lambda: edited(t5, to_tfm, position_embedding_type="rope"),
+            "position_embedding_type",
+        ),
+        (partial(from_tfm, name="t5"), lambda: edited(t5, to_tfm, attention_multiplier=None), "attention_multiplier"),
+        (partial(from_tfm, name="t5"), lambda: edited(t5, to_tfm, attention_bias=True), "attention_bias"),
+        (partial(from_tfm, name="t5"), lambda: edited(t5, to_tfm, attention_dropout=0.1), "attention_dropout"),
+        (
+            partial(from_tfm, name="t5"),
+            lambda: edited(lambda: t5(v1_1=True), to_tfm, hidden_act="gelu"),
             "hidden_act",
         ),  # GELU-tanh only
-        (tfm_to_t5, lambda: edited(bart, bart_to_tfm), "norm_type"),
-        (tfm_to_bart, lambda: edited(bart, bart_to_tfm, norm_position="pre"), "norm_position"),
-        (tfm_to_bart, lambda: edited(bart, bart_to_tfm, position_offset=0), "position_offset"),
-        (tfm_to_bart, lambda: edited(bart, bart_to_tfm, head_dim=16), "head_dim"),
-        (tfm_to_bart, lambda: edited(bart, bart_to_tfm, final_norm=True), "final_norm"),  # a falsy expected value
-        (tfm_to_bart, tiny_model, "model_type"),  # a decoder-only model
-        (bart_to_tfm, lambda: bart(decoder_attention_heads=2), "decoder_attention_heads"),
-        (bart_to_tfm, lambda: bart(decoder_ffn_dim=48), "decoder_ffn_dim"),
-        (bart_to_tfm, lambda: bart(tied=False, one_table=False), "embed_tokens"),  # three different token tables
+        (partial(from_tfm, name="t5"), lambda: edited(bart, to_tfm), "norm_type"),
+        (partial(from_tfm, name="bart"), lambda: edited(bart, to_tfm, norm_position="pre"), "norm_position"),
+        (partial(from_tfm, name="bart"), lambda: edited(bart, to_tfm, position_offset=0), "position_offset"),
+        (partial(from_tfm, name="bart"), lambda: edited(bart, to_tfm, head_dim=16), "head_dim"),
+        (
+            partial(from_tfm, name="bart"),
+            lambda: edited(bart, to_tfm, final_norm=True),
+            "final_norm",
+        ),  # a falsy expected value
+        (to_tfm, lambda: bart(decoder_attention_heads=2), "decoder_attention_heads"),
+        (to_tfm, lambda: bart(decoder_ffn_dim=48), "decoder_ffn_dim"),
+        (to_tfm, lambda: bart(tied=False, one_table=False), "embed_tokens"),  # three different token tables
         # options TfmConfig gained after these converters were written: refused by the round trip, listed nowhere
-        (tfm_to_t5, lambda: edited(t5, t5_to_tfm, qk_norm="per_head"), "qk_norm"),
-        (tfm_to_t5, lambda: edited(t5, t5_to_tfm, rmsnorm_unit_offset=True), "rmsnorm_unit_offset"),
-        (tfm_to_bart, lambda: edited(bart, bart_to_tfm, attention_out_bias=False), "attention_out_bias"),
-        (tfm_to_bart, lambda: edited(bart, bart_to_tfm, position_ids_from_padding=True), "position_ids_from_padding"),
-        (tfm_to_bart, lambda: edited(bart, bart_to_tfm, final_logit_softcapping=30.0), "final_logit_softcapping"),
+        (partial(from_tfm, name="t5"), lambda: edited(t5, to_tfm, qk_norm="per_head"), "qk_norm"),
+        (partial(from_tfm, name="t5"), lambda: edited(t5, to_tfm, rmsnorm_unit_offset=True), "rmsnorm_unit_offset"),
+        (partial(from_tfm, name="bart"), lambda: edited(bart, to_tfm, attention_out_bias=False), "attention_out_bias"),
+        (
+            partial(from_tfm, name="bart"),
+            lambda: edited(bart, to_tfm, position_ids_from_padding=True),
+            "position_ids_from_padding",
+        ),
+        (
+            partial(from_tfm, name="bart"),
+            lambda: edited(bart, to_tfm, final_logit_softcapping=30.0),
+            "final_logit_softcapping",
+        ),
     ],
 )
 def test_inexpressible_config_raises(convert, make_source, field):
     """A config or model the target cannot express exactly raises ValueError naming the offending field."""
     with pytest.raises(ValueError, match=field):
         convert(make_source())
+
+
+def test_a_model_of_another_paradigm_is_refused():
+    with pytest.raises(TypeError, match="bart converts TfmEncoderDecoderForConditionalGeneration, got TfmDecoderFor"):
+        from_tfm(tiny_model(), "bart")  # a decoder-only model
 
 
 # config.json files as published (transformers 4.x keys included)
@@ -193,9 +214,9 @@ FLAN_T5_SMALL = dict(
 @pytest.mark.parametrize(
     "config_class, fields, to_tfm, back",
     [
-        (BartConfig, BART_BASE, bart_config_to_tfm, tfm_config_to_bart),
-        (T5Config, T5_SMALL, t5_config_to_tfm, tfm_config_to_t5),
-        (T5Config, FLAN_T5_SMALL, t5_config_to_tfm, tfm_config_to_t5),
+        (BartConfig, BART_BASE, config_to_tfm, partial(config_from_tfm, name="bart")),
+        (T5Config, T5_SMALL, config_to_tfm, partial(config_from_tfm, name="t5")),
+        (T5Config, FLAN_T5_SMALL, config_to_tfm, partial(config_from_tfm, name="t5")),
     ],
     ids=["bart-base", "t5-small", "flan-t5-small"],
 )

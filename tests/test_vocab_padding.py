@@ -3,6 +3,7 @@ matmul shapes), and nothing a user reads changes: logits, losses, gradients of t
 resizing and the converters. The padding rows hold large values here, so a read of one would show."""
 
 import copy
+from functools import partial
 
 import pytest
 import torch
@@ -19,10 +20,7 @@ from hf_tfm import (
     TfmEncoderDecoderForConditionalGeneration,
     TfmEncoderForMaskedLM,
 )
-from hf_tfm.convert_bart import bart_to_tfm, tfm_to_bart
-from hf_tfm.convert_gpt2 import gpt2_to_tfm, tfm_config_to_gpt2, tfm_to_gpt2
-from hf_tfm.convert_llama import llama_to_tfm, tfm_config_to_llama, tfm_to_llama
-from hf_tfm.convert_t5 import t5_to_tfm, tfm_to_t5
+from hf_tfm.convert import config_from_tfm, from_tfm, to_tfm
 
 MULTIPLE = 16
 ROWS = 112  # VOCAB = 97 rounded up to a multiple of 16
@@ -239,8 +237,8 @@ def test_resize_refuses_bad_arguments_by_name(argument):
 
 # (reference factory, to_tfm, back)
 DECODER_REFERENCES = [
-    pytest.param(gpt2, gpt2_to_tfm, tfm_to_gpt2, id="gpt2-tied"),
-    pytest.param(llama, llama_to_tfm, tfm_to_llama, id="llama-untied"),
+    pytest.param(gpt2, to_tfm, partial(from_tfm, name="gpt2"), id="gpt2-tied"),
+    pytest.param(llama, to_tfm, partial(from_tfm, name="llama"), id="llama-untied"),
 ]
 
 
@@ -261,8 +259,10 @@ def test_converted_decoder_padded_keeps_parity_and_converts_back(make_ref, to_tf
 @pytest.mark.parametrize(
     "make_ref, to_tfm, from_tfm",
     [
-        pytest.param(t5, t5_to_tfm, tfm_to_t5, id="t5-tied-rescaled"),
-        pytest.param(lambda: bart(tied=False), bart_to_tfm, tfm_to_bart, id="bart-untied-final-logits-bias"),
+        pytest.param(t5, to_tfm, partial(from_tfm, name="t5"), id="t5-tied-rescaled"),
+        pytest.param(
+            lambda: bart(tied=False), to_tfm, partial(from_tfm, name="bart"), id="bart-untied-final-logits-bias"
+        ),
     ],
 )
 def test_converted_seq2seq_padded_keeps_parity_and_converts_back(make_ref, to_tfm, from_tfm):
@@ -282,5 +282,5 @@ def test_computation_choices_do_not_block_conversion():
     config, which has neither, takes them."""
     llama_shaped = dict(position_embedding_type="rope", norm_type="rmsnorm", ffn_type="glu", attention_bias=False)
     choices = dict(pad_vocab_size_to_multiple_of=64, loss_chunk_size=0)
-    assert tfm_config_to_llama(tiny_config(**llama_shaped, mlp_bias=False, **choices)).vocab_size == VOCAB
-    assert tfm_config_to_gpt2(tiny_config(**choices)).vocab_size == VOCAB
+    assert config_from_tfm(tiny_config(**llama_shaped, mlp_bias=False, **choices), "llama").vocab_size == VOCAB
+    assert config_from_tfm(tiny_config(**choices), "gpt2").vocab_size == VOCAB

@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+from ..family_record import PARADIGMS
 from ..modeling_tfm import TfmPreTrainedModel
 from ..modeling_tfm_layers import TfmExperts, TfmFeedForward, TfmMoE
 from ..training.checkpoints import load_saved
@@ -33,12 +34,6 @@ DEFAULT_LICENSE = "apache-2.0"
 
 # per model type: paradigm name, and the Auto class of the paradigm's main head (whose pipeline tag is the fallback
 # when neither the task nor the head says more)
-PARADIGMS = {"tfm_decoder": "decoder-only", "tfm_encoder": "encoder-only", "tfm_encoder_decoder": "encoder-decoder"}
-AUTO_CLASSES = {
-    "tfm_decoder": "AutoModelForCausalLM",
-    "tfm_encoder": "AutoModelForMaskedLM",
-    "tfm_encoder_decoder": "AutoModelForSeq2SeqLM",
-}
 GENERATIVE_AUTO_CLASSES = ("AutoModelForCausalLM", "AutoModelForSeq2SeqLM")
 DEFAULT_LIMITATIONS = (
     "A small research model: it demonstrates an architecture and a training pipeline, and is not a general-purpose "
@@ -145,7 +140,8 @@ def auto_class_of(model_or_architecture: TfmPreTrainedModel | str, config=None) 
     for auto_name, class_name in getattr(config, "auto_classes", {}).items():
         if class_name == architecture:
             return auto_name
-    return AUTO_CLASSES.get(getattr(config, "model_type", None), "AutoModel")
+    paradigm = PARADIGMS.get(getattr(config, "model_type", None))
+    return paradigm.auto_class if paradigm is not None else "AutoModel"
 
 
 def pipeline_tag_of(model: TfmPreTrainedModel, task: str | None = None) -> str:
@@ -157,7 +153,7 @@ def pipeline_tag_of(model: TfmPreTrainedModel, task: str | None = None) -> str:
     head = head_for_architecture(type(model).__name__)
     if head is not None and type(model).__name__ in getattr(model.config, "auto_classes", {}).values():
         return head.pipeline_tag
-    main_head = AUTO_CLASSES[model.config.model_type]
+    main_head = PARADIGMS[model.config.model_type].auto_class
     return next(head.pipeline_tag for head in HEADS.values() if head.auto_class == main_head)
 
 
@@ -184,7 +180,7 @@ def architecture_rows(model: TfmPreTrainedModel) -> list[tuple[str, str]]:
     if config.model_type == "tfm_encoder_decoder":
         layers = f"{config.num_hidden_layers} encoder + {config.decoder_layers} decoder"
     rows = [
-        ("paradigm", PARADIGMS[config.model_type]),
+        ("paradigm", PARADIGMS[config.model_type].description),
         ("head", type(model).__name__),
         ("layers", layers),
         ("hidden size", str(config.hidden_size)),
@@ -295,7 +291,7 @@ def write_model_card(
     total, active = model.num_parameters(), active_parameters(model)
     moe = is_moe(model)
 
-    tags = ["hf_tfm", model_type, PARADIGMS[model_type], config.position_embedding_type]
+    tags = ["hf_tfm", model_type, PARADIGMS[model_type].description, config.position_embedding_type]
     if moe:
         tags += ["moe", "mixture-of-experts"]
     tags.append("custom_code")  # the repo carries its modeling code (auto_map) for trust_remote_code loading
@@ -342,7 +338,7 @@ def write_model_card(
         data,
         template_path=str(files("hf_tfm.model_cards").joinpath("tfm_model.md")),
         model_name=name,
-        paradigm=PARADIGMS[model_type],
+        paradigm=PARADIGMS[model_type].description,
         summary=summary,
         task=task,
         pipeline_tag=pipeline_tag,

@@ -1,0 +1,238 @@
+"""The one conversion engine: any family record (`hf_tfm.families`) run both ways, exactly.
+
+    from hf_tfm.convert import to_tfm, from_tfm
+    ours = to_tfm(LlamaForCausalLM.from_pretrained(...))      # the family is found from the class
+    theirs = from_tfm(ours, "llama")                            # back to the family named
+
+Configs go through `converted_config` (the round trip must give the config again, every key compared, or the error
+names each field that would change); weights through the record's `Weights` (renames, transposes, fused splits,
+kept copies), inverted for the way back by mapping the reference model's own keys; `load_exact` refuses any
+missing or unexpected tensor.
+"""
+
+import copy
+import re
+
+import torch
+import transformers
+from torch import nn
+
+from . import modeling_tfm
+from .configuration_tfm import TfmConfig, TfmDecoderConfig, TfmEncoderConfig, TfmEncoderDecoderConfig
+from .convert_common import converted_config, inverted, load_exact, renamed_fields, require_paradigm
+from .families import FAMILIES
+from .family_record import Family, Weights
+
+TFM_CONFIGS = {cls.model_type: cls for cls in (TfmDecoderConfig, TfmEncoderConfig, TfmEncoderDecoderConfig)}
+
+__all__ = ["config_from_tfm", "config_to_tfm", "family", "from_tfm", "to_tfm", "weights_from_tfm", "weights_to_tfm"]
+
+
+# ------------------------------------------------------------------------------------------------ finding a record
+
+
+def family(name: str) -> Family:
+    """The record named `name` (a transformers model_type)."""
+    if name not in FAMILIES:
+        raise ValueError(f"no converted family {name!r}; hf_tfm converts {', '.join(FAMILIES)}")
+    return FAMILIES[name]
+
+
+def family_of_model(model: nn.Module) -> Family:
+    """The record whose reference classes include `model`'s."""
+    found = type(model).__name__
+    for record in FAMILIES.values():
+        if found in record.classes:
+            return record
+    known = ", ".join(name for record in FAMILIES.values() for name in record.classes)
+    raise TypeError(f"to_tfm converts {known}; got {found}")
+
+
+# ---------------------------------------------------------------------------------------------------------- configs
+
+
+def _to_tfm_config(record: Family, config, **options) -> TfmConfig:
+    computed = record.to_tfm(config, **options) if record.to_tfm else {}
+    # computed fields win over fixed ones (RoBERTa's position offset is BERT's architecture but for the offset)
+    return TFM_CONFIGS[record.paradigm](**renamed_fields(config, record.fields), **(record.fixed | computed))
+
+
+def _from_tfm_config(record: Family, config: TfmConfig):
+    require_paradigm(config, TFM_CONFIGS[record.paradigm], record.config_class)
+    computed = record.from_tfm(config) if record.from_tfm else {}
+    return getattr(transformers, record.config_class)(**renamed_fields(config, inverted(record.fields)), **computed)
+
+
+def config_to_tfm(config, **options) -> TfmConfig:
+    """A reference config as hf_tfm's, refused (naming each field) when the round trip would change it. `options`:
+    what the family keeps outside its config (`use_pooler` for BERT and RoBERTa, `tie_word_embeddings` for T5)."""
+    record = family(config.model_type)
+    unread = record.unread | (record.unread_of(config) if record.unread_of else {})
+    compared = record.their_form(config) if record.their_form else config
+    return converted_config(
+        compared,
+        lambda theirs: _to_tfm_config(record, theirs, **options),
+        lambda ours: _from_tfm_config(record, ours),
+        irrelevant=unread,
+    )
+
+
+def config_from_tfm(config: TfmConfig, name: str):
+    """An hf_tfm config as family `name`'s, refused (naming each field) when the round trip would change it."""
+    record = family(name)
+    compared = record.our_form(config) if record.our_form else config
+    options = record.our_options(compared) if record.our_options else {}
+    return converted_config(
+        compared,
+        lambda ours: _from_tfm_config(record, ours),
+        lambda theirs: _to_tfm_config(record, theirs, **options),
+        irrelevant=record.our_unread,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------- weights
+
+
+def _renamed(weights: Weights, key: str) -> str:
+    for pattern, replacement in weights.renames:
+        key = re.sub(pattern, replacement, key)
+    return key
+
+
+def _parts(weights: Weights, key: str) -> list[str] | None:
+    """hf_tfm's keys a fused hf_tfm-named `key` holds, in row order; None for a key that is not fused."""
+    module, _, leaf = key.rpartition(".")
+    for fused, parts in weights.fused.items():
+        if module == fused or module.endswith("." + fused):
+            prefix = module[: len(module) - len(fused)]
+            return [f"{prefix}{part}.{leaf}" for part in parts]
+    return None
+
+
+def _split(weights: Weights, tensor: torch.Tensor, rows: list[int], heads: int) -> tuple[torch.Tensor, ...]:
+    if not weights.interleaved:
+        return tensor.split(rows)
+    per_head = tensor.reshape(heads, len(rows), -1, *tensor.shape[1:])  # [heads, parts, head_dim, ...]
+    return tuple(per_head[:, i].reshape(-1, *tensor.shape[1:]) for i in range(len(rows)))
+
+
+def _joined(weights: Weights, tensors: list[torch.Tensor], heads: int) -> torch.Tensor:
+    if not weights.interleaved:
+        return torch.cat(tensors)
+    per_head = [tensor.reshape(heads, -1, *tensor.shape[1:]) for tensor in tensors]
+    return torch.stack(per_head, dim=1).reshape(-1, *tensors[0].shape[1:])
+
+
+def _fitted(tensor: torch.Tensor, expected: torch.Tensor | None) -> torch.Tensor:
+    """`tensor` with `expected`'s axes of size 1 where the two differ only by such axes (BART's `final_logits_bias`
+    is `[1, vocab]`, hf_tfm's head bias `[vocab]`). The sizes stay the tensor's own: a padded vocabulary is cut
+    later, by `load_exact`."""
+    if expected is None or tensor.shape == expected.shape:
+        return tensor
+    sizes = [size for size in tensor.shape if size != 1]
+    if len(sizes) != sum(size != 1 for size in expected.shape):
+        return tensor
+    sizes = iter(sizes)
+    return tensor.reshape([1 if size == 1 else next(sizes) for size in expected.shape])
+
+
+def _require_copies(weights: Weights, source: dict, model: nn.Module, target: nn.Module) -> None:
+    for key, (original, reason) in weights.copies.items():
+        if key in source and not torch.equal(source[key], source[original]):
+            raise ValueError(
+                f"Cannot convert {type(model).__name__} to {type(target).__name__} exactly: {key} differs from "
+                f"{original}, and {reason}"
+            )
+
+
+def weights_to_tfm(weights: Weights, source: dict, target: nn.Module) -> dict:
+    """A reference state dict in hf_tfm's names and layout, for `target` (whose parameters give the fused parts'
+    rows)."""
+    expected, heads = target.state_dict(), target.config.num_attention_heads
+    state = {}
+    for key, tensor in source.items():
+        if key in weights.copies:
+            continue
+        if weights.transposed and re.search(weights.transposed, key):
+            tensor = tensor.t()
+        ours = _renamed(weights, key)
+        parts = _parts(weights, ours)
+        if parts is None:
+            state[ours] = _fitted(tensor, expected.get(ours))
+            continue
+        missing = [part for part in parts if part not in expected]
+        if missing:
+            raise ValueError(f"Converted weights do not fit {type(target).__name__}: {key} has no parts {missing}")
+        state.update(zip(parts, _split(weights, tensor, [expected[part].shape[0] for part in parts], heads)))
+    return state
+
+
+def weights_from_tfm(weights: Weights, source: dict, target: nn.Module, heads: int) -> dict:
+    """An hf_tfm state dict in the reference `target`'s names and layout: each of its keys mapped the way in."""
+    state, expected = {}, target.state_dict()
+    for key in expected:
+        if key in weights.copies:
+            continue
+        ours = _renamed(weights, key)
+        parts = _parts(weights, ours)
+        if parts is None:
+            tensor = source.get(ours)
+        elif all(part in source for part in parts):
+            tensor = _joined(weights, [source[part] for part in parts], heads)
+        else:
+            tensor = None
+        if tensor is None:
+            continue  # load_exact names it
+        if weights.transposed and re.search(weights.transposed, key):
+            tensor = tensor.t()
+        state[key] = _fitted(tensor, expected[key])
+    for key, (original, _) in weights.copies.items():
+        if original in state:
+            state[key] = state[original]
+    return state
+
+
+# ----------------------------------------------------------------------------------------------------------- models
+
+
+def to_tfm(model: nn.Module) -> nn.Module:
+    """A reference model (any class a family record lists) as hf_tfm's, with identical outputs."""
+    record = family_of_model(model)
+    if record.check:
+        record.check(model)
+    config = config_to_tfm(model.config, **(record.options(model) if record.options else {}))
+    target = getattr(modeling_tfm, record.classes[type(model).__name__])(config)
+    source = model.state_dict()
+    _require_copies(record.weights, source, model, target)
+    state = weights_to_tfm(record.weights, source, target)
+    if record.state_to_tfm:
+        record.state_to_tfm(model, state)
+    return load_exact(target, state, generation_config=getattr(model, "generation_config", None))
+
+
+def from_tfm(model: nn.Module, name: str) -> nn.Module:
+    """An hf_tfm model as family `name`'s reference class, with identical outputs."""
+    record = family(name)
+    reference = {ours: theirs for theirs, ours in record.classes.items()}.get(type(model).__name__)
+    if reference is None:
+        raise TypeError(
+            f"from_tfm to {name} converts {' or '.join(dict.fromkeys(record.classes.values()))}, "
+            f"got {type(model).__name__}"
+        )
+    if record.check:
+        record.check(model)
+    config = model.config
+    if isinstance(config, TfmEncoderConfig) and config.use_pooler and getattr(model, "pooler", None) is None:
+        config = copy.deepcopy(config)  # use_pooler says nothing about a model without a pooler (an MLM head)
+        config.use_pooler = False
+    their_config = config_from_tfm(config, name)
+    if record.reference_config:
+        their_config = record.reference_config(model, their_config)
+    target = getattr(transformers, reference)(
+        their_config, **(record.reference_kwargs(model) if record.reference_kwargs else {})
+    )
+    if record.prepare_reference:
+        record.prepare_reference(model, target)
+    state = weights_from_tfm(record.weights, model.state_dict(), target, config.num_attention_heads)
+    # every tensor is given, ties included: loading re-ties nothing (T5's config claims a tie its tensors may lack)
+    return load_exact(target, state, tie=False, generation_config=getattr(model, "generation_config", None))

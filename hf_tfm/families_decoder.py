@@ -1,0 +1,608 @@
+"""The decoder families' records: GPT-2, GPT-NeoX and the Llama-shaped ones (Llama, Mistral, Mixtral, Qwen2,
+Qwen3, Qwen3-MoE, OLMo2, Phi-3, Gemma 2, SmolLM3). What each one is beyond Llama is said in its record's comment;
+`hf_tfm.convert` runs them.
+"""
+
+import copy
+
+from .convert_common import LLAMA_FAMILY_STACK, field_names, head_dim_kwargs, implicit_head_dim
+from .family_record import PRESET_DECODER, PRESET_SIZE, PRESET_UNSET_TOKENS, Family, Weights
+
+# ------------------------------------------------------------------------------------------------------------ GPT-2
+# Conv1D weights stored [in, out] and q, k, v fused in c_attn: transposed and split on the way in, back on the way out.
+GPT2 = Family(
+    name="gpt2",
+    paradigm="tfm_decoder",
+    classes={"GPT2LMHeadModel": "TfmDecoderForCausalLM"},
+    config_class="GPT2Config",
+    fields={
+        "vocab_size": "vocab_size",
+        "n_embd": "hidden_size",
+        "n_layer": "num_hidden_layers",
+        "n_head": "num_attention_heads",
+        "n_positions": "max_position_embeddings",
+        "activation_function": "hidden_act",
+        "layer_norm_epsilon": "layer_norm_eps",
+        "embd_pdrop": "embedding_dropout",
+        "resid_pdrop": "hidden_dropout",
+        "attn_pdrop": "attention_dropout",
+        "tie_word_embeddings": "tie_word_embeddings",
+        "initializer_range": "initializer_range",
+        "bos_token_id": "bos_token_id",
+        "eos_token_id": "eos_token_id",
+        "pad_token_id": "pad_token_id",
+    },
+    fixed=dict(
+        position_embedding_type="learned",
+        norm_type="layernorm",
+        norm_position="pre",
+        ffn_type="mlp",
+        attention_bias=True,
+        mlp_bias=True,
+    ),
+    unread={
+        **dict.fromkeys(
+            (
+                "summary_type",
+                "summary_use_proj",
+                "summary_activation",
+                "summary_proj_to_labels",
+                "summary_first_dropout",
+            ),
+            "read only by GPT2DoubleHeadsModel's multiple-choice head",
+        ),
+        "reorder_and_upcast_attn": "the same attention, computed in float32 (a half-precision eager training option)",
+        "n_ctx": "an old GPT2Config key transformers 5 keeps but never reads; n_positions sizes the position table",
+    },
+    weights=Weights(
+        renames=(
+            (r"^transformer\.wte\.", "model.embed_tokens."),
+            (r"^transformer\.wpe\.", "model.embed_positions."),
+            (r"^transformer\.ln_f\.", "model.norm."),
+            (r"^transformer\.h\.", "model.layers."),
+            (r"\.ln_1\.", ".attn_norm."),
+            (r"\.ln_2\.", ".ffn_norm."),
+            (r"\.attn\.c_attn\.", ".self_attn.qkv."),
+            (r"\.attn\.c_proj\.", ".self_attn.o_proj."),
+            (r"\.mlp\.c_fc\.", ".mlp.up_proj."),
+            (r"\.mlp\.c_proj\.", ".mlp.down_proj."),
+        ),
+        transposed=r"\.(c_attn|c_proj|c_fc)\.weight$",
+        fused={"self_attn.qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")},
+    ),
+    pair={"note": ""},
+    # n_inner=None is GPT-2's way of writing the default width 4 * n_embd
+    to_tfm=lambda config: {"intermediate_size": config.n_inner or 4 * config.n_embd},
+    from_tfm=lambda config: {
+        "n_inner": None if config.intermediate_size == 4 * config.hidden_size else config.intermediate_size
+    },
+    their_form=lambda config: _with(config, n_inner=None) if config.n_inner == 4 * config.n_embd else config,
+)
+
+
+def _with(config, **values):
+    """A copy of `config` with `values` set (a field written in the form the way back writes it)."""
+    config = copy.deepcopy(config)
+    for name, value in values.items():
+        setattr(config, name, value)
+    return config
+
+
+# --------------------------------------------------------------------------------------------------------- GPT-NeoX
+# q, k, v fused in query_key_value with rows interleaved per head; rotary_pct is RoPE's partial_rotary_factor,
+# use_parallel_residual is parallel_residual.
+def _neox_rope_to_tfm(rope: dict) -> dict:
+    # GPTNeoXConfig fills in partial_rotary_factor=0.25 when it is absent; hf_tfm's absent means 1.0 (all rotated)
+    return {key: value for key, value in rope.items() if (key, value) != ("partial_rotary_factor", 1.0)}
+
+
+GPT_NEOX = Family(
+    name="gpt_neox",
+    summary="parallel residual",
+    paradigm="tfm_decoder",
+    classes={"GPTNeoXForCausalLM": "TfmDecoderForCausalLM"},
+    config_class="GPTNeoXConfig",
+    fields=field_names(
+        "intermediate_size",
+        "hidden_act",
+        "layer_norm_eps",
+        "attention_bias",
+        use_parallel_residual="parallel_residual",
+    ),
+    fixed=dict(
+        position_embedding_type="rope", norm_type="layernorm", norm_position="pre", ffn_type="mlp", mlp_bias=True
+    ),
+    unread={"classifier_dropout": "read only by GPTNeoXForTokenClassification, never by the causal LM"},
+    weights=Weights(
+        renames=(
+            (r"^gpt_neox\.embed_in\.", "model.embed_tokens."),
+            (r"^gpt_neox\.final_layer_norm\.", "model.norm."),
+            (r"^gpt_neox\.layers\.", "model.layers."),
+            (r"\.input_layernorm\.", ".attn_norm."),
+            (r"\.post_attention_layernorm\.", ".ffn_norm."),
+            (r"\.attention\.dense\.", ".self_attn.o_proj."),
+            (r"\.attention\.query_key_value\.", ".self_attn.qkv."),
+            (r"\.mlp\.dense_h_to_4h\.", ".mlp.up_proj."),
+            (r"\.mlp\.dense_4h_to_h\.", ".mlp.down_proj."),
+        ),
+        fused={"self_attn.qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")},
+        interleaved=True,
+    ),
+    # Pythia's recipe: a quarter of each head rotated, parallel residual, untied head
+    preset=dict(PRESET_SIZE, **PRESET_UNSET_TOKENS, intermediate_size=512, rotary_pct=0.25, tie_word_embeddings=False),
+    to_tfm=lambda config: dict(
+        attention_out_bias=config.attention_bias,  # one flag for query_key_value and dense
+        attention_dropout=float(config.attention_dropout),
+        hidden_dropout=float(config.hidden_dropout),  # after each sublayer and on the embeddings
+        embedding_dropout=float(config.hidden_dropout),
+        rope_parameters=_neox_rope_to_tfm(config.rope_parameters),
+    ),
+    from_tfm=lambda config: dict(
+        attention_dropout=config.attention_dropout,
+        hidden_dropout=config.hidden_dropout,
+        rope_parameters={"partial_rotary_factor": 1.0, **(config.rope_parameters or {})},
+    ),
+)
+
+# ------------------------------------------------------------------------------------------------ the Llama family
+# what every Llama-shaped family's layers are named beyond Llama's own: the two per-layer norms
+LLAMA_RENAMES = ((r"\.input_layernorm\.", ".attn_norm."), (r"\.post_attention_layernorm\.", ".ffn_norm."))
+# the router: the same [experts, hidden] weight under another name (Mixtral, Qwen3-MoE)
+ROUTER_RENAMES = (*LLAMA_RENAMES, (r"\.mlp\.gate\.weight$", ".mlp.router.weight"))
+# Llama-family config field -> TfmDecoderConfig field, for the fields every Llama-shaped decoder has
+LLAMA_FAMILY_NAMES = field_names("num_key_value_heads", "head_dim", "hidden_act", rms_norm_eps="layer_norm_eps")
+# what Llama always is, in TfmConfig terms
+LLAMA_ARCHITECTURE = dict(
+    position_embedding_type="rope", norm_type="rmsnorm", norm_position="pre", ffn_type="glu", **LLAMA_FAMILY_STACK
+)
+# what the MoE families' router is beyond their own fields: no jitter-free options hf_tfm adds
+ROUTER_DEFAULTS = dict(
+    scoring_func="softmax",
+    moe_layers=None,
+    shared_expert_intermediate_size=0,
+    router_z_loss_coef=0.0,
+    router_bias_update_rate=0.0,
+    capacity_factor=None,
+)
+# keys of released Qwen config.json files that no Qwen text model reads once its config exists
+QWEN_UNREAD = {
+    "max_window_layers": "Qwen2 and Qwen3 read it only to fill layer_types when a config has none (the converted "
+    "layer_types carry it); Qwen3-MoE never reads it, though its released configs carry it",
+    "use_mrope": "Qwen2-VL's multimodal RoPE switch, which released Qwen2.5 configs carry as false",
+}
+
+
+def llama_family_names(*same: str, without: tuple[str, ...] = (), **renamed: str) -> dict[str, str]:
+    """A Llama-family field table: `LLAMA_FAMILY_NAMES` less `without`, plus `same` (one name on both sides) and
+    `renamed` (`source_name="target_name"`)."""
+    kept = {theirs: ours for theirs, ours in LLAMA_FAMILY_NAMES.items() if theirs not in without}
+    return kept | {name: name for name in same} | renamed
+
+
+def llama_family_rope(config) -> dict:
+    """The RoPE dict of either side as a Llama-family model reads it: every feature of a head is rotated, so a
+    `partial_rotary_factor` is left behind (and the round trip names `rope_parameters`)."""
+    return {key: value for key, value in (config.rope_parameters or {}).items() if key != "partial_rotary_factor"}
+
+
+def without_derived_head_dim(config):
+    """A config without a `head_dim` key that equals the width the modeling code derives anyway (the way back
+    writes the key only when it differs)."""
+    if getattr(config, "head_dim", None) == config.hidden_size // config.num_attention_heads:
+        config = copy.deepcopy(config)
+        del config.head_dim
+    return config
+
+
+def one_attention_bias(config) -> dict:
+    """hf_tfm's output-projection bias from a family with one `attention_bias` flag for q, k, v and o."""
+    return {"attention_out_bias": config.attention_bias}
+
+
+def qwen_window_to_tfm(config) -> dict:
+    """hf_tfm's window fields from a Qwen2-style config (`sliding_window` is None unless `use_sliding_window`)."""
+    return dict(sliding_window=config.sliding_window, layer_types=list(config.layer_types))
+
+
+def qwen_window_from_tfm(config) -> dict:
+    """Qwen2's window fields from hf_tfm's. `max_window_layers` is written as the first sliding layer (Qwen2's
+    pattern: full layers, then sliding ones) for readers of config.json; `layer_types` decides."""
+    types = config.layer_types
+    return dict(
+        use_sliding_window=config.sliding_window is not None,
+        sliding_window=config.sliding_window,
+        max_window_layers=types.index("sliding_attention") if "sliding_attention" in types else len(types),
+        layer_types=list(types),
+    )
+
+
+LLAMA_WEIGHTS = Weights(renames=LLAMA_RENAMES)
+
+
+def llama_family(name: str, reference: str, fields: dict, fixed: dict, *, implicit_head_dim_field=False, to_tfm=None,
+                 from_tfm=None, weights=LLAMA_WEIGHTS, **record) -> Family:  # fmt: skip
+    """A Llama-shaped family: Llama's weight names unless `weights` says otherwise, the config pieces every member
+    computes (RoPE without a partial factor, attention dropout as a float) and the family's own (`to_tfm`,
+    `from_tfm`).
+    `implicit_head_dim_field`: the reference config has no `head_dim` field (its attention reads `head_dim` if a
+    config carries one, else `hidden_size // heads`)."""
+
+    def computed_to_tfm(config) -> dict:
+        own = dict(rope_parameters=llama_family_rope(config), attention_dropout=float(config.attention_dropout))
+        if implicit_head_dim_field:
+            own["head_dim"] = implicit_head_dim(config)
+        return own | (to_tfm(config) if to_tfm else {})
+
+    def computed_from_tfm(config) -> dict:
+        own = dict(rope_parameters=llama_family_rope(config), attention_dropout=config.attention_dropout)
+        if implicit_head_dim_field:
+            own |= head_dim_kwargs(config)
+        return own | (from_tfm(config) if from_tfm else {})
+
+    return Family(
+        name=name,
+        paradigm="tfm_decoder",
+        classes={reference: "TfmDecoderForCausalLM"},
+        config_class=reference.replace("ForCausalLM", "Config"),
+        fields=fields,
+        fixed=fixed,
+        weights=weights,
+        to_tfm=computed_to_tfm,
+        from_tfm=computed_from_tfm,
+        **record,
+    )
+
+
+# Llama's attention_bias covers q, k, v and o: hf_tfm's attention_out_bias defaults to it
+LLAMA = llama_family(
+    "llama",
+    "LlamaForCausalLM",
+    llama_family_names("intermediate_size", "mlp_bias", "attention_bias"),
+    LLAMA_ARCHITECTURE,
+    unread={"pretraining_tp": "transformers 5's Llama never reads it (a 4.x way of computing the same layers)"},
+    pair={"note": ""},
+)
+
+# Llama without biases, plus a sliding window on every layer when sliding_window is set (hf_tfm's default
+# layer_types for a config with a window)
+MISTRAL = llama_family(
+    "mistral",
+    "MistralForCausalLM",
+    llama_family_names("intermediate_size", "sliding_window"),
+    {**LLAMA_ARCHITECTURE, "attention_bias": False, "mlp_bias": False},
+    preset=dict(PRESET_DECODER, sliding_window=128),
+    summary="sliding window",
+)
+
+
+def _mixtral_from_tfm(config) -> dict:
+    if config.num_experts == 0:  # MixtralConfig takes num_local_experts=0, but builds no working model from it
+        raise ValueError(
+            f"Cannot convert {type(config).__name__} to MixtralConfig exactly: num_experts=0 is a dense model, and "
+            "every Mixtral layer routes over experts"
+        )
+    return {}
+
+
+# Llama with every feed-forward a softmax top-k router over fused GLU experts, in hf_tfm's layout
+MIXTRAL = llama_family(
+    "mixtral",
+    "MixtralForCausalLM",
+    llama_family_names(
+        "num_experts_per_tok",
+        "router_aux_loss_coef",
+        "router_jitter_noise",
+        "output_router_logits",
+        without=("head_dim",),
+        num_local_experts="num_experts",
+        intermediate_size="moe_intermediate_size",
+    ),
+    dict(
+        **LLAMA_ARCHITECTURE,
+        **ROUTER_DEFAULTS,
+        attention_bias=False,
+        mlp_bias=False,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+    ),
+    implicit_head_dim_field=True,  # MixtralConfig keeps head_dim=None (its default) for the derived width
+    # no dense layer reads intermediate_size; giving it the expert width keeps a fresh config's defaults sensible
+    to_tfm=lambda config: {"intermediate_size": config.intermediate_size},
+    from_tfm=_mixtral_from_tfm,
+    weights=Weights(renames=ROUTER_RENAMES),
+    their_form=lambda config: (
+        _with(config, head_dim=None) if config.head_dim == config.hidden_size // config.num_attention_heads else config
+    ),
+    pair={"note": " (grouped_mm)"},
+    summary="MoE",
+)
+
+# Mistral with biases on q, k and v but none on o, its window on the layers layer_types marks sliding; no head_dim
+QWEN2 = llama_family(
+    "qwen2",
+    "Qwen2ForCausalLM",
+    llama_family_names("intermediate_size", without=("head_dim",)),
+    dict(**LLAMA_ARCHITECTURE, attention_bias=True, attention_out_bias=False, mlp_bias=False),
+    implicit_head_dim_field=True,
+    to_tfm=qwen_window_to_tfm,
+    from_tfm=qwen_window_from_tfm,
+    unread=QWEN_UNREAD,
+    their_form=without_derived_head_dim,
+    preset=PRESET_DECODER,
+)
+
+# Qwen2 with a per-head RMSNorm on queries and keys, one attention_bias flag, and a head_dim field
+QWEN3 = llama_family(
+    "qwen3",
+    "Qwen3ForCausalLM",
+    llama_family_names("intermediate_size", "attention_bias"),
+    dict(**LLAMA_ARCHITECTURE, qk_norm="per_head", mlp_bias=False),
+    to_tfm=lambda config: one_attention_bias(config) | qwen_window_to_tfm(config),
+    from_tfm=qwen_window_from_tfm,
+    unread=QWEN_UNREAD,
+    preset=dict(PRESET_DECODER, head_dim=32),
+    pair={"note": ""},
+    summary="QK-norm",
+)
+
+# Qwen3's attention with Mixtral's router, renormalised only with norm_topk_prob, on the layers decoder_sparse_step
+# and mlp_only_layers pick; a window covers every layer (Mistral's way); no head_dim field
+QWEN3_MOE = llama_family(
+    "qwen3_moe",
+    "Qwen3MoeForCausalLM",
+    llama_family_names(
+        "intermediate_size",
+        "attention_bias",
+        "sliding_window",
+        "num_experts",
+        "num_experts_per_tok",
+        "moe_intermediate_size",
+        "decoder_sparse_step",
+        "norm_topk_prob",
+        "router_aux_loss_coef",
+        "output_router_logits",
+        without=("head_dim",),
+    ),
+    dict(**LLAMA_ARCHITECTURE, **ROUTER_DEFAULTS, qk_norm="per_head", mlp_bias=False, router_jitter_noise=0.0),
+    implicit_head_dim_field=True,
+    to_tfm=lambda config: one_attention_bias(config) | {"mlp_only_layers": list(config.mlp_only_layers)},
+    from_tfm=lambda config: dict(
+        use_sliding_window=config.sliding_window is not None, mlp_only_layers=list(config.mlp_only_layers)
+    ),
+    weights=Weights(renames=ROUTER_RENAMES),
+    unread=QWEN_UNREAD,
+    their_form=without_derived_head_dim,
+    preset=dict(PRESET_DECODER, head_dim=32, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=176),
+    summary="MoE",
+)
+
+# norms on the sublayer outputs, x + norm(f(x)) (no input norms), and an RMSNorm over the whole query and key
+# projections before the split into heads. In half precision OLMo2 rounds where hf_tfm (as Llama) does not: the
+# same numbers in float32, rounding differences in bfloat16.
+OLMO2 = llama_family(
+    "olmo2",
+    "Olmo2ForCausalLM",
+    llama_family_names("intermediate_size", "attention_bias", without=("head_dim",)),
+    dict(
+        position_embedding_type="rope",
+        norm_type="rmsnorm",
+        norm_position="output",
+        qk_norm="projection",
+        ffn_type="glu",
+        mlp_bias=False,
+        **LLAMA_FAMILY_STACK,
+    ),
+    implicit_head_dim_field=True,
+    to_tfm=one_attention_bias,
+    weights=Weights(
+        renames=(
+            (r"\.post_attention_layernorm\.", ".post_attn_norm."),
+            (r"\.post_feedforward_layernorm\.", ".post_ffn_norm."),
+        )
+    ),
+    preset=PRESET_DECODER,
+)
+
+
+def _gemma2_unread(config) -> dict:
+    # use_bidirectional_attention None and False both mean causal attention, the only kind hf_tfm's decoder has
+    return {} if config.use_bidirectional_attention else {"use_bidirectional_attention": "causal either way"}
+
+
+def _gemma2_our_form(config):
+    # hf_tfm's default scale head_dim ** -0.5 is Gemma 2's query_pre_attn_scalar = head_dim
+    if config.query_pre_attn_scalar is None and config.attention_multiplier is None:
+        return _with(config, query_pre_attn_scalar=float(config.head_dim))
+    return config
+
+
+def _gemma2_eager(model, target) -> None:
+    if target.config.attn_logit_softcapping is not None:
+        target.set_attn_implementation("eager")  # transformers 5.17 defaults Gemma 2 to sdpa, which drops the cap
+
+
+# sandwich norms, RMSNorm scaling by 1 + weight, embeddings scaled by sqrt(hidden_size), the attention scale
+# query_pre_attn_scalar ** -0.5, tanh soft-capping of scores and logits, alternating sliding / full layers
+GEMMA2 = llama_family(
+    "gemma2",
+    "Gemma2ForCausalLM",
+    llama_family_names(
+        "intermediate_size",
+        "attention_bias",
+        "sliding_window",
+        "final_logit_softcapping",
+        "attn_logit_softcapping",
+        without=("hidden_act",),
+        hidden_activation="hidden_act",
+    ),
+    dict(
+        position_embedding_type="rope",
+        norm_type="rmsnorm",
+        rmsnorm_unit_offset=True,
+        norm_position="sandwich",
+        ffn_type="glu",
+        mlp_bias=False,
+        **{**LLAMA_FAMILY_STACK, "scale_embeddings": True},
+    ),
+    to_tfm=lambda config: (
+        one_attention_bias(config)
+        | dict(query_pre_attn_scalar=float(config.query_pre_attn_scalar), layer_types=list(config.layer_types))
+    ),
+    # an int in Gemma2Config: a fractional value (or a scale set by attention_multiplier) comes back changed and is
+    # refused by name
+    from_tfm=lambda config: dict(
+        query_pre_attn_scalar=int(
+            config.query_pre_attn_scalar if config.query_pre_attn_scalar is not None else config.head_dim
+        ),
+        layer_types=list(config.layer_types),
+    ),
+    weights=Weights(
+        renames=(
+            (r"\.input_layernorm\.", ".attn_norm."),
+            (r"\.post_attention_layernorm\.", ".post_attn_norm."),
+            (r"\.pre_feedforward_layernorm\.", ".ffn_norm."),
+            (r"\.post_feedforward_layernorm\.", ".post_ffn_norm."),
+        )
+    ),
+    unread_of=_gemma2_unread,
+    our_form=_gemma2_our_form,
+    prepare_reference=_gemma2_eager,
+    preset=dict(
+        PRESET_DECODER,
+        head_dim=32,
+        query_pre_attn_scalar=32,
+        sliding_window=128,
+        hidden_activation="gelu_pytorch_tanh",
+    ),
+    pair={"note": " (eager)"},  # eager on both sides: sdpa cannot soft-cap attention scores
+    summary="sandwich norms, soft-capping",
+)
+
+
+def _phi3_rope(rope: dict) -> dict:
+    # Phi3Config fills in partial_rotary_factor=1.0; hf_tfm's absent means the same (every feature rotated)
+    return {key: value for key, value in (rope or {}).items() if (key, value) != ("partial_rotary_factor", 1.0)}
+
+
+def _phi3_from_tfm(config) -> dict:
+    rope = dict(config.rope_parameters or {})
+    # Phi3Config keeps LongRoPE's pretraining length at the top level too, and lets that one win over the dict's
+    pretraining_length = {}
+    if rope.get("rope_type") == "longrope" and "original_max_position_embeddings" in rope:
+        pretraining_length["original_max_position_embeddings"] = rope["original_max_position_embeddings"]
+    return dict(**pretraining_length, resid_pdrop=config.hidden_dropout, rope_parameters=rope)
+
+
+def _phi3_unread(config) -> dict:
+    if config.rope_parameters.get("rope_type") == "longrope":
+        return {}
+    return {"original_max_position_embeddings": "read only by LongRoPE; the other RoPE types never read it"}
+
+
+# Llama with q, k, v fused in qkv_proj and gate, up in gate_up_proj (rows stacked); a partial rotary factor and
+# LongRoPE live in rope_parameters; a window covers every layer; resid_pdrop drops each sublayer's output
+PHI3 = llama_family(
+    "phi3",
+    "Phi3ForCausalLM",
+    llama_family_names("intermediate_size", "sliding_window", without=("head_dim",)),
+    {
+        **{field: value for field, value in LLAMA_ARCHITECTURE.items() if field != "hidden_dropout"},  # resid_pdrop
+        "attention_bias": False,
+        "mlp_bias": False,
+    },
+    implicit_head_dim_field=True,
+    to_tfm=lambda config: dict(
+        hidden_dropout=float(config.resid_pdrop), rope_parameters=_phi3_rope(config.rope_parameters)
+    ),
+    from_tfm=_phi3_from_tfm,
+    weights=Weights(
+        renames=(
+            *LLAMA_RENAMES,
+            (r"\.self_attn\.qkv_proj\.", ".self_attn.qkv."),
+            (r"\.mlp\.gate_up_proj\.", ".mlp.gate_up."),
+        ),
+        fused={
+            "self_attn.qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+            "mlp.gate_up": ("mlp.gate_proj", "mlp.up_proj"),
+        },
+    ),
+    unread={"embd_pdrop": "Phi3Model never applies it (no dropout on the embeddings)"},
+    unread_of=_phi3_unread,
+    our_form=lambda config: (
+        _with(config, rope_parameters=_phi3_rope(config.rope_parameters))
+        if (config.rope_parameters or {}).get("partial_rotary_factor") == 1.0
+        else config
+    ),
+    preset=PRESET_DECODER,
+)
+
+
+def _smollm3_rope(config) -> dict:
+    """The RoPE dict of either side as SmolLM3 reads it: one for every layer. SmolLM3Config takes a dict nested per
+    layer type (it has layer_types), but its model cannot be built from one."""
+    rope = llama_family_rope(config)
+    if rope and set(rope) <= {"full_attention", "sliding_attention"}:
+        raise ValueError(
+            f"Cannot convert {type(config).__name__} exactly: rope_parameters is nested per layer type "
+            f"({sorted(rope)}), and SmolLM3 reads one RoPE dict for every layer"
+        )
+    return rope
+
+
+def _smollm3_from_tfm(config) -> dict:
+    nope = set(config.nope_layers or ())
+    return dict(
+        rope_parameters=_smollm3_rope(config),
+        no_rope_layers=[int(i not in nope) for i in range(config.num_hidden_layers)],
+        layer_types=list(config.layer_types),
+        # the attention reads the window only where use_sliding_window is set (flash attention; the masks of the
+        # other backends slide on every sliding layer whatever it says)
+        use_sliding_window="sliding_attention" in config.layer_types,
+        sliding_window=config.sliding_window,
+    )
+
+
+def _smollm3_unread(config) -> dict:
+    unread = {"no_rope_layer_interval": "only fills no_rope_layers when that is not given; the model reads that"}
+    if "sliding_attention" not in config.layer_types:
+        unread["use_sliding_window"] = "read only on sliding_attention layers, and layer_types has none"
+    return unread
+
+
+# Llama with NoPE layers: no_rope_layers[i] == 0 is hf_tfm's nope_layers; its optional sliding window is layer_types
+# and sliding_window as transformers has them (by default the NoPE layers slide when use_sliding_window is set)
+SMOLLM3 = llama_family(
+    "smollm3",
+    "SmolLM3ForCausalLM",
+    llama_family_names("intermediate_size", "attention_bias", "mlp_bias", without=("head_dim",)),
+    LLAMA_ARCHITECTURE,
+    implicit_head_dim_field=True,
+    to_tfm=lambda config: (
+        one_attention_bias(config)
+        | dict(
+            rope_parameters=_smollm3_rope(config),
+            nope_layers=[i for i in range(config.num_hidden_layers) if not config.no_rope_layers[i]] or None,
+            layer_types=list(config.layer_types),
+            sliding_window=config.sliding_window,
+        )
+    ),
+    from_tfm=_smollm3_from_tfm,
+    unread_of=_smollm3_unread,
+    # entries of no_rope_layers past the last layer are never read
+    their_form=lambda config: (
+        _with(config, no_rope_layers=config.no_rope_layers[: config.num_hidden_layers])
+        if len(config.no_rope_layers) > config.num_hidden_layers
+        else config
+    ),
+    # the same NoPE layers in the one form that comes back: sorted, [] as None
+    our_form=lambda config: (
+        _with(config, nope_layers=sorted(set(config.nope_layers)) or None)
+        if config.nope_layers is not None
+        else config
+    ),
+    preset=PRESET_DECODER,  # NoPE every 4th layer, as SmolLM3-3B
+    summary="NoPE layers",
+)
+
+DECODERS = (GPT2, LLAMA, MISTRAL, MIXTRAL, QWEN2, QWEN3, QWEN3_MOE, OLMO2, PHI3, GPT_NEOX, GEMMA2, SMOLLM3)
