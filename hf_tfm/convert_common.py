@@ -50,6 +50,17 @@ def head_dim_kwargs(config: TfmConfig) -> dict:
     return {} if config.head_dim == derived else {"head_dim": config.head_dim}
 
 
+def require_full_rotary(rope_by_kind: dict, config, family: str) -> None:
+    """A family whose default RoPE ignores `partial_rotary_factor` (ModernBERT, Gemma 3: per layer type) rotates
+    every feature of a head, where hf_tfm would rotate fewer: refused by name."""
+    factors = [kind.get("partial_rotary_factor", 1.0) for kind in rope_by_kind.values()]
+    if any(factor != 1.0 for factor in factors):
+        raise ValueError(
+            f"Cannot convert {type(config).__name__} exactly: rope_parameters has partial_rotary_factor "
+            f"{factors}, but {family} rotates every feature of a head"
+        )
+
+
 def require_compatible(config, target: str, expected: dict[str, object], unsupported: dict[str, bool] | None = None):
     """Raise one ValueError naming every field of `config` whose value differs from `expected` or is flagged True in
     `unsupported`: a precondition on an hf_tfm model (upcycling). Converters check with `converted_config`."""

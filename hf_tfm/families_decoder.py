@@ -5,7 +5,7 @@ Qwen3, Qwen3-MoE, OLMo2, Phi-3, Gemma 2, SmolLM3). What each one is beyond Llama
 
 import copy
 
-from .convert_common import LLAMA_FAMILY_STACK, field_names, head_dim_kwargs, implicit_head_dim
+from .convert_common import LLAMA_FAMILY_STACK, field_names, head_dim_kwargs, implicit_head_dim, require_full_rotary
 from .family_record import PRESET_DECODER, PRESET_SIZE, PRESET_UNSET_TOKENS, Family, Weights
 
 # ------------------------------------------------------------------------------------------------------------ GPT-2
@@ -243,7 +243,7 @@ def llama_family(name: str, reference: str, fields: dict, fixed: dict, *, implic
         name=name,
         paradigm="tfm_decoder",
         classes={reference: "TfmDecoderForCausalLM"},
-        config_class=reference.replace("ForCausalLM", "Config"),
+        config_class=record.pop("config_class", reference.replace("ForCausalLM", "Config")),
         fields=fields,
         fixed=fixed,
         weights=weights,
@@ -377,6 +377,70 @@ QWEN3_MOE = llama_family(
     summary="MoE",
 )
 
+
+def _qwen2_moe_window_to_tfm(config) -> dict:
+    # Qwen2MoeConfig writes sliding_window=0 when use_sliding_window is off; its layers then all attend fully
+    sliding = "sliding_attention" in config.layer_types
+    return dict(sliding_window=config.sliding_window if sliding else None, layer_types=list(config.layer_types))
+
+
+def _qwen2_moe_from_tfm(config) -> dict:
+    if config.shared_expert_intermediate_size == 0:  # Qwen2MoeSparseMoeBlock always builds one, and its gate
+        raise ValueError(
+            f"Cannot convert {type(config).__name__} to Qwen2MoeConfig exactly: shared_expert_intermediate_size=0, "
+            "and every Qwen2-MoE layer has a gated shared expert"
+        )
+    return qwen_window_from_tfm(config) | dict(
+        qkv_bias=config.attention_bias, mlp_only_layers=list(config.mlp_only_layers)
+    )
+
+
+# Qwen2's attention (biases on q, k, v: qkv_bias) with a softmax top-k router renormalised only with norm_topk_prob,
+# plus a shared expert on every MoE layer whose output a sigmoid gate scales; MoE layers picked by
+# decoder_sparse_step and mlp_only_layers (a dense GLU of intermediate_size elsewhere); Qwen2's window fields
+QWEN2_MOE = llama_family(
+    "qwen2_moe",
+    "Qwen2MoeForCausalLM",
+    llama_family_names(
+        "intermediate_size",
+        "num_experts",
+        "num_experts_per_tok",
+        "moe_intermediate_size",
+        "shared_expert_intermediate_size",
+        "decoder_sparse_step",
+        "norm_topk_prob",
+        "router_aux_loss_coef",
+        "output_router_logits",
+        without=("head_dim",),
+    ),
+    dict(
+        **LLAMA_ARCHITECTURE,
+        **{field: value for field, value in ROUTER_DEFAULTS.items() if field != "shared_expert_intermediate_size"},
+        shared_expert_gate=True,
+        attention_out_bias=False,
+        mlp_bias=False,
+        router_jitter_noise=0.0,
+    ),
+    implicit_head_dim_field=True,
+    to_tfm=lambda config: (
+        _qwen2_moe_window_to_tfm(config)
+        | dict(attention_bias=config.qkv_bias, mlp_only_layers=list(config.mlp_only_layers))
+    ),
+    from_tfm=_qwen2_moe_from_tfm,
+    weights=Weights(renames=ROUTER_RENAMES),
+    unread=QWEN_UNREAD,
+    their_form=without_derived_head_dim,
+    summary="MoE, shared expert",
+    preset=dict(
+        PRESET_DECODER,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=176,
+        shared_expert_intermediate_size=352,
+    ),
+)
+
+
 # norms on the sublayer outputs, x + norm(f(x)) (no input norms), and an RMSNorm over the whole query and key
 # projections before the split into heads. In half precision OLMo2 rounds where hf_tfm (as Llama) does not: the
 # same numbers in float32, rounding differences in bfloat16.
@@ -405,19 +469,60 @@ OLMO2 = llama_family(
 )
 
 
-def _gemma2_unread(config) -> dict:
+GEMMA_FIELDS = llama_family_names(
+    "intermediate_size",
+    "attention_bias",
+    "sliding_window",
+    "final_logit_softcapping",
+    "attn_logit_softcapping",
+    without=("hidden_act",),
+    hidden_activation="hidden_act",
+)
+GEMMA_ARCHITECTURE = dict(
+    position_embedding_type="rope",
+    norm_type="rmsnorm",
+    rmsnorm_unit_offset=True,
+    norm_position="sandwich",
+    ffn_type="glu",
+    mlp_bias=False,
+    **{**LLAMA_FAMILY_STACK, "scale_embeddings": True},
+)
+GEMMA_WEIGHTS = Weights(
+    renames=(
+        (r"\.input_layernorm\.", ".attn_norm."),
+        (r"\.post_attention_layernorm\.", ".post_attn_norm."),
+        (r"\.pre_feedforward_layernorm\.", ".ffn_norm."),
+        (r"\.post_feedforward_layernorm\.", ".post_ffn_norm."),
+    )
+)
+
+
+def gemma_to_tfm(config) -> dict:
+    return one_attention_bias(config) | dict(
+        query_pre_attn_scalar=float(config.query_pre_attn_scalar), layer_types=list(config.layer_types)
+    )
+
+
+def gemma_from_tfm(config) -> dict:
+    # an int in Gemma's configs: a fractional value (or a scale set by attention_multiplier) comes back changed and
+    # is refused by name
+    scalar = config.query_pre_attn_scalar if config.query_pre_attn_scalar is not None else config.head_dim
+    return dict(query_pre_attn_scalar=int(scalar), layer_types=list(config.layer_types))
+
+
+def gemma_unread(config) -> dict:
     # use_bidirectional_attention None and False both mean causal attention, the only kind hf_tfm's decoder has
     return {} if config.use_bidirectional_attention else {"use_bidirectional_attention": "causal either way"}
 
 
-def _gemma2_our_form(config):
+def gemma_our_form(config):
     # hf_tfm's default scale head_dim ** -0.5 is Gemma 2's query_pre_attn_scalar = head_dim
     if config.query_pre_attn_scalar is None and config.attention_multiplier is None:
         return _with(config, query_pre_attn_scalar=float(config.head_dim))
     return config
 
 
-def _gemma2_eager(model, target) -> None:
+def gemma_eager(model, target) -> None:
     if target.config.attn_logit_softcapping is not None:
         target.set_attn_implementation("eager")  # transformers 5.17 defaults Gemma 2 to sdpa, which drops the cap
 
@@ -427,47 +532,14 @@ def _gemma2_eager(model, target) -> None:
 GEMMA2 = llama_family(
     "gemma2",
     "Gemma2ForCausalLM",
-    llama_family_names(
-        "intermediate_size",
-        "attention_bias",
-        "sliding_window",
-        "final_logit_softcapping",
-        "attn_logit_softcapping",
-        without=("hidden_act",),
-        hidden_activation="hidden_act",
-    ),
-    dict(
-        position_embedding_type="rope",
-        norm_type="rmsnorm",
-        rmsnorm_unit_offset=True,
-        norm_position="sandwich",
-        ffn_type="glu",
-        mlp_bias=False,
-        **{**LLAMA_FAMILY_STACK, "scale_embeddings": True},
-    ),
-    to_tfm=lambda config: (
-        one_attention_bias(config)
-        | dict(query_pre_attn_scalar=float(config.query_pre_attn_scalar), layer_types=list(config.layer_types))
-    ),
-    # an int in Gemma2Config: a fractional value (or a scale set by attention_multiplier) comes back changed and is
-    # refused by name
-    from_tfm=lambda config: dict(
-        query_pre_attn_scalar=int(
-            config.query_pre_attn_scalar if config.query_pre_attn_scalar is not None else config.head_dim
-        ),
-        layer_types=list(config.layer_types),
-    ),
-    weights=Weights(
-        renames=(
-            (r"\.input_layernorm\.", ".attn_norm."),
-            (r"\.post_attention_layernorm\.", ".post_attn_norm."),
-            (r"\.pre_feedforward_layernorm\.", ".ffn_norm."),
-            (r"\.post_feedforward_layernorm\.", ".post_ffn_norm."),
-        )
-    ),
-    unread_of=_gemma2_unread,
-    our_form=_gemma2_our_form,
-    prepare_reference=_gemma2_eager,
+    GEMMA_FIELDS,
+    GEMMA_ARCHITECTURE,
+    to_tfm=gemma_to_tfm,
+    from_tfm=gemma_from_tfm,
+    weights=GEMMA_WEIGHTS,
+    unread_of=gemma_unread,
+    our_form=gemma_our_form,
+    prepare_reference=gemma_eager,
     preset=dict(
         PRESET_DECODER,
         head_dim=32,
@@ -477,6 +549,49 @@ GEMMA2 = llama_family(
     ),
     pair={"note": " (eager)"},  # eager on both sides: sdpa cannot soft-cap attention scores
     summary="sandwich norms, soft-capping",
+)
+
+
+LAYER_KINDS = ("full_attention", "sliding_attention")
+
+
+def _gemma3_rope(config) -> dict:
+    """Gemma 3's RoPE per layer type (local theta 10k, global 1M in its checkpoints); an hf_tfm config with one dict
+    means it for both. Its default RoPE reads only rope_theta: a partial factor is refused."""
+    rope = llama_family_rope(config)
+    nested = {kind: dict(rope.get(kind, {})) for kind in LAYER_KINDS} if set(rope) & set(LAYER_KINDS) else None
+    rope = nested or {kind: dict(rope) for kind in LAYER_KINDS}
+    require_full_rotary(rope, config, "Gemma 3")
+    return rope
+
+
+# Gemma 2 plus a per-head RMSNorm (1 + weight) on queries and keys and RoPE with its own theta for local (sliding)
+# and global layers (five local layers to one global in its checkpoints). Its config keeps Gemma 2's
+# attn_logit_softcapping, but its attention never reads it (transformers 5.x): unread, and None on hf_tfm's side.
+GEMMA3 = llama_family(
+    "gemma3_text",
+    "Gemma3ForCausalLM",
+    {theirs: ours for theirs, ours in GEMMA_FIELDS.items() if theirs != "attn_logit_softcapping"},
+    dict(GEMMA_ARCHITECTURE, qk_norm="per_head", attn_logit_softcapping=None),
+    config_class="Gemma3TextConfig",
+    to_tfm=lambda config: gemma_to_tfm(config) | {"rope_parameters": _gemma3_rope(config)},
+    from_tfm=lambda config: gemma_from_tfm(config) | {"rope_parameters": _gemma3_rope(config)},
+    weights=GEMMA_WEIGHTS,
+    unread={
+        "attn_logit_softcapping": "Gemma 3's attention never reads it (only Gemma 2's caps scores)",
+        "sliding_window_pattern": "only fills layer_types when a config has none (the converted layer_types carry it)",
+    },
+    unread_of=gemma_unread,
+    # one RoPE dict for every layer is the same as one per layer type, the form that comes back
+    our_form=lambda config: _with(gemma_our_form(config), rope_parameters=_gemma3_rope(config)),
+    preset=dict(
+        PRESET_DECODER,
+        head_dim=32,
+        query_pre_attn_scalar=32,
+        sliding_window=128,
+        layer_types=["sliding_attention"] * 3 + ["full_attention"],
+    ),
+    summary="QK-norm, local/global RoPE",
 )
 
 
@@ -605,4 +720,19 @@ SMOLLM3 = llama_family(
     summary="NoPE layers",
 )
 
-DECODERS = (GPT2, LLAMA, MISTRAL, MIXTRAL, QWEN2, QWEN3, QWEN3_MOE, OLMO2, PHI3, GPT_NEOX, GEMMA2, SMOLLM3)
+DECODERS = (
+    GPT2,
+    LLAMA,
+    MISTRAL,
+    MIXTRAL,
+    QWEN2,
+    QWEN3,
+    QWEN3_MOE,
+    QWEN2_MOE,
+    OLMO2,
+    PHI3,
+    GPT_NEOX,
+    GEMMA2,
+    GEMMA3,
+    SMOLLM3,
+)

@@ -5,7 +5,7 @@ rows' gradients in training.
 
 import copy
 
-from .convert_common import field_names
+from .convert_common import field_names, require_full_rotary
 from .family_record import PRESET_ENCODER_TOKENS, PRESET_SIZE, Family, Weights
 
 # ------------------------------------------------------------------------------------------------------------- BERT
@@ -187,19 +187,8 @@ ROBERTA = Family(
 # classifier_activation. A missing dense bias converts as zeros (same logits) and zeros go back as
 # classifier_bias=False; another classifier_activation than hidden_activation is refused. Dropout sits elsewhere
 # (attention output, GLU product): only zero survives, other values are refused by name.
-def _require_full_rotary(rope: dict, config) -> None:
-    """ModernBERT's default RoPE ignores `partial_rotary_factor` (and its other types fail on it): hf_tfm would
-    rotate fewer features."""
-    factors = [kind.get("partial_rotary_factor", 1.0) for kind in rope.values()]
-    if any(factor != 1.0 for factor in factors):
-        raise ValueError(
-            f"Cannot convert {type(config).__name__} exactly: rope_parameters has partial_rotary_factor "
-            f"{factors}, but ModernBERT rotates every feature of a head"
-        )
-
-
 def _modernbert_to_tfm(config) -> dict:
-    _require_full_rotary(config.rope_parameters, config)
+    require_full_rotary(config.rope_parameters, config, "ModernBERT")
     kinds = list(config.rope_parameters.values())  # one flat dict when the layer types agree (what hf_tfm's means)
     rope = kinds[0] if all(kind == kinds[0] for kind in kinds) else config.rope_parameters
     # attention_dropout and mlp_dropout have no counterpart: they come back as 0, so only 0 converts
@@ -217,7 +206,7 @@ def _modernbert_from_tfm(config) -> dict:
     rope = copy.deepcopy(config.rope_parameters or {})
     if not config.nested_rope():  # one dict for every layer type
         rope = {kind: dict(rope) for kind in ("full_attention", "sliding_attention")}
-    _require_full_rotary(rope, config)
+    require_full_rotary(rope, config, "ModernBERT")
     window = {} if config.sliding_window is None else {"local_attention": 2 * config.sliding_window}
     return dict(
         **window,

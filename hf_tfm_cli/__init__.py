@@ -18,8 +18,8 @@ __all__ = ["FAMILY_NAMES", "TASKS", "RunSpec", "build_parser", "main", "spec_fro
 # its --to value: the registry's names (hf_tfm.families.FAMILIES, which tests/test_cli.py holds this to), kept here
 # because the parser must answer without importing torch
 FAMILY_NAMES = (
-    "gpt2", "llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "olmo2", "phi3", "gpt_neox", "gemma2",
-    "smollm3", "bert", "roberta", "modernbert", "t5", "bart",
+    "gpt2", "llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "olmo2", "phi3", "gpt_neox",
+    "gemma2", "gemma3_text", "smollm3", "bert", "roberta", "modernbert", "t5", "bart",
 )  # fmt: skip
 
 EXAMPLES = {

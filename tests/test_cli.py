@@ -44,6 +44,7 @@ TINY_SIZES = {
     **dict.fromkeys(("head_dim", "d_kv"), 8),
     **dict.fromkeys(("intermediate_size", "d_ff", "encoder_ffn_dim", "decoder_ffn_dim"), 64),
     "moe_intermediate_size": 16,
+    "shared_expert_intermediate_size": 24,
     **dict.fromkeys(("num_experts", "num_local_experts"), 4),
     **dict.fromkeys(("max_position_embeddings", "n_positions"), 64),
     "vocab_size": VOCAB,
