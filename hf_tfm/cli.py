@@ -1,12 +1,11 @@
 """What each `hf-tfm` command does, once `hf_tfm_cli` (torch-free: the parser, `--help`, argument errors) has parsed
-its command line. `python -m hf_tfm.cli ...` (e.g. under `accelerate launch -m hf_tfm.cli train ...`) is `hf-tfm`."""
+its command line and handed the parsed arguments to `run_command`. This module does not import `hf_tfm_cli`: the
+command line is `hf-tfm ...` or `python -m hf_tfm_cli ...` (e.g. `accelerate launch -m hf_tfm_cli train ...`)."""
 
 import json
 from pathlib import Path
 
-from hf_tfm_cli import main
-
-__all__ = ["main", "run_command"]
+__all__ = ["run_command"]
 
 
 def _saved_config(source: str) -> dict:
@@ -164,7 +163,3 @@ def run_command(args) -> None:
                 "pip install 'hf-tfm[train]'"
             ) from error
         raise
-
-
-if __name__ == "__main__":
-    main()

@@ -3,14 +3,13 @@
 fields, and the layouts those plans would shard wrongly, refused by field before anything is sharded.
 """
 
-from typing import TYPE_CHECKING
-
+from transformers.configuration_utils import PreTrainedConfig
 from transformers.distributed import DistributedConfig
 
 from .compat import TOKEN_DISPATCH
 
-if TYPE_CHECKING:
-    from .configuration_tfm import TfmConfig
+# Every `config` here is an hf_tfm config (configuration_tfm.TfmConfig, whose plan properties call these functions):
+# annotated as its transformers base class, so that the two modules do not import each other.
 
 # transformers shards a model by module name: the config's `base_model_tp_plan` / `base_model_ep_plan` map the base
 # model's modules to its parallel styles, each head class adds its own (`_tp_plan`), and
@@ -18,14 +17,14 @@ if TYPE_CHECKING:
 # them. Only transformers' styles are used; what a block may shard depends on the options the config picks.
 
 
-def gathered_attention(config: "TfmConfig", cross_attention: bool) -> bool:
+def gathered_attention(config: PreTrainedConfig, cross_attention: bool) -> bool:
     """Whether an attention must see every head on every rank: a QK-norm over the whole projection (OLMo2) needs all
     of it, and an additive position bias (ALiBi, T5's relative bias) is computed for all heads of a self-attention."""
     position_bias = config.position_embedding_type in ("alibi", "relative_bias") and not cross_attention
     return config.qk_norm == "projection" or position_bias
 
 
-def attention_tp_plan(config: "TfmConfig", prefix: str, cross_attention: bool) -> dict[str, str]:
+def attention_tp_plan(config: PreTrainedConfig, prefix: str, cross_attention: bool) -> dict[str, str]:
     """One attention's rules. Sharded (Llama's plan): each rank projects whole query and key/value heads (`colwise`),
     attends over them, and adds its part of the output projection (`rowwise`). Gathered (OLMo2's plan): the
     projections' weights are sharded but their outputs gathered, every rank runs all heads, and the output projection
@@ -47,7 +46,7 @@ def feed_forward_tp_plan(prefix: str, gated: bool) -> dict[str, str]:
     return {f"{prefix}.{name}": style for name, style in styles.items()}
 
 
-def stack_tp_plan(config: "TfmConfig", depth: int, cross_attention: bool) -> dict[str, str]:
+def stack_tp_plan(config: PreTrainedConfig, depth: int, cross_attention: bool) -> dict[str, str]:
     """The rules of one stack's blocks, named from the stack. Norms, routers and position tables stay replicated;
     the routed experts shard their inner width (Mixtral's plan), the shared expert as a gated MLP."""
     plan = attention_tp_plan(config, "layers.*.self_attn", cross_attention=False)
@@ -67,7 +66,7 @@ def stack_tp_plan(config: "TfmConfig", depth: int, cross_attention: bool) -> dic
     return plan
 
 
-def tensor_parallel_plan(config: "TfmConfig") -> dict[str, str]:
+def tensor_parallel_plan(config: PreTrainedConfig) -> dict[str, str]:
     """The base model's tensor-parallel plan: the token table split over the vocabulary (as the tied LM heads are),
     then each stack's blocks."""
     plan = {"shared" if config.is_encoder_decoder else "embed_tokens": "embedding_rowwise"}
@@ -76,7 +75,7 @@ def tensor_parallel_plan(config: "TfmConfig") -> dict[str, str]:
     return plan
 
 
-def expert_parallel_plan(config: "TfmConfig") -> dict[str, str] | None:
+def expert_parallel_plan(config: PreTrainedConfig) -> dict[str, str] | None:
     """The base model's expert-parallel plan: whole experts per rank (Mixtral's plan), None without MoE layers."""
     if not config.has_moe_layers():
         return None
@@ -101,7 +100,7 @@ ROUTER_MASKING_EXPERT_PARALLEL_PLAN = {
 }
 
 
-def pipeline_refusal(config: "TfmConfig") -> tuple[str, str] | None:
+def pipeline_refusal(config: PreTrainedConfig) -> tuple[str, str] | None:
     """(field, why) where transformers' pipeline parallelism would compute this model wrongly, else None. It splits
     the `layers` of a causal LM's body, and each stage after the first takes the hidden states of the one before as
     `inputs_embeds`: anything the embedding step adds besides the token lookup would be added once more."""
@@ -120,7 +119,7 @@ def pipeline_refusal(config: "TfmConfig") -> tuple[str, str] | None:
     return None
 
 
-def pipeline_parallel_plan(config: "TfmConfig") -> dict | None:
+def pipeline_parallel_plan(config: PreTrainedConfig) -> dict | None:
     """transformers' pipeline plan (Llama's), where its pipeline computes this model exactly."""
     if pipeline_refusal(config):
         return None
@@ -158,7 +157,7 @@ class ConfigPlan:
             config.__dict__.pop(self.name, None)
 
 
-def check_parallel_layout(config: "TfmConfig", distributed_config: DistributedConfig) -> None:
+def check_parallel_layout(config: PreTrainedConfig, distributed_config: DistributedConfig) -> None:
     """Refuse, naming the field, a layout (`DistributedConfig`'s sizes, known only when a model is distributed)
     that the plans would shard wrongly: a rank must hold whole heads and equal slices of each width."""
     tp, pp = distributed_config.tp_size or 1, distributed_config.pp_size or 1

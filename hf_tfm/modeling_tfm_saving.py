@@ -256,13 +256,14 @@ def carry_over(old: Path, new: Path) -> None:
             _link_or_copy(entry.path, new / entry.name)
 
 
+# hf_tfm's card code (hf_tfm.hub.card) registers itself here when hf_tfm is imported; where these modules run as
+# remote code without hf_tfm, none is registered and transformers' own card is kept. Registered, not imported: the
+# card code reads the models, so importing it here would make the models and the card import each other.
+CARD_CODE = None
+
+
 def _card_code():
-    """hf_tfm's card code, or None where these modules run as remote code without hf_tfm installed."""
-    try:
-        from hf_tfm.hub import card
-    except ImportError:
-        return None
-    return card
+    return CARD_CODE
 
 
 def _write_card(model, folder: Path, name: str | None, tags=None) -> None:

@@ -1,8 +1,9 @@
 """`hf-tfm` command line: the main job (`demo`), training and evaluation, generation, conversion, upcycling,
 model cards and pushes to the Hub. Every subcommand's `--help` ends with examples.
 
-This package never imports torch, transformers or datasets: `--help` and argument errors answer at once, and only
-a command that runs imports `hf_tfm` (whose command handlers live in `hf_tfm.cli`).
+This package never imports torch, transformers or datasets, nor hf_tfm: `--help` and argument errors answer at once.
+`hf_tfm_cli.entry.main` (the `hf-tfm` command) parses, then hands a command that runs to `hf_tfm.cli`; the parser
+and `RunSpec` here are what hf_tfm's training code shares with the command line, without importing it back.
 """
 
 import argparse
@@ -11,7 +12,7 @@ from dataclasses import MISSING, fields
 
 from .spec import TASKS, RunSpec, describe, number, positive_float, positive_int, value_kind
 
-__all__ = ["FAMILY_NAMES", "TASKS", "RunSpec", "build_parser", "main", "spec_from_args"]
+__all__ = ["FAMILY_NAMES", "TASKS", "RunSpec", "build_parser", "spec_from_args"]
 
 
 # every family `hf-tfm convert` covers, as its transformers model_type (a source folder's config.json says it) and
@@ -34,7 +35,7 @@ EXAMPLES = {
   hf-tfm train --task seq2seq --model t5-1.9m --data pairs.jsonl --column source=question --column target=answer
   hf-tfm train --task causal-lm --model configs/llama-1.3m/config.json --set num_experts=8 --bf16
   hf-tfm train --task causal-lm --output-dir runs/train --resume          # continue a killed run
-  accelerate launch --config_file configs/accelerate/multi_gpu_ddp.yaml -m hf_tfm.cli train --task causal-lm""",
+  accelerate launch --config_file configs/accelerate/multi_gpu_ddp.yaml -m hf_tfm_cli train --task causal-lm""",
     "evaluate": """examples:
   hf-tfm evaluate runs/train/model                   # the validation split its training run used
   hf-tfm evaluate runs/cls/model --data test.csv --column text=sentence""",
@@ -182,15 +183,3 @@ def build_parser() -> argparse.ArgumentParser:
     push.add_argument("--revision", help="a branch; created if missing")
     push.add_argument("--commit-message")
     return parser
-
-
-def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
-    if args.command == "train":
-        try:  # RunSpec's own checks (the parser's types already enforce each bound)
-            args.spec = spec_from_args(args)
-        except ValueError as error:
-            raise SystemExit(f"error: {error}") from error
-    from hf_tfm.cli import run_command  # torch, transformers and datasets load here, once a command runs
-
-    run_command(args)

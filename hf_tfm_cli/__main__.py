@@ -1,5 +1,5 @@
 """`python -m hf_tfm_cli ...`, the same as `hf-tfm ...`."""
 
-from . import main
+from .entry import main
 
 main()

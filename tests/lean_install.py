@@ -71,7 +71,7 @@ assert not loaded_extras, f"the model path imported {loaded_extras}"
 print(f"core-only: transformers {transformers.__version__}, torch {torch.__version__}, hf_tfm at {hf_tfm.__file__}")
 
 # the training commands need the `[train]` extra: a core-only install gets one line saying so, not a traceback
-from hf_tfm_cli import main  # noqa: E402
+from hf_tfm_cli.entry import main  # noqa: E402
 
 with tempfile.TemporaryDirectory() as folder:
     hf_tfm.preset_config("llama-1.3m", **TINY).save_pretrained(folder)

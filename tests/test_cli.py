@@ -22,13 +22,12 @@ from transformers import (
 )
 
 from hf_tfm import TfmDecoderForCausalLM, preset_config, preset_names
-from hf_tfm.cli import main
 from hf_tfm.convert import config_from_tfm
 from hf_tfm.families import FAMILIES, PARADIGMS, families_table
 from hf_tfm.training.checkpoints import load_saved
 from hf_tfm.training.corpus import stdlib_docstrings
 from hf_tfm_cli import EXAMPLES, FAMILY_NAMES, TASKS, RunSpec, build_parser, spec_from_args
-from hf_tfm_cli import main as cli_main
+from hf_tfm_cli.entry import main
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -219,10 +218,9 @@ def test_entry_point_answers_without_importing_torch(argv):
     assert ("exit 0" if "--help" in argv else "exit 2") in done.stdout
 
 
-@pytest.mark.parametrize("module", ["hf_tfm_cli", "hf_tfm.cli"])  # hf_tfm.cli: `accelerate launch -m hf_tfm.cli ...`
-def test_python_m_runs_the_cli(module):
+def test_python_m_runs_the_cli():  # `accelerate launch -m hf_tfm_cli ...`
     done = subprocess.run(
-        [sys.executable, "-m", module, "train", "--help"], capture_output=True, text=True, cwd=REPO, timeout=300
+        [sys.executable, "-m", "hf_tfm_cli", "train", "--help"], capture_output=True, text=True, cwd=REPO, timeout=300
     )
     assert done.returncode == 0 and "examples:\n  hf-tfm train" in done.stdout, done.stderr[-2000:]
 
@@ -250,7 +248,7 @@ def test_python_m_runs_the_cli(module):
 def test_numbers_out_of_range_are_one_line_errors(capsys, argv, message):
     """Each bound is checked by the argument's own type, before anything is imported or run."""
     with pytest.raises(SystemExit) as exit_:
-        cli_main(argv)
+        main(argv)
     assert exit_.value.code == 2
     assert re.search(message, capsys.readouterr().err.strip().splitlines()[-1])
 
@@ -294,14 +292,14 @@ def test_cli_tasks_are_the_training_tasks():
 
 
 def _example_lines(epilog: str) -> list[list[str]]:
-    """Each example command of an epilog as argv for the hf-tfm parser (`accelerate launch ... -m hf_tfm.cli` too)."""
+    """Each example command of an epilog as argv for the hf-tfm parser (`accelerate launch ... -m hf_tfm_cli` too)."""
     commands = []
     for line in epilog.splitlines()[1:]:
         words = shlex.split(line, comments=True)
         if words[:1] == ["hf-tfm"]:
             commands.append(words[1:])
-        elif "hf_tfm.cli" in words:
-            commands.append(words[words.index("hf_tfm.cli") + 1 :])
+        elif "hf_tfm_cli" in words:
+            commands.append(words[words.index("hf_tfm_cli") + 1 :])
     return commands
 
 

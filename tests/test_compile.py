@@ -24,9 +24,9 @@ from hf_tfm import (
     TfmEncoderDecoderForConditionalGeneration,
     TfmEncoderForMaskedLM,
 )
-from hf_tfm.cli import main
 from hf_tfm.training import run
 from hf_tfm_cli import build_parser, spec_from_args
+from hf_tfm_cli.entry import main
 
 SEQ2SEQ = {"config_class": TfmEncoderDecoderConfig, "decoder_start_token_id": 0}
 # paradigm -> (model class, config fields): one layer each, the options whose code paths differ under compile

@@ -445,7 +445,7 @@ def test_validate_yaml_rejects_a_broken_card(hub_server):
 def test_cli_card_and_push(hub_server, moe_folder, monkeypatch, capsys):
     """`hf-tfm card` rewrites the folder's card; `hf-tfm push` publishes it with --private, --revision and
     --commit-message; a failing push exits with the client's error and the folder named, not a traceback."""
-    from hf_tfm.cli import main
+    from hf_tfm_cli.entry import main
 
     folder, _ = moe_folder
     (folder / "README.md").unlink(missing_ok=True)

@@ -22,11 +22,11 @@ from hf_tfm import (
     TfmEncoderDecoderForConditionalGeneration,
     TfmEncoderForMaskedLM,
 )
-from hf_tfm.cli import main
 from hf_tfm.compat import CACHE_NAME
 from hf_tfm.training import run as run_module
 from hf_tfm.training.data import best_fit_decreasing, document_examples, pack_examples, packing_collator
 from hf_tfm.training.tokenizers import train_byte_level_bpe, train_wordpiece
+from hf_tfm_cli.entry import main
 
 # one packed row of 16 tokens: torch 2.13's CPU flex_attention kernel is unreliable at some tiny lengths (8, 24)
 LENGTHS = (3, 5, 8)

@@ -13,7 +13,6 @@ from huggingface_hub import ModelCard
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from hf_tfm import TfmDecoderForCausalLM
-from hf_tfm.cli import main
 from hf_tfm.training.callbacks import logged, read_log
 from hf_tfm.training.checkpoints import (
     MANIFEST,
@@ -26,6 +25,7 @@ from hf_tfm.training.main_job import run_main_job
 from hf_tfm.training.run import RunSpec, train
 from hf_tfm.training.tokenizers import train_byte_level_bpe
 from hf_tfm_cli import TASKS
+from hf_tfm_cli.entry import main
 
 TINY = {
     "hidden_size": 32,

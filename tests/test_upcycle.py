@@ -65,7 +65,7 @@ def test_upcycle_command(tmp_path):
     """`hf-tfm upcycle` writes an MoE folder that loads with AutoModelForCausalLM and matches the dense logits."""
     from transformers import AutoModelForCausalLM
 
-    from hf_tfm.cli import main
+    from hf_tfm_cli.entry import main
 
     dense = perturb(tiny_model(**GLU))
     dense.save_pretrained(tmp_path / "dense")
