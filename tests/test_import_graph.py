@@ -1,0 +1,90 @@
+"""hf_tfm's modules import each other in one direction only: no import cycle, counting every import statement
+(function-level ones too; a package's own `__init__` importing its modules is not a cycle). A cycle is how a refactor
+quietly couples two layers (the model code and the card code, the CLI and its command handlers did once)."""
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("hf_tfm", "hf_tfm_cli")
+
+
+def module_files() -> dict[str, Path]:
+    modules = {}
+    for package in PACKAGES:
+        for path in (REPO / package).rglob("*.py"):
+            if "metrics" in path.parts:  # evaluate's metric scripts, loaded by path
+                continue
+            name = ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+            modules[name] = path
+    return modules
+
+
+def imported(module: str, path: Path, node: ast.Import | ast.ImportFrom, modules: dict) -> set[str]:
+    """The modules of `modules` an import statement runs: each target, and for `from x import y` the submodule y."""
+    if isinstance(node, ast.Import):
+        targets = [alias.name for alias in node.names]
+    else:
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        if node.level:
+            package = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1])
+            base = ".".join(part for part in (package, node.module) if part)
+        else:
+            base = node.module
+        targets = [base, *(f"{base}.{alias.name}" for alias in node.names)]
+    found = set()
+    for target in targets:
+        while target not in modules and "." in target:
+            target = target.rpartition(".")[0]
+        if target in modules and target != module and not module.startswith(target + "."):
+            found.add(target)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = module_files()
+    graph = {name: set() for name in modules}
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                graph[name] |= imported(name, path, node, modules)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan's algorithm)."""
+    index, low, stack, found = {}, {}, [], []
+
+    def visit(node):
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in graph[node]:
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while not component or component[-1] != node:
+                component.append(stack.pop())
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_cycles():
+    graph = import_graph()
+    assert len(graph) > 30 and graph["hf_tfm.convert"] >= {"hf_tfm.families", "hf_tfm.modeling_tfm"}
+    assert cycles(graph) == []
+
+
+def test_a_cycle_is_found():
+    """Negative control: the package init and a module importing each other are one cycle."""
+    graph = import_graph()
+    graph["hf_tfm.modeling_tfm_saving"].add("hf_tfm.hub.card")  # what the saving code once did
+    assert any({"hf_tfm.modeling_tfm_saving", "hf_tfm.hub.card"} <= set(cycle) for cycle in cycles(graph))
