@@ -161,6 +161,20 @@ def load_trainer_checkpoint(trainer, checkpoint: str) -> None:
     trainer._load_from_checkpoint(checkpoint)
 
 
+# ------------------------------------------------------------------------------------- GPT-OSS's clamped SwiGLU
+
+# GPT-OSS's experts clamp and scale their SwiGLU by `swiglu_limit` and `swiglu_alpha`. Newer GptOssConfig declares
+# both; older releases (5.17 among them) have no such fields and fix them in the experts at these values.
+GPT_OSS_FIXED_SWIGLU = {"swiglu_alpha": 1.702, "swiglu_limit": 7.0}
+
+
+@functools.cache
+def gpt_oss_declares_swiglu() -> bool:
+    import transformers
+
+    return "swiglu_limit" in transformers.GptOssConfig.__dataclass_fields__
+
+
 # ---------------------------------------------------------------------------------------------------- the table
 
 
@@ -250,6 +264,14 @@ def _probe_token_dispatch() -> str | None:
 
 
 TABLE = [
+    Row(
+        "GptOssConfig swiglu fields",
+        "gpt_oss_declares_swiglu: GPT-OSS's SwiGLU clamp and slope, config fields or fixed (GPT_OSS_FIXED_SWIGLU); "
+        "the GPT-OSS record converts other values only where the config declares them (families_decoder)",
+        "5.17 and other releases before the fields: fixed at 1.702 and 7.0",
+        "the fields alone once the lower bound declares them",
+        lambda: None if isinstance(gpt_oss_declares_swiglu(), bool) else "no answer",
+    ),
     Row(
         "cache argument",
         "the cache's keyword and output field (`cache` from 5.24, `past_key_values` before): CACHE_NAME, "

@@ -129,6 +129,8 @@ class TfmConfig(PreTrainedConfig):
         attn_logit_softcapping (`float`, *optional*): attention scores become `cap * tanh(scores / cap)` (Gemma 2;
             eager and flex attention only).
         final_logit_softcapping (`float`, *optional*): the same capping on the LM-head logits (Gemma 2).
+        attention_sinks (`bool`): a learned sink logit per head joins each query's softmax and takes its share of
+            the attention without a value (GPT-OSS); eager, flex and flash attention only.
         query_pre_attn_scalar (`float`, *optional*): attention scale `query_pre_attn_scalar ** -0.5` (Gemma 2);
             exclusive with `attention_multiplier`.
         norm_type (`str`): `"layernorm"` or `"rmsnorm"`.
@@ -188,6 +190,12 @@ class TfmConfig(PreTrainedConfig):
         capacity_factor (`float`, *optional*): None is dropless; otherwise each expert takes at most
             `ceil(capacity_factor * tokens * top_k / num_experts)` tokens per forward and drops the rest.
         output_router_logits (`bool`): return per-layer router logits (and the aux loss) even without labels.
+        router_bias (`bool`): a learned bias on the router's logits (GPT-OSS).
+        expert_bias (`bool`): biases on the experts' projections (GPT-OSS).
+        swiglu_limit (`float`, *optional*): GPT-OSS's clamped SwiGLU in the experts: gate clamped to at most the
+            limit and up to [-limit, limit], then `(up + 1) * gate * sigmoid(swiglu_alpha * gate)` in place of
+            `act(gate) * up`; None keeps the plain GLU with `hidden_act`.
+        swiglu_alpha (`float`): the clamped SwiGLU's sigmoid slope (1.702 in GPT-OSS).
     """
 
     model_type = "tfm"
@@ -219,6 +227,7 @@ class TfmConfig(PreTrainedConfig):
     qk_norm: str = "none"
     attn_logit_softcapping: float | None = None
     final_logit_softcapping: float | None = None
+    attention_sinks: bool = False
     query_pre_attn_scalar: int | float | None = None
     norm_type: str = "layernorm"
     rmsnorm_unit_offset: bool = False
@@ -258,6 +267,10 @@ class TfmConfig(PreTrainedConfig):
     router_bias_update_rate: float = 0.0
     capacity_factor: float | None = None
     output_router_logits: bool = False
+    router_bias: bool = False
+    expert_bias: bool = False
+    swiglu_limit: float | None = None
+    swiglu_alpha: float = 1.702
     use_cache: bool = True
     is_decoder: bool = False
     pad_token_id: int | None = None
@@ -409,6 +422,9 @@ class TfmConfig(PreTrainedConfig):
             "shared_expert_intermediate_size",
             f"must be >= 0 (0 = no shared expert), got {self.shared_expert_intermediate_size}",
         )
+        for field in ("swiglu_limit", "swiglu_alpha"):
+            value = getattr(self, field)
+            _require(value is None or value > 0, field, f"must be > 0, got {value}")
 
     def _check_layers(self) -> None:
         depth = self.num_hidden_layers
@@ -510,6 +526,8 @@ class TfmConfig(PreTrainedConfig):
         # vLLM's Transformers backend: its own paged attention, and its fused MoE in place of the experts
         if self.is_encoder_decoder:
             return "model_type='tfm_encoder_decoder': vLLM serves decoder-only and encoder-only models; use generate()"
+        if self.attention_sinks:
+            return "attention_sinks=True cannot be served by vLLM's Transformers backend: its attention has no sinks"
         if not self.has_moe_layers():
             return None
         moe_refusals = (
@@ -518,6 +536,9 @@ class TfmConfig(PreTrainedConfig):
             ("capacity_factor", self.capacity_factor is not None, "vLLM's experts are dropless; use None"),
             ("router_bias_update_rate", self.router_bias_update_rate > 0, "vLLM's router adds no expert bias"),
             ("shared_expert_intermediate_size", self.shared_expert_intermediate_size > 0, "not mapped to vLLM"),
+            ("router_bias", self.router_bias, "vLLM's router has no bias"),
+            ("expert_bias", self.expert_bias, "vLLM's fused experts have no biases"),
+            ("swiglu_limit", self.swiglu_limit is not None, "vLLM's fused experts compute the plain SwiGLU"),
         )
         for field, refused, instead in moe_refusals:
             if refused:

@@ -178,6 +178,14 @@ def check_parallel_layout(config: PreTrainedConfig, distributed_config: Distribu
             divisible["shared_expert_intermediate_size"] = tp
     if ep > 1:
         divisible["num_experts"] = ep
+    # GPT-OSS's parameters no plan here shards yet: a sink per head, the router's bias, the experts' biases
+    unsharded = {"attention_sinks": tp > 1, "router_bias": tp > 1 or ep > 1, "expert_bias": tp > 1 or ep > 1}
+    for field, sharded in unsharded.items():
+        if sharded and getattr(config, field):
+            raise ValueError(
+                f"Invalid `{field}`: True has no tensor or expert parallel plan yet (tp_size={tp}, ep_size={ep}); "
+                "run it unsharded or with data parallelism (FSDP)"
+            )
     for field, size in divisible.items():
         if getattr(config, field) % size:
             raise ValueError(

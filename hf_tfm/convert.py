@@ -123,6 +123,25 @@ def _joined(weights: Weights, tensors: list[torch.Tensor], heads: int) -> torch.
     return torch.stack(per_head, dim=1).reshape(-1, *tensors[0].shape[1:])
 
 
+def _alternation(weights: Weights, key: str) -> int | None:
+    """The axis along which the reference tensor `key`'s gate and up rows alternate, if they do."""
+    return next((axis for pattern, axis in weights.alternating if re.search(pattern, key)), None)
+
+
+def _stacked(tensor: torch.Tensor, axis: int) -> torch.Tensor:
+    """Alternating gate and up rows (g0, u0, g1, u1...) along `axis` -> all gate rows, then all up rows."""
+    axis %= tensor.dim()
+    rows = tensor.unflatten(axis, (-1, 2))
+    return torch.cat([rows.select(axis + 1, 0), rows.select(axis + 1, 1)], dim=axis)
+
+
+def _alternated(tensor: torch.Tensor, axis: int) -> torch.Tensor:
+    """The inverse of `_stacked`."""
+    axis %= tensor.dim()
+    gate, up = tensor.chunk(2, dim=axis)
+    return torch.stack([gate, up], dim=axis + 1).flatten(axis, axis + 1)
+
+
 def _fitted(tensor: torch.Tensor, expected: torch.Tensor | None) -> torch.Tensor:
     """`tensor` with `expected`'s axes of size 1 where the two differ only by such axes (BART's `final_logits_bias`
     is `[1, vocab]`, hf_tfm's head bias `[vocab]`). The sizes stay the tensor's own: a padded vocabulary is cut
@@ -154,7 +173,9 @@ def weights_to_tfm(weights: Weights, source: dict, target: nn.Module) -> dict:
         if key in weights.copies:
             continue
         if weights.transposed and re.search(weights.transposed, key):
-            tensor = tensor.t()
+            tensor = tensor.transpose(-2, -1)
+        if (axis := _alternation(weights, key)) is not None:
+            tensor = _stacked(tensor, axis)
         ours = _renamed(weights, key)
         parts = _parts(weights, ours)
         if parts is None:
@@ -183,8 +204,10 @@ def weights_from_tfm(weights: Weights, source: dict, target: nn.Module, heads: i
             tensor = None
         if tensor is None:
             continue  # load_exact names it
+        if (axis := _alternation(weights, key)) is not None:
+            tensor = _alternated(tensor, axis)
         if weights.transposed and re.search(weights.transposed, key):
-            tensor = tensor.t()
+            tensor = tensor.transpose(-2, -1)
         state[key] = _fitted(tensor, expected[key])
     for key, (original, _) in weights.copies.items():
         if original in state:

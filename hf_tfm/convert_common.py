@@ -152,7 +152,7 @@ MOE_FIELDS = (
     "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step", "mlp_only_layers", "moe_layers",
     "shared_expert_intermediate_size", "shared_expert_gate", "scoring_func", "norm_topk_prob", "router_jitter_noise",
     "router_aux_loss_coef", "router_z_loss_coef", "router_bias_update_rate", "capacity_factor",
-    "output_router_logits",
+    "output_router_logits", "router_bias", "expert_bias", "swiglu_limit", "swiglu_alpha",
 )  # fmt: skip
 
 
@@ -176,6 +176,8 @@ def unread_fields(config: TfmConfig) -> dict[str, str]:
         unread |= dict.fromkeys(MOE_FIELDS, "a dense model (num_experts=0) has no router and no experts")
     elif all(config.is_moe_layer(i) for i in range(depth)):
         unread["intermediate_size"] = "every layer is a Mixture of Experts: no dense feed-forward reads it"
+    if config.swiglu_limit is None:
+        unread["swiglu_alpha"] = "read by the clamped SwiGLU (swiglu_limit) only"
     if config.norm_type == "rmsnorm":
         unread["norm_bias"] = "RMSNorm has no bias"
     else:

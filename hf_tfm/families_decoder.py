@@ -5,6 +5,7 @@ Qwen3, Qwen3-MoE, OLMo2, Phi-3, Gemma 2, SmolLM3). What each one is beyond Llama
 
 import copy
 
+from .compat import GPT_OSS_FIXED_SWIGLU, gpt_oss_declares_swiglu
 from .convert_common import LLAMA_FAMILY_STACK, field_names, head_dim_kwargs, implicit_head_dim, require_full_rotary
 from .family_record import PRESET_DECODER, PRESET_SIZE, PRESET_UNSET_TOKENS, Family, Weights
 
@@ -595,6 +596,86 @@ GEMMA3 = llama_family(
 )
 
 
+def _gpt_oss_swiglu_to_tfm(config) -> dict:
+    return {name: getattr(config, name, fixed) for name, fixed in GPT_OSS_FIXED_SWIGLU.items()}
+
+
+def _gpt_oss_from_tfm(config) -> dict:
+    if config.swiglu_limit is None:
+        raise ValueError(
+            f"Cannot convert {type(config).__name__} to GptOssConfig exactly: swiglu_limit=None is the plain GLU, "
+            "and GPT-OSS's experts clamp their SwiGLU"
+        )
+    swiglu = {name: getattr(config, name) for name in GPT_OSS_FIXED_SWIGLU}
+    if gpt_oss_declares_swiglu():
+        return {"layer_types": list(config.layer_types), **swiglu}
+    changed = ", ".join(f"{name}={value}" for name, value in swiglu.items() if value != GPT_OSS_FIXED_SWIGLU[name])
+    if changed:
+        raise ValueError(
+            f"Cannot convert {type(config).__name__} to GptOssConfig exactly: {changed}, but this transformers "
+            f"release's GPT-OSS fixes its SwiGLU at {GPT_OSS_FIXED_SWIGLU}"
+        )
+    return {"layer_types": list(config.layer_types)}
+
+
+# Llama's blocks with a learned sink logit per head in every attention softmax, biases on q, k, v and o, alternating
+# sliding and full layers, and every feed-forward a router with a bias (softmax over its top-k logits) over experts
+# with biases and the clamped SwiGLU. Its experts store [in, out] with the gate and up columns alternating: transposed
+# and regrouped on the way in, back on the way out.
+GPT_OSS = llama_family(
+    "gpt_oss",
+    "GptOssForCausalLM",
+    llama_family_names(
+        "sliding_window",
+        "attention_bias",
+        "num_experts_per_tok",
+        "router_aux_loss_coef",
+        "output_router_logits",
+        num_local_experts="num_experts",
+        intermediate_size="moe_intermediate_size",
+    ),
+    dict(
+        **LLAMA_ARCHITECTURE,
+        **ROUTER_DEFAULTS,
+        mlp_bias=False,
+        norm_topk_prob=True,  # a softmax over the top-k logits is the top-k softmax scores renormalised
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        router_jitter_noise=0.0,
+        attention_sinks=True,
+        router_bias=True,
+        expert_bias=True,
+    ),
+    # no dense layer reads intermediate_size; giving it the expert width keeps a fresh config's defaults sensible
+    to_tfm=lambda config: (
+        one_attention_bias(config)
+        | dict(intermediate_size=config.intermediate_size, layer_types=list(config.layer_types))
+        | _gpt_oss_swiglu_to_tfm(config)
+    ),
+    from_tfm=_gpt_oss_from_tfm,
+    # keys of the released config.json files (OpenAI's own names) that no transformers GPT-OSS class reads
+    unread={
+        "experts_per_token": "OpenAI's name for num_experts_per_tok, which GPT-OSS reads instead",
+        "initial_context_length": "the pretraining length, which GPT-OSS reads from rope_parameters instead",
+    },
+    weights=Weights(
+        renames=LLAMA_RENAMES,
+        transposed=r"\.experts\.(gate_up_proj|down_proj)$",
+        alternating=((r"\.experts\.gate_up_proj$", -2), (r"\.experts\.gate_up_proj_bias$", -1)),
+    ),
+    preset=dict(
+        PRESET_DECODER,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        intermediate_size=176,
+        head_dim=32,
+        sliding_window=128,
+        tie_word_embeddings=False,
+    ),
+    summary="attention sinks, MoE with biases and clamped SwiGLU",
+)
+
+
 def _phi3_rope(rope: dict) -> dict:
     # Phi3Config fills in partial_rotary_factor=1.0; hf_tfm's absent means the same (every feature rotated)
     return {key: value for key, value in (rope or {}).items() if (key, value) != ("partial_rotary_factor", 1.0)}
@@ -735,4 +816,5 @@ DECODERS = (
     GEMMA2,
     GEMMA3,
     SMOLLM3,
+    GPT_OSS,
 )

@@ -52,7 +52,10 @@ class Weights:
 
     - `renames`: `(pattern, replacement)` regular expressions applied in order to each reference key, giving
       hf_tfm's key (`re.sub`, so `^bert\\.` touches only a prefix).
-    - `transposed`: a pattern on reference keys whose tensors are stored `[in, out]` (GPT-2's `Conv1D`).
+    - `transposed`: a pattern on reference keys whose tensors are stored `[in, out]` (GPT-2's `Conv1D`, GPT-OSS's
+      experts: the last two axes swap).
+    - `alternating`: `(pattern, axis)` pairs: reference tensors whose gate and up rows alternate along `axis` (after
+      any transpose; GPT-OSS's experts), where hf_tfm stacks all gate rows, then all up rows.
     - `fused`: an hf_tfm-named fused module (what `renames` turns the reference's into, e.g. `self_attn.qkv`) ->
       the hf_tfm modules whose rows it stacks, in order. Row counts come from the hf_tfm model's own parameters.
     - `interleaved`: the fused rows alternate per head (`[heads, parts, head_dim]`, GPT-NeoX) instead of stacking.
@@ -62,6 +65,7 @@ class Weights:
 
     renames: tuple[tuple[str, str], ...] = ()
     transposed: str | None = None
+    alternating: tuple[tuple[str, int], ...] = ()
     fused: dict[str, tuple[str, ...]] = field(default_factory=dict)
     interleaved: bool = False
     copies: dict[str, tuple[str, str]] = field(default_factory=dict)

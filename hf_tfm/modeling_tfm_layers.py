@@ -257,10 +257,12 @@ def eager_attention_forward(
     dropout: float = 0.0,
     scaling: float | None = None,
     softcap: float | None = None,
+    s_aux: torch.Tensor | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The eager backend: Llama's (Gemma 2's, with `softcap`), the same operations in the same order so converted
-    models match bit for bit (tests/test_compat.py)."""
+    """The eager backend: Llama's (Gemma 2's, with `softcap`; GPT-OSS's, with the per-head sink logits `s_aux`,
+    transformers' name for them), the same operations in the same order so converted models match bit for bit
+    (tests/test_compat.py)."""
     if scaling is None:
         scaling = module.head_dim**-0.5
     key_states = repeat_kv(key, module.num_key_value_groups)
@@ -272,7 +274,13 @@ def eager_attention_forward(
         attn_weights = attn_weights * softcap
     if attention_mask is not None:
         attn_weights = attn_weights + attention_mask
-    attn_weights = nn.functional.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)
+    if s_aux is None:
+        attn_weights = nn.functional.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)
+    else:  # the sink joins the softmax as one more key, then its share is dropped
+        sinks = s_aux.reshape(1, -1, 1, 1).expand(query.shape[0], -1, query.shape[-2], -1)
+        combined = torch.cat([attn_weights, sinks], dim=-1)
+        combined = combined - combined.max(dim=-1, keepdim=True).values  # GPT-OSS's guard against overflow
+        attn_weights = nn.functional.softmax(combined, dim=-1, dtype=combined.dtype)[..., :-1].to(value.dtype)
     attn_weights = nn.functional.dropout(attn_weights, p=dropout, training=module.training)
     attn_output = torch.matmul(attn_weights, value_states)
     return attn_output.transpose(1, 2).contiguous(), attn_weights
@@ -419,6 +427,7 @@ class TfmAttention(FusingModule):
         # flash attention reads a window w as w - 1 tokens on each side; a bidirectional mask keeps |q - k| <= w
         self.sliding_window = (config.sliding_window + (not self.is_causal)) if sliding else None
         self.softcap = config.attn_logit_softcapping
+        self.sinks = nn.Parameter(torch.empty(self.num_heads)) if config.attention_sinks else None
         bias = config.attention_bias
         self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(config.hidden_size, self.num_key_value_heads * self.head_dim, bias=bias)
@@ -474,6 +483,10 @@ class TfmAttention(FusingModule):
                     f"attn_logit_softcapping={self.softcap} needs eager, flex or flash attention; sdpa cannot cap"
                 )
             kwargs["softcap"] = self.softcap
+        if self.sinks is not None:
+            if implementation == "sdpa":
+                raise ValueError("attention_sinks=True needs eager, flex or flash attention; sdpa has no sinks")
+            kwargs["s_aux"] = self.sinks
         if position_bias is not None:
             if implementation == "flex_attention":
                 kwargs["position_bias"] = position_bias
@@ -594,6 +607,7 @@ class TfmRouter(nn.Module):
         self.scoring_func, self.norm_topk_prob = config.scoring_func, config.norm_topk_prob
         self.jitter_noise, self.capacity_factor = config.router_jitter_noise, config.capacity_factor
         self.weight = nn.Parameter(torch.empty(self.num_experts, config.hidden_size))
+        self.bias = nn.Parameter(torch.empty(self.num_experts)) if config.router_bias else None  # GPT-OSS
         self.balancing = config.router_bias_update_rate > 0
         if self.balancing:
             self.expert_bias = nn.Buffer(torch.zeros(self.num_experts))  # learned state: saved with the model
@@ -604,7 +618,7 @@ class TfmRouter(nn.Module):
         if self.training and self.jitter_noise > 0:
             noise = torch.empty_like(hidden_states).uniform_(1.0 - self.jitter_noise, 1.0 + self.jitter_noise)
             hidden_states = hidden_states * noise
-        router_logits = nn.functional.linear(hidden_states, self.weight)
+        router_logits = nn.functional.linear(hidden_states, self.weight, self.bias)
         if self.scoring_func == "softmax":
             scores = torch.softmax(router_logits.float(), dim=-1)
         else:
@@ -642,8 +656,9 @@ class TfmRouter(nn.Module):
 @use_experts_implementation
 class TfmExperts(nn.Module):
     """All experts' GLU weights in two fused tensors (`gate_up_proj [E, 2I, H]`, `down_proj [E, H, I]`, Mixtral's
-    layout), so transformers' experts backends (`experts_implementation`: eager, batched_mm, grouped_mm...) run them.
-    This eager forward is the reference the backends replace."""
+    layout), with optional biases (`gate_up_proj_bias [E, 2I]`, `down_proj_bias [E, H]`: GPT-OSS), so transformers'
+    experts backends (`experts_implementation`: eager, batched_mm, grouped_mm...) run them; they call `_apply_gate`
+    for the activation. This eager forward is the reference the backends replace."""
 
     def __init__(self, config: TfmConfig):
         super().__init__()
@@ -651,7 +666,21 @@ class TfmExperts(nn.Module):
         experts, hidden, inner = config.num_experts, config.hidden_size, config.moe_intermediate_size
         self.gate_up_proj = nn.Parameter(torch.empty(experts, 2 * inner, hidden))
         self.down_proj = nn.Parameter(torch.empty(experts, hidden, inner))
+        self.gate_up_proj_bias = self.down_proj_bias = None
+        if config.expert_bias:
+            self.gate_up_proj_bias = nn.Parameter(torch.empty(experts, 2 * inner))
+            self.down_proj_bias = nn.Parameter(torch.empty(experts, hidden))
         self.act_fn = ACT2FN[config.hidden_act]
+        self.swiglu_limit, self.swiglu_alpha = config.swiglu_limit, config.swiglu_alpha
+
+    def _apply_gate(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """`act(gate) * up`, or GPT-OSS's clamped SwiGLU where `swiglu_limit` is set."""
+        gate, up = gate_up.chunk(2, dim=-1)
+        if self.swiglu_limit is None:
+            return self.act_fn(gate) * up
+        gate = gate.clamp(min=None, max=self.swiglu_limit)
+        up = up.clamp(min=-self.swiglu_limit, max=self.swiglu_limit)
+        return (up + 1) * (gate * torch.sigmoid(gate * self.swiglu_alpha))
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
         output = torch.zeros_like(hidden_states)
@@ -663,10 +692,17 @@ class TfmExperts(nn.Module):
         for expert in hit:
             expert = expert[0]
             slot, token = torch.where(routed[expert])
-            gate, up = nn.functional.linear(hidden_states[token], self.gate_up_proj[expert]).chunk(2, dim=-1)
-            expert_out = nn.functional.linear(self.act_fn(gate) * up, self.down_proj[expert])
+            biases = (None, None) if self.down_proj_bias is None else (self.gate_up_proj_bias, self.down_proj_bias)
+            gate_up = nn.functional.linear(hidden_states[token], self.gate_up_proj[expert], _row(biases[0], expert))
+            expert_out = nn.functional.linear(
+                self._apply_gate(gate_up), self.down_proj[expert], _row(biases[1], expert)
+            )
             output.index_add_(0, token, (expert_out * top_k_weights[token, slot, None]).to(output.dtype))
         return output
+
+
+def _row(bias: torch.Tensor | None, expert: torch.Tensor) -> torch.Tensor | None:
+    return None if bias is None else bias[expert]
 
 
 class TfmMoE(nn.Module):
@@ -676,6 +712,8 @@ class TfmMoE(nn.Module):
         super().__init__()
         self.router = TfmRouter(config)
         self.experts = TfmExperts(config)
+        # transformers' experts backends read has_bias, which their decorator fixes per class: set per model here
+        self.experts.has_bias = config.expert_bias
         # absent parts are None, not missing: a failed hasattr on a Module costs an exception per forward
         self.shared_expert = self.shared_expert_gate = None
         if config.shared_expert_intermediate_size > 0:

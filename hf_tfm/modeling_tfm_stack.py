@@ -240,11 +240,17 @@ class TfmPreTrainedModel(PreTrainedModel):
         super().post_init()
 
     def _sdpa_can_dispatch(self, is_init_check: bool = False) -> bool:
-        # sdpa cannot soft-cap attention scores: refused when asked for, and the default falls back to eager
+        # sdpa cannot soft-cap attention scores nor add sinks: refused when asked for, and the default falls back to
+        # eager
         if self.config.attn_logit_softcapping is not None:
             raise ValueError(
                 f"attn_implementation='sdpa' cannot apply attn_logit_softcapping={self.config.attn_logit_softcapping}"
                 "; use eager, flex_attention or a flash attention kernel that caps"
+            )
+        if self.config.attention_sinks:
+            raise ValueError(
+                "attn_implementation='sdpa' cannot add attention_sinks; use eager, flex_attention or a flash "
+                "attention kernel with sinks"
             )
         return super()._sdpa_can_dispatch(is_init_check)
 
@@ -269,12 +275,19 @@ class TfmPreTrainedModel(PreTrainedModel):
             init.zeros_(module.weight)
         elif isinstance(module, TfmRouter):
             init.normal_(module.weight, mean=0.0, std=self.config.initializer_range)
+            if module.bias is not None:
+                init.zeros_(module.bias)
             if module.balancing:
                 init.zeros_(module.expert_bias)
                 init.zeros_(module.tokens_per_expert)
         elif isinstance(module, TfmExperts):
             init.normal_(module.gate_up_proj, mean=0.0, std=self.config.initializer_range)
             init.normal_(module.down_proj, mean=0.0, std=self.config.initializer_range)
+            if module.down_proj_bias is not None:
+                init.zeros_(module.gate_up_proj_bias)
+                init.zeros_(module.down_proj_bias)
+        elif isinstance(module, TfmAttention) and module.sinks is not None:
+            init.normal_(module.sinks, mean=0.0, std=self.config.initializer_range)  # as GPT-OSS
 
     @torch.no_grad()
     def update_router_biases(self) -> None:

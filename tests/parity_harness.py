@@ -84,12 +84,14 @@ def assert_round_trip(ref, to_tfm, from_tfm):
     assert_same_state_dict(from_tfm(to_tfm(ref)).state_dict(), expected)
 
 
-def assert_converts_exactly(ref, to_tfm, from_tfm, caches=(None,), max_new_tokens: int = 4, back_attn: str = "eager"):
-    """`to_tfm(ref)` gives the reference logits with eager and sdpa attention and its greedy and beam tokens (with
-    each cache implementation in `caches`; None keeps the default), and `from_tfm` of it the reference logits again.
-    Returns the converted model, for a family's own checks."""
+def assert_converts_exactly(
+    ref, to_tfm, from_tfm, caches=(None,), max_new_tokens: int = 4, back_attn: str = "eager", attns=("eager", "sdpa")
+):
+    """`to_tfm(ref)` gives the reference logits with each attention backend of `attns` and its greedy and beam
+    tokens (with each cache implementation in `caches`; None keeps the default), and `from_tfm` of it the reference
+    logits again. Returns the converted model, for a family's own checks."""
     ours = to_tfm(ref)
-    for attn in ("eager", "sdpa"):
+    for attn in attns:
         assert_logits_match(ref, ours, attn=attn)
     for cache in caches:
         if cache is not None:
