@@ -1,8 +1,10 @@
 """Parallelism plans of an hf_tfm config: how transformers' tensor, expert and pipeline parallelism shard the model
 (`from_pretrained(path, tp_plan="auto")` or `distributed_config=DistributedConfig(...)`), computed from the config's
-fields, and the layouts those plans would shard wrongly, refused by field before anything is sharded.
+fields, and the layouts those plans would shard wrongly, refused by field before anything is sharded; and the one
+reduction hf_tfm itself runs over data-parallel ranks (the routers' expert loads).
 """
 
+import torch
 from transformers.configuration_utils import PreTrainedConfig
 from transformers.distributed import DistributedConfig
 
@@ -194,3 +196,23 @@ def check_parallel_layout(config: PreTrainedConfig, distributed_config: Distribu
             )
     if pp > 1 and (refusal := pipeline_refusal(config)):
         raise ValueError(f"Invalid `{refusal[0]}` for pipeline parallelism (pp_size={pp}): {refusal[1]}")
+
+
+def sum_over_data_parallel_ranks(model, tensor):
+    """`tensor` summed over the ranks that train `model` on different batches. A model sharded at load time
+    (`from_pretrained(..., distributed_config=...)`) names them in its device mesh (the "dp_replicate" and "fsdp"
+    dimensions: tensor-parallel ranks share a batch, pipeline stages hold different layers); under DDP or a
+    `fully_shard` of one's own, every process is a data-parallel replica. One process returns `tensor` as it is."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return tensor
+    mesh_manager = getattr(model, "_mesh_manager", None)  # set by transformers' distributed loading
+    if mesh_manager is None:
+        if torch.distributed.get_world_size() > 1:
+            torch.distributed.all_reduce(tensor)
+        return tensor
+    from torch.distributed.tensor import DTensor, Partial
+
+    mesh = mesh_manager.get_mesh(("dp_replicate", "fsdp"))
+    if mesh.size() == 1:
+        return tensor
+    return DTensor.from_local(tensor, mesh, [Partial()] * mesh.ndim).full_tensor()

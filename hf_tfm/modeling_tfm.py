@@ -39,7 +39,7 @@ from transformers.utils import ModelOutput, TransformersKwargs, can_return_tuple
 from .compat import CACHE_NAME, accepts_legacy_cache_argument, cache_output
 from .configuration_tfm import TfmDecoderConfig, TfmEncoderConfig, TfmEncoderDecoderConfig
 from .modeling_tfm_layers import TfmMaskedLMHead
-from .modeling_tfm_loss import linear_cross_entropy
+from .modeling_tfm_loss import linear_cross_entropy, load_balancing_loss
 from .modeling_tfm_saving import HEAD_MODULES
 from .modeling_tfm_stack import TfmPreTrainedModel, TfmStack, check_labels, lm_logits, make_lm_head, share_embeddings
 
@@ -123,6 +123,79 @@ class TfmHead(TfmPreTrainedModel):
         reported = self.output_class.__dataclass_fields__
         result.update((name, value) for name, value in outputs.items() if name in reported)
         return self.output_class(**result)
+
+    # ------------------------------------------------------------------------------------------- the losses
+
+    def wants_router_logits(self, kwargs: dict, labels) -> bool:
+        """Whether a head asks its stacks for router logits (and reports them with the aux loss): an MoE model given
+        labels, or asked by `output_router_logits` (argument, else config). Pops the argument from the head's
+        kwargs, because the head passes its own decision on to the stack."""
+        asked = kwargs.pop("output_router_logits", None)
+        if self.config.num_experts == 0:  # a dense model: nothing to ask, and one config read fewer per decode step
+            return False
+        if asked is None:
+            asked = self.config.output_router_logits
+        return labels is not None or bool(asked)
+
+    def add_router_losses(self, loss, router_logits, attention_mask, labels, **kwargs):
+        """The task loss plus the weighted aux and z losses, and the aux loss to report. Under Trainer's
+        `num_items_in_batch` each micro-batch adds its share of tokens, so accumulated micro-batches sum to one
+        token-weighted average (Trainer does not divide by the accumulation steps then) instead of counting the router
+        losses once per micro-batch."""
+        aux, z_loss = self.router_losses(router_logits, attention_mask, with_z_loss=self.config.router_z_loss_coef > 0)
+        if loss is not None:
+            detached = (
+                torch.is_grad_enabled() and loss.requires_grad and not any(r.requires_grad for r in router_logits)
+            )
+            if detached and (self.config.router_aux_loss_coef or self.config.router_z_loss_coef):
+                # reentrant checkpointing runs the first forward under no_grad: the recorded router logits carry
+                # no graph, and the router losses would add to the loss value but silently not to the gradient
+                raise ValueError(
+                    "the router losses cannot reach the gradient: router logits were recorded without autograd "
+                    "(reentrant gradient checkpointing). Use gradient_checkpointing_kwargs={'use_reentrant': False}."
+                )
+            extra = self.config.router_aux_loss_coef * aux + self.config.router_z_loss_coef * z_loss
+            num_items = kwargs.get("num_items_in_batch")
+            if num_items is not None:  # clamped: an accumulated batch without targets has 0 items (and 0 share)
+                extra = extra * (self.scored_labels(labels) != -100).sum() / torch.as_tensor(num_items).clamp(min=1)
+            loss = loss + extra
+        return loss, aux
+
+    def scored_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        """The labels the task loss scores: a causal LM scores each token's successor, so never the first label."""
+        return labels[..., 1:] if self.loss_type == "ForCausalLM" else labels
+
+    def task_loss(self, loss_function, **inputs) -> torch.Tensor:
+        """`loss_function(**inputs)` (a transformers loss), but 0 instead of NaN for a batch with no target to score:
+        every label -100, or every answer position beyond the input (transformers divides 0 by 0 there). The 0 keeps
+        the loss's graph, whose gradients are all zero, so backward, Trainer and gradient accumulation run unchanged;
+        a torch.where, so no device sync."""
+        loss = loss_function(**inputs)
+        if "labels" in inputs:
+            labels = inputs["labels"]
+            if labels.is_floating_point():  # regression, multi-label: nothing is ignored
+                return loss
+            scored = (self.scored_labels(labels) != -100).any()
+        else:  # extractive QA ignores the positions it clamps to the sequence length
+            length = inputs["start_logits"].shape[-1]
+            scored = (inputs["start_positions"] < length).any() & (inputs["end_positions"] < length).any()
+        return torch.where(scored, loss, torch.zeros_like(loss))
+
+    def router_losses(
+        self, router_logits, attention_mask, with_z_loss: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The load-balancing loss (Switch/Mixtral, over all MoE layers, padding excluded) and the ST-MoE z-loss
+        (mean squared log-sum-exp of the router logits over real tokens, summed over layers; 0.0 unless
+        `with_z_loss`, so that a model trained without it does not pay for it)."""
+        # 2D padding masks only: not prepared 4D masks, nor the per-layer-type masks a static-cache generate() passes
+        mask = attention_mask if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2 else None
+        aux = load_balancing_loss(router_logits, self.config.num_experts, self.config.num_experts_per_tok, mask)
+        weights = mask.reshape(-1).float() if mask is not None else None
+        z_loss = 0.0
+        for logits in router_logits if with_z_loss else ():
+            squared = torch.logsumexp(logits.float(), dim=-1) ** 2
+            z_loss = z_loss + (squared.mean() if weights is None else (squared * weights).sum() / weights.sum())
+        return aux, z_loss
 
     def vocabulary_prediction(
         self, hidden, labels, output_layer: nn.Linear, loss_function, logits_to_keep=0, **kwargs

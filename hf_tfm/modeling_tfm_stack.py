@@ -24,6 +24,7 @@ from transformers.utils import TransformersKwargs
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs, maybe_install_capturing_hooks
 
+from . import configuration_tfm_parallel
 from .compat import (
     CACHE_NAMES,
     accepts_legacy_cache_argument,
@@ -51,7 +52,6 @@ from .modeling_tfm_layers import (
     make_norm,
     sinusoidal_table,
 )
-from .modeling_tfm_loss import load_balancing_loss
 from .modeling_tfm_quantization import finish_torchao_loading
 from .modeling_tfm_saving import load_checked, push_with_card, save_staged
 
@@ -161,26 +161,6 @@ class TfmBlock(GradientCheckpointingLayer):
                 **kwargs,
             )
         return self._residual(hidden_states, self.ffn_norm, self.post_ffn_norm, self.mlp)
-
-
-def sum_over_data_parallel_ranks(model: nn.Module, tensor: torch.Tensor) -> torch.Tensor:
-    """`tensor` summed over the ranks that train `model` on different batches. A model sharded at load time
-    (`from_pretrained(..., distributed_config=...)`) names them in its device mesh (the "dp_replicate" and "fsdp"
-    dimensions: tensor-parallel ranks share a batch, pipeline stages hold different layers); under DDP or a
-    `fully_shard` of one's own, every process is a data-parallel replica. One process returns `tensor` as it is."""
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return tensor
-    mesh_manager = getattr(model, "_mesh_manager", None)  # set by transformers' distributed loading
-    if mesh_manager is None:
-        if torch.distributed.get_world_size() > 1:
-            torch.distributed.all_reduce(tensor)
-        return tensor
-    from torch.distributed.tensor import DTensor, Partial
-
-    mesh = mesh_manager.get_mesh(("dp_replicate", "fsdp"))
-    if mesh.size() == 1:
-        return tensor
-    return DTensor.from_local(tensor, mesh, [Partial()] * mesh.ndim).full_tensor()
 
 
 class TfmPreTrainedModel(PreTrainedModel):
@@ -298,81 +278,11 @@ class TfmPreTrainedModel(PreTrainedModel):
         routers = [module for module in self.modules() if isinstance(module, TfmRouter) and module.balancing]
         if not routers:
             return
-        loads = sum_over_data_parallel_ranks(self, torch.stack([router.tokens_per_expert for router in routers]))
+        loads = torch.stack([router.tokens_per_expert for router in routers])
+        loads = configuration_tfm_parallel.sum_over_data_parallel_ranks(self, loads)
         for router, load in zip(routers, loads):
             router.tokens_per_expert.copy_(load)
             router.update_bias(self.config.router_bias_update_rate)
-
-    def wants_router_logits(self, kwargs: dict, labels) -> bool:
-        """Whether a head asks its stacks for router logits (and reports them with the aux loss): an MoE model given
-        labels, or asked by `output_router_logits` (argument, else config). Pops the argument from the head's
-        kwargs, because the head passes its own decision on to the stack."""
-        asked = kwargs.pop("output_router_logits", None)
-        if self.config.num_experts == 0:  # a dense model: nothing to ask, and one config read fewer per decode step
-            return False
-        if asked is None:
-            asked = self.config.output_router_logits
-        return labels is not None or bool(asked)
-
-    def add_router_losses(self, loss, router_logits, attention_mask, labels, **kwargs):
-        """The task loss plus the weighted aux and z losses, and the aux loss to report. Under Trainer's
-        `num_items_in_batch` each micro-batch adds its share of tokens, so accumulated micro-batches sum to one
-        token-weighted average (Trainer does not divide by the accumulation steps then) instead of counting the router
-        losses once per micro-batch."""
-        aux, z_loss = self.router_losses(router_logits, attention_mask, with_z_loss=self.config.router_z_loss_coef > 0)
-        if loss is not None:
-            detached = (
-                torch.is_grad_enabled() and loss.requires_grad and not any(r.requires_grad for r in router_logits)
-            )
-            if detached and (self.config.router_aux_loss_coef or self.config.router_z_loss_coef):
-                # reentrant checkpointing runs the first forward under no_grad: the recorded router logits carry
-                # no graph, and the router losses would add to the loss value but silently not to the gradient
-                raise ValueError(
-                    "the router losses cannot reach the gradient: router logits were recorded without autograd "
-                    "(reentrant gradient checkpointing). Use gradient_checkpointing_kwargs={'use_reentrant': False}."
-                )
-            extra = self.config.router_aux_loss_coef * aux + self.config.router_z_loss_coef * z_loss
-            num_items = kwargs.get("num_items_in_batch")
-            if num_items is not None:  # clamped: an accumulated batch without targets has 0 items (and 0 share)
-                extra = extra * (self.scored_labels(labels) != -100).sum() / torch.as_tensor(num_items).clamp(min=1)
-            loss = loss + extra
-        return loss, aux
-
-    def scored_labels(self, labels: torch.Tensor) -> torch.Tensor:
-        """The labels the task loss scores: a causal LM scores each token's successor, so never the first label."""
-        return labels[..., 1:] if self.loss_type == "ForCausalLM" else labels
-
-    def task_loss(self, loss_function, **inputs) -> torch.Tensor:
-        """`loss_function(**inputs)` (a transformers loss), but 0 instead of NaN for a batch with no target to score:
-        every label -100, or every answer position beyond the input (transformers divides 0 by 0 there). The 0 keeps
-        the loss's graph, whose gradients are all zero, so backward, Trainer and gradient accumulation run unchanged;
-        a torch.where, so no device sync."""
-        loss = loss_function(**inputs)
-        if "labels" in inputs:
-            labels = inputs["labels"]
-            if labels.is_floating_point():  # regression, multi-label: nothing is ignored
-                return loss
-            scored = (self.scored_labels(labels) != -100).any()
-        else:  # extractive QA ignores the positions it clamps to the sequence length
-            length = inputs["start_logits"].shape[-1]
-            scored = (inputs["start_positions"] < length).any() & (inputs["end_positions"] < length).any()
-        return torch.where(scored, loss, torch.zeros_like(loss))
-
-    def router_losses(
-        self, router_logits, attention_mask, with_z_loss: bool = True
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The load-balancing loss (Switch/Mixtral, over all MoE layers, padding excluded) and the ST-MoE z-loss
-        (mean squared log-sum-exp of the router logits over real tokens, summed over layers; 0.0 unless
-        `with_z_loss`, so that a model trained without it does not pay for it)."""
-        # 2D padding masks only: not prepared 4D masks, nor the per-layer-type masks a static-cache generate() passes
-        mask = attention_mask if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2 else None
-        aux = load_balancing_loss(router_logits, self.config.num_experts, self.config.num_experts_per_tok, mask)
-        weights = mask.reshape(-1).float() if mask is not None else None
-        z_loss = 0.0
-        for logits in router_logits if with_z_loss else ():
-            squared = torch.logsumexp(logits.float(), dim=-1) ** 2
-            z_loss = z_loss + (squared.mean() if weights is None else (squared * weights).sum() / weights.sum())
-        return aux, z_loss
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         # transformers writes `auto_map` only for the saved class; list every Auto class of this paradigm so that
