@@ -131,6 +131,16 @@ class TfmConfig(PreTrainedConfig):
         final_logit_softcapping (`float`, *optional*): the same capping on the LM-head logits (Gemma 2).
         attention_sinks (`bool`): a learned sink logit per head joins each query's softmax and takes its share of
             the attention without a value (GPT-OSS); eager, flex and flash attention only.
+        kv_lora_rank (`int`, *optional*): multi-head latent attention (DeepSeek-V2/V3) when set: keys and values are
+            expanded from one compressed latent of this width per token (normed), which is what the cache holds,
+            beside one rotary key of `head_dim` features shared by every head; each query and key head is
+            `qk_nope_head_dim` features without position plus `head_dim` rotated ones, each value head `v_head_dim`.
+            None is the standard attention.
+        q_lora_rank (`int`, *optional*): under latent attention, queries pass through a normed bottleneck of this
+            width; None projects them directly.
+        qk_nope_head_dim (`int`), v_head_dim (`int`): latent attention's per-head widths (see `kv_lora_rank`).
+        rope_interleave (`bool`): latent attention's rotary features come in interleaved pairs `(x0, x1), (x2, x3)...`
+            (DeepSeek's checkpoints) instead of two halves.
         query_pre_attn_scalar (`float`, *optional*): attention scale `query_pre_attn_scalar ** -0.5` (Gemma 2);
             exclusive with `attention_multiplier`.
         norm_type (`str`): `"layernorm"` or `"rmsnorm"`.
@@ -191,11 +201,17 @@ class TfmConfig(PreTrainedConfig):
             `ceil(capacity_factor * tokens * top_k / num_experts)` tokens per forward and drops the rest.
         output_router_logits (`bool`): return per-layer router logits (and the aux loss) even without labels.
         router_bias (`bool`): a learned bias on the router's logits (GPT-OSS).
-        expert_bias (`bool`): biases on the experts' projections (GPT-OSS).
+        expert_mlp_bias (`bool`): biases on the experts' projections (GPT-OSS).
         swiglu_limit (`float`, *optional*): GPT-OSS's clamped SwiGLU in the experts: gate clamped to at most the
             limit and up to [-limit, limit], then `(up + 1) * gate * sigmoid(swiglu_alpha * gate)` in place of
             `act(gate) * up`; None keeps the plain GLU with `hidden_act`.
         swiglu_alpha (`float`): the clamped SwiGLU's sigmoid slope (1.702 in GPT-OSS).
+        router_choice_bias (`bool`): a per-expert bias added to the scores only to choose experts, a saved state
+            (DeepSeek-V3's `e_score_correction_bias`); `router_bias_update_rate` > 0 learns it while training.
+        num_expert_groups (`int`), topk_expert_groups (`int`): group-limited routing (DeepSeek-V3): the experts form
+            this many equal groups, each scored by the sum of its two best experts' choice scores, and a token picks
+            its top-k experts from its best `topk_expert_groups` groups only. 1 group routes over all experts.
+        routed_scaling_factor (`float`): the routed experts' weights are multiplied by this (DeepSeek-V3: 2.5).
     """
 
     model_type = "tfm"
@@ -228,6 +244,11 @@ class TfmConfig(PreTrainedConfig):
     attn_logit_softcapping: float | None = None
     final_logit_softcapping: float | None = None
     attention_sinks: bool = False
+    kv_lora_rank: int | None = None
+    q_lora_rank: int | None = None
+    qk_nope_head_dim: int = 128
+    v_head_dim: int = 128
+    rope_interleave: bool = False
     query_pre_attn_scalar: int | float | None = None
     norm_type: str = "layernorm"
     rmsnorm_unit_offset: bool = False
@@ -268,9 +289,13 @@ class TfmConfig(PreTrainedConfig):
     capacity_factor: float | None = None
     output_router_logits: bool = False
     router_bias: bool = False
-    expert_bias: bool = False
+    expert_mlp_bias: bool = False
     swiglu_limit: float | None = None
     swiglu_alpha: float = 1.702
+    router_choice_bias: bool = False
+    num_expert_groups: int = 1
+    topk_expert_groups: int = 1
+    routed_scaling_factor: float = 1.0
     use_cache: bool = True
     is_decoder: bool = False
     pad_token_id: int | None = None
@@ -422,11 +447,43 @@ class TfmConfig(PreTrainedConfig):
             "shared_expert_intermediate_size",
             f"must be >= 0 (0 = no shared expert), got {self.shared_expert_intermediate_size}",
         )
-        for field in ("swiglu_limit", "swiglu_alpha"):
+        for field in ("swiglu_limit", "swiglu_alpha", "routed_scaling_factor"):
             value = getattr(self, field)
             _require(value is None or value > 0, field, f"must be > 0, got {value}")
+        groups = self.num_expert_groups
+        _require(
+            groups >= 1 and self.num_experts % groups == 0 and (groups == 1 or self.num_experts // groups >= 2),
+            "num_expert_groups",
+            f"{groups} must split num_experts={self.num_experts} into equal groups of at least 2 experts",
+        )
+        _require(
+            1 <= self.topk_expert_groups <= groups
+            and self.num_experts_per_tok <= self.topk_expert_groups * (self.num_experts // groups),
+            "topk_expert_groups",
+            f"{self.topk_expert_groups} must be in [1, num_expert_groups={groups}] and its groups must hold "
+            f"num_experts_per_tok={self.num_experts_per_tok} experts",
+        )
+
+    def _check_latent_attention(self) -> None:
+        if self.kv_lora_rank is None:
+            return
+        for field in ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "v_head_dim"):
+            value = getattr(self, field)
+            _require(value is None or value > 0, field, f"must be a positive integer, got {value}")
+        for field, refused in (
+            ("position_embedding_type", self.position_embedding_type != "rope"),
+            ("qk_norm", self.qk_norm != "none"),
+            ("layer_types", "sliding_attention" in (self.layer_types or ())),
+            ("attention_sinks", self.attention_sinks),
+            ("attn_logit_softcapping", self.attn_logit_softcapping is not None),
+            ("is_encoder_decoder", self.is_encoder_decoder),
+        ):
+            _require(
+                not refused, field, f"{getattr(self, field)!r} is not available with latent attention (kv_lora_rank)"
+            )
 
     def _check_layers(self) -> None:
+        self._check_latent_attention()
         depth = self.num_hidden_layers
         _require(
             self.first_layer_attn_norm or self.norm_position in ("pre", "sandwich"),
@@ -528,6 +585,8 @@ class TfmConfig(PreTrainedConfig):
             return "model_type='tfm_encoder_decoder': vLLM serves decoder-only and encoder-only models; use generate()"
         if self.attention_sinks:
             return "attention_sinks=True cannot be served by vLLM's Transformers backend: its attention has no sinks"
+        if self.kv_lora_rank is not None:
+            return f"kv_lora_rank={self.kv_lora_rank} (latent attention) is not mapped to vLLM's Transformers backend"
         if not self.has_moe_layers():
             return None
         moe_refusals = (
@@ -537,8 +596,11 @@ class TfmConfig(PreTrainedConfig):
             ("router_bias_update_rate", self.router_bias_update_rate > 0, "vLLM's router adds no expert bias"),
             ("shared_expert_intermediate_size", self.shared_expert_intermediate_size > 0, "not mapped to vLLM"),
             ("router_bias", self.router_bias, "vLLM's router has no bias"),
-            ("expert_bias", self.expert_bias, "vLLM's fused experts have no biases"),
+            ("expert_mlp_bias", self.expert_mlp_bias, "vLLM's fused experts have no biases"),
             ("swiglu_limit", self.swiglu_limit is not None, "vLLM's fused experts compute the plain SwiGLU"),
+            ("router_choice_bias", self.router_choice_bias, "vLLM's router adds no expert bias"),
+            ("num_expert_groups", self.num_expert_groups > 1, "vLLM's router routes over all experts"),
+            ("routed_scaling_factor", self.routed_scaling_factor != 1.0, "vLLM's router does not scale"),
         )
         for field, refused, instead in moe_refusals:
             if refused:

@@ -180,13 +180,14 @@ def check_parallel_layout(config: PreTrainedConfig, distributed_config: Distribu
             divisible["shared_expert_intermediate_size"] = tp
     if ep > 1:
         divisible["num_experts"] = ep
-    # GPT-OSS's parameters no plan here shards yet: a sink per head, the router's bias, the experts' biases
-    unsharded = {"attention_sinks": tp > 1, "router_bias": tp > 1 or ep > 1, "expert_bias": tp > 1 or ep > 1}
+    # parameters no plan here shards yet: GPT-OSS's sink per head, router bias and expert biases; latent attention
+    unsharded = {"attention_sinks": tp > 1, "router_bias": tp > 1 or ep > 1, "expert_mlp_bias": tp > 1 or ep > 1}
+    unsharded["kv_lora_rank"] = tp > 1  # latent attention's projections: no plan shards them yet
     for field, sharded in unsharded.items():
-        if sharded and getattr(config, field):
+        if sharded and getattr(config, field) not in (None, False):
             raise ValueError(
-                f"Invalid `{field}`: True has no tensor or expert parallel plan yet (tp_size={tp}, ep_size={ep}); "
-                "run it unsharded or with data parallelism (FSDP)"
+                f"Invalid `{field}`: {getattr(config, field)!r} has no tensor or expert parallel plan yet "
+                f"(tp_size={tp}, ep_size={ep}); run it unsharded or with data parallelism (FSDP)"
             )
     for field, size in divisible.items():
         if getattr(config, field) % size:

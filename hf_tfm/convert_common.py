@@ -152,8 +152,11 @@ MOE_FIELDS = (
     "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step", "mlp_only_layers", "moe_layers",
     "shared_expert_intermediate_size", "shared_expert_gate", "scoring_func", "norm_topk_prob", "router_jitter_noise",
     "router_aux_loss_coef", "router_z_loss_coef", "router_bias_update_rate", "capacity_factor",
-    "output_router_logits", "router_bias", "expert_bias", "swiglu_limit", "swiglu_alpha",
+    "output_router_logits", "router_bias", "expert_mlp_bias", "swiglu_limit", "swiglu_alpha", "router_choice_bias",
+    "num_expert_groups", "topk_expert_groups", "routed_scaling_factor",
 )  # fmt: skip
+# Fields only latent attention (kv_lora_rank) reads.
+LATENT_ATTENTION_FIELDS = ("q_lora_rank", "qk_nope_head_dim", "v_head_dim", "rope_interleave")
 
 
 # TfmConfig fields that choose how an hf_tfm model computes, not what: no reference class has them, the way there
@@ -178,6 +181,10 @@ def unread_fields(config: TfmConfig) -> dict[str, str]:
         unread["intermediate_size"] = "every layer is a Mixture of Experts: no dense feed-forward reads it"
     if config.swiglu_limit is None:
         unread["swiglu_alpha"] = "read by the clamped SwiGLU (swiglu_limit) only"
+    if config.num_expert_groups == 1:
+        unread["topk_expert_groups"] = "read by group-limited routing (num_expert_groups > 1) only"
+    if config.kv_lora_rank is None:
+        unread |= dict.fromkeys(LATENT_ATTENTION_FIELDS, "read by latent attention (kv_lora_rank) only")
     if config.norm_type == "rmsnorm":
         unread["norm_bias"] = "RMSNorm has no bias"
     else:

@@ -597,7 +597,16 @@ GEMMA3 = llama_family(
 
 
 def _gpt_oss_swiglu_to_tfm(config) -> dict:
-    return {name: getattr(config, name, fixed) for name, fixed in GPT_OSS_FIXED_SWIGLU.items()}
+    # where GptOssConfig has no such fields, its experts use the fixed values whatever a config.json key says
+    if not gpt_oss_declares_swiglu():
+        return dict(GPT_OSS_FIXED_SWIGLU)
+    return {name: getattr(config, name) for name in GPT_OSS_FIXED_SWIGLU}
+
+
+def _gpt_oss_unread(config) -> dict:
+    if gpt_oss_declares_swiglu():
+        return {}
+    return dict.fromkeys(GPT_OSS_FIXED_SWIGLU, "this release's GPT-OSS fixes its SwiGLU and never reads the key")
 
 
 def _gpt_oss_from_tfm(config) -> dict:
@@ -644,7 +653,7 @@ GPT_OSS = llama_family(
         router_jitter_noise=0.0,
         attention_sinks=True,
         router_bias=True,
-        expert_bias=True,
+        expert_mlp_bias=True,
     ),
     # no dense layer reads intermediate_size; giving it the expert width keeps a fresh config's defaults sensible
     to_tfm=lambda config: (
@@ -653,6 +662,7 @@ GPT_OSS = llama_family(
         | _gpt_oss_swiglu_to_tfm(config)
     ),
     from_tfm=_gpt_oss_from_tfm,
+    unread_of=_gpt_oss_unread,
     # keys of the released config.json files (OpenAI's own names) that no transformers GPT-OSS class reads
     unread={
         "experts_per_token": "OpenAI's name for num_experts_per_tok, which GPT-OSS reads instead",
@@ -671,8 +681,128 @@ GPT_OSS = llama_family(
         head_dim=32,
         sliding_window=128,
         tie_word_embeddings=False,
+        # GPT-OSS's YaRN, its factor the ratio of the preset's 512 positions to the pretraining length
+        rope_parameters=dict(
+            rope_type="yarn",
+            factor=32.0,
+            beta_fast=32.0,
+            beta_slow=1.0,
+            truncate=False,
+            original_max_position_embeddings=16,
+            rope_theta=150000.0,
+        ),
     ),
     summary="attention sinks, MoE with biases and clamped SwiGLU",
+)
+
+
+def _deepseek_v3_to_tfm(config) -> dict:
+    return dict(
+        attention_out_bias=config.attention_bias,  # one flag for q_a, kv_a and o
+        shared_expert_intermediate_size=config.n_shared_experts * config.moe_intermediate_size,
+        mlp_only_layers=list(range(config.first_k_dense_replace)),
+    )
+
+
+def _deepseek_v3_from_tfm(config) -> dict:
+    """DeepSeek-V3's shared experts (a multiple of the expert width) and its dense layers (the first ones)."""
+    shared, width, dense = config.shared_expert_intermediate_size, config.moe_intermediate_size, config.mlp_only_layers
+    refusals = (
+        ("shared_expert_intermediate_size", shared == 0 or shared % width, f"a positive multiple of {width}"),
+        ("mlp_only_layers", list(dense) != list(range(len(dense))), "the first layers, [0, 1, ...]"),
+    )
+    for field, refused, expected in refusals:
+        if refused:
+            raise ValueError(
+                f"Cannot convert {type(config).__name__} to DeepseekV3Config exactly: "
+                f"{field}={getattr(config, field)!r}, but DeepSeek-V3's is {expected}"
+            )
+    return dict(n_shared_experts=shared // width, first_k_dense_replace=len(dense))
+
+
+# Llama's blocks with multi-head latent attention (a normed query bottleneck, keys and values expanded from a normed
+# latent, a rotary key part shared by all heads, interleaved rotary pairs, YaRN's mscale in the score scale) and,
+# after the first dense layers, MoE layers: sigmoid scores, a choice-only per-expert bias (e_score_correction_bias),
+# group-limited top-k, renormalised weights scaled by routed_scaling_factor, plus ungated shared experts. No aux loss.
+DEEPSEEK_V3 = llama_family(
+    "deepseek_v3",
+    "DeepseekV3ForCausalLM",
+    llama_family_names(
+        "intermediate_size",
+        "moe_intermediate_size",
+        "num_experts_per_tok",
+        "norm_topk_prob",
+        "routed_scaling_factor",
+        "output_router_logits",
+        "attention_bias",
+        "kv_lora_rank",
+        "q_lora_rank",
+        "qk_nope_head_dim",
+        "v_head_dim",
+        "rope_interleave",
+        without=("head_dim",),
+        qk_rope_head_dim="head_dim",
+        n_routed_experts="num_experts",
+        n_group="num_expert_groups",
+        topk_group="topk_expert_groups",
+    ),
+    dict(
+        LLAMA_ARCHITECTURE,
+        **{field: value for field, value in ROUTER_DEFAULTS.items() if field != "shared_expert_intermediate_size"},
+    )
+    | dict(
+        scoring_func="sigmoid",
+        router_choice_bias=True,
+        router_aux_loss_coef=0.0,
+        mlp_bias=False,
+        decoder_sparse_step=1,
+        shared_expert_gate=False,
+        router_jitter_noise=0.0,
+    ),
+    to_tfm=_deepseek_v3_to_tfm,
+    from_tfm=_deepseek_v3_from_tfm,
+    # more dense layers than layers is every layer dense: the same model, written back as the depth
+    their_form=lambda config: (
+        _with(config, first_k_dense_replace=config.num_hidden_layers)
+        if config.first_k_dense_replace > config.num_hidden_layers
+        else config
+    ),
+    unread={
+        "pretraining_tp": "transformers 5's DeepSeek-V3 never reads it",
+        "num_mtp_layers": "the multi-token-prediction layers, which transformers' DeepSeek-V3 never builds",
+        "qk_head_dim": "derived: qk_nope_head_dim + qk_rope_head_dim",
+        # keys of the released config.json files that transformers' DeepSeek-V3 does not read
+        "scoring_func": "transformers' DeepSeek-V3 always scores with a sigmoid (hf_tfm's scoring_func='sigmoid')",
+        "topk_method": "transformers' DeepSeek-V3 always routes group-limited with its correction bias (noaux_tc)",
+    },
+    weights=Weights(
+        renames=(
+            *ROUTER_RENAMES,
+            (r"\.mlp\.gate\.e_score_correction_bias$", ".mlp.router.expert_bias"),
+            (r"\.mlp\.shared_experts\.", ".mlp.shared_expert."),
+            (r"\.self_attn\.q_a_layernorm\.", ".self_attn.q_a_norm."),
+            (r"\.self_attn\.kv_a_proj_with_mqa\.", ".self_attn.kv_a_proj."),
+            (r"\.self_attn\.kv_a_layernorm\.", ".self_attn.kv_a_norm."),
+        )
+    ),
+    summary="latent attention, group-limited sigmoid MoE with shared experts",
+    preset=dict(
+        PRESET_DECODER,
+        num_key_value_heads=4,  # latent attention expands every head's keys
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        n_group=4,
+        topk_group=2,
+        moe_intermediate_size=88,
+        n_shared_experts=1,
+        first_k_dense_replace=1,
+        kv_lora_rank=64,
+        q_lora_rank=96,
+        qk_rope_head_dim=16,
+        qk_nope_head_dim=32,
+        v_head_dim=32,
+        tie_word_embeddings=False,
+    ),
 )
 
 
@@ -817,4 +947,5 @@ DECODERS = (
     GEMMA3,
     SMOLLM3,
     GPT_OSS,
+    DEEPSEEK_V3,
 )

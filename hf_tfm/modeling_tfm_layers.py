@@ -120,6 +120,17 @@ def apply_rotary(query, key, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.cat((query_rot, query[..., rotary:]), dim=-1), torch.cat((key_rot, key[..., rotary:]), dim=-1)
 
 
+def rotate_interleaved(query, key, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek's `apply_rotary_pos_emb_interleave`, the same operations in the same order: the rotary features come
+    in pairs `(x0, x1), (x2, x3)...`, each rotated by one frequency, and leave as two halves."""
+    cos, sin = cos[..., : cos.shape[-1] // 2].unsqueeze(1), sin[..., : sin.shape[-1] // 2].unsqueeze(1)
+    q1, q2, k1, k2 = query[..., 0::2], query[..., 1::2], key[..., 0::2], key[..., 1::2]
+    return (
+        torch.cat([q1 * cos - q2 * sin, q2 * cos + q1 * sin], dim=-1),
+        torch.cat([k1 * cos - k2 * sin, k2 * cos + k1 * sin], dim=-1),
+    )
+
+
 def sinusoidal_table(num_positions: int, dim: int) -> torch.Tensor:
     """The fixed sin/cos table of 'Attention Is All You Need': sin on even features, cos on odd ones."""
     position = torch.arange(num_positions, dtype=torch.float).unsqueeze(1)
@@ -403,7 +414,11 @@ def copy_fused_views(module: FusingModule, state_dict: dict, prefix: str, local_
                 state_dict[key] = state_dict[key].clone()
 
 
-class TfmAttention(FusingModule):
+class AttentionModule(nn.Module):
+    """Every hf_tfm attention (standard and latent) returns (output, weights): what `output_attentions` records."""
+
+
+class TfmAttention(FusingModule, AttentionModule):
     """Multi-head attention with MHA/GQA/MQA, optional RoPE (full or partial), optional QK-norm, optional additive
     position bias (ALiBi, relative), an optional sliding window and score soft-capping, and any transformers
     attention backend. `is_causal` is set explicitly: sdpa reads it when the mask is skipped. As cross-attention it
@@ -532,6 +547,106 @@ class TfmAttention(FusingModule):
         return key_states, value_states
 
 
+def yarn_mscale(scale: float, mscale: float) -> float:
+    """YaRN's attention-temperature factor (DeepSeek's `yarn_get_mscale`)."""
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def latent_attention_scale(config: TfmConfig) -> float:
+    """Latent attention's score scale: `(qk_nope_head_dim + head_dim) ** -0.5`, times YaRN's `mscale_all_dim`
+    factor squared under a scaled RoPE (DeepSeek's `yarn_apply_mscale`); `attention_multiplier` if set."""
+    if config.attention_multiplier is not None:
+        return config.attention_multiplier
+    scale = (config.qk_nope_head_dim + config.head_dim) ** -0.5
+    rope = config.rope_parameters or {}
+    if rope.get("rope_type", "default") != "default" and rope.get("mscale_all_dim"):
+        scale = scale * yarn_mscale(rope["factor"], rope["mscale_all_dim"]) ** 2
+    return scale
+
+
+class TfmLatentAttention(AttentionModule):
+    """Multi-head latent attention (DeepSeek-V2/V3, `kv_lora_rank`): queries through an optional normed bottleneck;
+    keys and values expanded per head from one normed latent per token, plus one rotary key part shared by every
+    head. The cache holds the latent and the rotary key, as transformers' DeepSeek does, and each step expands the
+    whole cache again; values may be narrower than keys. Any transformers attention backend runs it."""
+
+    def __init__(self, config: TfmConfig, layer_idx: int, is_causal: bool = True):
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        self.is_causal, self.is_cross_attention = is_causal, False
+        self.num_heads, self.num_key_value_groups = config.num_attention_heads, 1
+        self.nope_dim, self.rope_dim, self.value_dim = config.qk_nope_head_dim, config.head_dim, config.v_head_dim
+        self.head_dim = self.nope_dim + self.rope_dim
+        self.latent_dim = config.kv_lora_rank
+        self.scaling = latent_attention_scale(config)
+        self.attention_dropout = config.attention_dropout
+        self.interleaved = config.rope_interleave
+        hidden, heads, bias = config.hidden_size, self.num_heads, config.attention_bias
+        # DeepSeek's latent norms keep RMSNorm's default epsilon, whatever the model's
+        self.q_proj = self.q_a_proj = self.q_a_norm = self.q_b_proj = None
+        if config.q_lora_rank is None:
+            self.q_proj = nn.Linear(hidden, heads * self.head_dim, bias=False)
+        else:
+            self.q_a_proj = nn.Linear(hidden, config.q_lora_rank, bias=bias)
+            self.q_a_norm = TfmRMSNorm(config.q_lora_rank, eps=1e-6)
+            self.q_b_proj = nn.Linear(config.q_lora_rank, heads * self.head_dim, bias=False)
+        self.kv_a_proj = nn.Linear(hidden, self.latent_dim + self.rope_dim, bias=bias)
+        self.kv_a_norm = TfmRMSNorm(self.latent_dim, eps=1e-6)
+        self.kv_b_proj = nn.Linear(self.latent_dim, heads * (self.nope_dim + self.value_dim), bias=False)
+        self.o_proj = nn.Linear(heads * self.value_dim, hidden, bias=config.attention_out_bias)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        position_bias: torch.Tensor | None = None,
+        cache: Cache | None = None,
+        key_value_states: torch.Tensor | None = None,
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        batch, length = hidden_states.shape[:-1]
+        if self.q_proj is not None:
+            query = self.q_proj(hidden_states)
+        else:
+            query = self.q_b_proj(self.q_a_norm(self.q_a_proj(hidden_states)))
+        query = query.view(batch, length, -1, self.head_dim).transpose(1, 2)
+        query_pass, query_rot = torch.split(query, [self.nope_dim, self.rope_dim], dim=-1)
+        latent, key_rot = torch.split(self.kv_a_proj(hidden_states), [self.latent_dim, self.rope_dim], dim=-1)
+        latent = self.kv_a_norm(latent).view(batch, 1, length, self.latent_dim)  # one "head": any cache holds it
+        key_rot = key_rot.view(batch, 1, length, self.rope_dim)
+        cos, sin = position_embeddings
+        query_rot, key_rot = (rotate_interleaved if self.interleaved else rotate)(query_rot, key_rot, cos, sin)
+        if cache is not None:
+            latent, key_rot = cache.update(latent, key_rot, self.layer_idx)
+        query_states = torch.cat((query_pass, query_rot), dim=-1)
+        key_states, value_states = self._expand(latent, key_rot)
+
+        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, eager_attention_forward
+        )
+        attn_output, attn_weights = attention_interface(
+            self,
+            query_states,
+            key_states,
+            value_states,
+            attention_mask,
+            dropout=self.attention_dropout if self.training else 0.0,
+            scaling=self.scaling,
+            **kwargs,
+        )
+        return self.o_proj(attn_output.reshape(batch, length, -1).contiguous()), attn_weights
+
+    def _expand(self, latent: torch.Tensor, key_rot: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """[B, 1, L, latent] and [B, 1, L, rope] -> keys [B, heads, L, nope + rope] and values [B, heads, L, value]."""
+        batch, _, length, _ = latent.shape
+        expanded = self.kv_b_proj(latent).view(batch, length, -1, self.nope_dim + self.value_dim).transpose(1, 2)
+        key_pass, value_states = torch.split(expanded, [self.nope_dim, self.value_dim], dim=-1)
+        key_states = torch.cat((key_pass, key_rot.expand(-1, key_pass.shape[1], -1, -1)), dim=-1)
+        return key_states, value_states
+
+
 # ------------------------------------------------------------------------------------------------- feed-forward
 
 
@@ -609,9 +724,13 @@ class TfmRouter(nn.Module):
         self.weight = nn.Parameter(torch.empty(self.num_experts, config.hidden_size))
         self.bias = nn.Parameter(torch.empty(self.num_experts)) if config.router_bias else None  # GPT-OSS
         self.balancing = config.router_bias_update_rate > 0
-        if self.balancing:
+        self.choice_bias = self.balancing or config.router_choice_bias
+        if self.choice_bias:
             self.expert_bias = nn.Buffer(torch.zeros(self.num_experts))  # learned state: saved with the model
+        if self.balancing:
             self.tokens_per_expert = nn.Buffer(torch.zeros(self.num_experts), persistent=False)
+        self.groups, self.topk_groups = config.num_expert_groups, config.topk_expert_groups
+        self.scaling = config.routed_scaling_factor
 
     def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """[tokens, hidden] -> router logits [tokens, experts], top-k weights and indices [tokens, k]."""
@@ -623,11 +742,15 @@ class TfmRouter(nn.Module):
             scores = torch.softmax(router_logits.float(), dim=-1)
         else:
             scores = torch.sigmoid(router_logits.float())
-        choice = scores + self.expert_bias if self.balancing else scores
+        choice = scores + self.expert_bias if self.choice_bias else scores
+        if self.groups > 1:
+            choice = self.within_best_groups(choice)
         top_k_index = torch.topk(choice, self.top_k, dim=-1).indices
         top_k_weights = scores.gather(-1, top_k_index)
         if self.norm_topk_prob:
             top_k_weights = top_k_weights / top_k_weights.sum(dim=-1, keepdim=True)
+        if self.scaling != 1.0:
+            top_k_weights = top_k_weights * self.scaling
         if self.capacity_factor is not None:
             top_k_weights = top_k_weights * self.within_capacity(top_k_index)
         if self.balancing and self.training:
@@ -635,6 +758,14 @@ class TfmRouter(nn.Module):
                 picks = top_k_index.flatten()
                 self.tokens_per_expert.index_add_(0, picks, torch.ones_like(picks, dtype=self.tokens_per_expert.dtype))
         return router_logits, top_k_weights, top_k_index
+
+    def within_best_groups(self, choice: torch.Tensor) -> torch.Tensor:
+        """`choice` with -inf outside each token's best `topk_groups` groups of experts, a group scored by the sum of
+        its two best choice scores (DeepSeek-V3's group-limited routing)."""
+        grouped = choice.view(choice.shape[0], self.groups, -1)
+        best = grouped.topk(2, dim=-1).values.sum(dim=-1).topk(self.topk_groups, dim=-1).indices
+        kept = torch.zeros_like(grouped[..., 0], dtype=torch.bool).scatter_(1, best, True)
+        return grouped.masked_fill(~kept.unsqueeze(-1), float("-inf")).view_as(choice)
 
     def within_capacity(self, top_k_index: torch.Tensor) -> torch.Tensor:
         """1 where an assignment fits its expert's capacity, 0 where it overflows (first come, first served in
@@ -667,7 +798,7 @@ class TfmExperts(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.empty(experts, 2 * inner, hidden))
         self.down_proj = nn.Parameter(torch.empty(experts, hidden, inner))
         self.gate_up_proj_bias = self.down_proj_bias = None
-        if config.expert_bias:
+        if config.expert_mlp_bias:
             self.gate_up_proj_bias = nn.Parameter(torch.empty(experts, 2 * inner))
             self.down_proj_bias = nn.Parameter(torch.empty(experts, hidden))
         self.act_fn = ACT2FN[config.hidden_act]
@@ -713,7 +844,7 @@ class TfmMoE(nn.Module):
         self.router = TfmRouter(config)
         self.experts = TfmExperts(config)
         # transformers' experts backends read has_bias, which their decorator fixes per class: set per model here
-        self.experts.has_bias = config.expert_bias
+        self.experts.has_bias = config.expert_mlp_bias
         # absent parts are None, not missing: a failed hasattr on a Module costs an exception per forward
         self.shared_expert = self.shared_expert_gate = None
         if config.shared_expert_intermediate_size > 0:

@@ -36,10 +36,12 @@ from .compat import (
 from .configuration_tfm import TfmConfig, round_up_to_multiple
 from .configuration_tfm_parallel import check_parallel_layout
 from .modeling_tfm_layers import (
+    AttentionModule,
     TfmAlibiBias,
     TfmAttention,
     TfmExperts,
     TfmFeedForward,
+    TfmLatentAttention,
     TfmMoE,
     TfmPooler,
     TfmRelativePositionBias,
@@ -78,7 +80,8 @@ class TfmBlock(GradientCheckpointingLayer):
         super().__init__()
         self.norm_position = config.norm_position
         self.parallel_residual = config.parallel_residual
-        self.self_attn = TfmAttention(config, layer_idx, is_causal=is_causal)
+        attention = TfmAttention if config.kv_lora_rank is None else TfmLatentAttention
+        self.self_attn = attention(config, layer_idx, is_causal=is_causal)
         # absent parts are None, not missing: a failed hasattr on a Module costs an exception per call
         self.attn_norm, self.post_attn_norm = self._norms(config)
         if layer_idx == 0 and not config.first_layer_attn_norm:
@@ -176,8 +179,8 @@ class TfmPreTrainedModel(PreTrainedModel):
     _can_compile_fullgraph = True
     _can_record_outputs = {
         "hidden_states": TfmBlock,
-        "attentions": OutputRecorder(TfmAttention, index=1, layer_name="self_attn"),
-        "cross_attentions": OutputRecorder(TfmAttention, index=1, layer_name="cross_attn"),
+        "attentions": OutputRecorder(AttentionModule, index=1, layer_name="self_attn"),
+        "cross_attentions": OutputRecorder(AttentionModule, index=1, layer_name="cross_attn"),
         "router_logits": OutputRecorder(TfmRouter, index=0),
     }
 
@@ -257,8 +260,9 @@ class TfmPreTrainedModel(PreTrainedModel):
             init.normal_(module.weight, mean=0.0, std=self.config.initializer_range)
             if module.bias is not None:
                 init.zeros_(module.bias)
-            if module.balancing:
+            if module.choice_bias:
                 init.zeros_(module.expert_bias)
+            if module.balancing:
                 init.zeros_(module.tokens_per_expert)
         elif isinstance(module, TfmExperts):
             init.normal_(module.gate_up_proj, mean=0.0, std=self.config.initializer_range)

@@ -20,7 +20,7 @@ __all__ = ["FAMILY_NAMES", "TASKS", "RunSpec", "build_parser", "spec_from_args"]
 # because the parser must answer without importing torch
 FAMILY_NAMES = (
     "gpt2", "llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "olmo2", "phi3", "gpt_neox",
-    "gemma2", "gemma3_text", "smollm3", "gpt_oss", "bert", "roberta", "modernbert", "t5", "bart",
+    "gemma2", "gemma3_text", "smollm3", "gpt_oss", "deepseek_v3", "bert", "roberta", "modernbert", "t5", "bart",
 )  # fmt: skip
 
 EXAMPLES = {

@@ -44,6 +44,9 @@ TINY_SIZES = {
     **dict.fromkeys(("intermediate_size", "d_ff", "encoder_ffn_dim", "decoder_ffn_dim"), 64),
     "moe_intermediate_size": 16,
     "shared_expert_intermediate_size": 24,
+    # DeepSeek-V3's latent attention and routing
+    **dict(kv_lora_rank=16, q_lora_rank=12, qk_rope_head_dim=4, qk_nope_head_dim=6, v_head_dim=5),
+    **dict(n_routed_experts=8, n_group=2, topk_group=1, first_k_dense_replace=1),
     **dict.fromkeys(("num_experts", "num_local_experts"), 4),
     **dict.fromkeys(("max_position_embeddings", "n_positions"), 64),
     "vocab_size": VOCAB,
@@ -61,6 +64,8 @@ def tiny_reference(record, reference: str):
     large = sorted({value for value in ids.values() if value >= VOCAB})
     small = {value: VOCAB - 1 - i for i, value in enumerate(large)}  # equal ids stay equal (ModernBERT's cls, bos)
     fields |= {key: small[value] for key, value in ids.items() if value in small}
+    if "kv_lora_rank" in fields:  # latent attention: every head's keys expanded, head_dim the rotary width
+        fields |= dict(num_key_value_heads=fields["num_attention_heads"], head_dim=fields["qk_rope_head_dim"])
     torch.manual_seed(0)
     config = AutoConfig.for_model(record.name, **fields)
     return perturb(getattr(transformers, reference)(config))

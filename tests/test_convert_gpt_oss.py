@@ -65,7 +65,7 @@ def test_gpt_oss_parity(overrides):
     ours = assert_converts_exactly(
         ref, to_tfm, partial(from_tfm, name="gpt_oss"), caches=("dynamic", "static"), attns=("eager",)
     )
-    assert ours.config.attention_sinks and ours.config.router_bias and ours.config.expert_bias
+    assert ours.config.attention_sinks and ours.config.router_bias and ours.config.expert_mlp_bias
     assert ours.config.layer_types == ["sliding_attention", "full_attention", "sliding_attention"]
 
 
@@ -159,7 +159,7 @@ def gpt_oss_shaped(**overrides):
         moe_intermediate_size=16,
         attention_sinks=True,
         router_bias=True,
-        expert_bias=True,
+        expert_mlp_bias=True,
         swiglu_limit=7.0,
         rope_parameters={"rope_type": "default", "rope_theta": 1e4},
     )
@@ -169,7 +169,7 @@ def gpt_oss_shaped(**overrides):
 INEXPRESSIBLE = [
     (lambda: gpt_oss_shaped(attention_sinks=False), "attention_sinks"),
     (lambda: gpt_oss_shaped(router_bias=False), "router_bias"),
-    (lambda: gpt_oss_shaped(expert_bias=False), "expert_bias"),
+    (lambda: gpt_oss_shaped(expert_mlp_bias=False), "expert_mlp_bias"),
     (lambda: gpt_oss_shaped(swiglu_limit=None), "swiglu_limit"),
     (lambda: gpt_oss_shaped(scoring_func="sigmoid"), "scoring_func"),
     (lambda: gpt_oss_shaped(norm_topk_prob=False), "norm_topk_prob"),
