@@ -137,3 +137,26 @@ def assert_refused_by_name(convert, source, field: str, others=()):
         convert(source)
     named = [name for name in others if name != field and f"{name}=" in str(error.value)]
     assert not named, str(error.value)
+
+
+def assert_router_outputs_match(ref, ours, experts: str, moe_layers: int, aux_loss: bool = True):
+    """With labels and `output_router_logits`, under the experts backend `experts`: one router-logits tensor per MoE
+    layer, equal on the real tokens, the same logits, the same aux loss (load balancing over the real tokens, shown
+    in the loss unless `aux_loss` is False: DeepSeek-V3 adds none) and the same loss."""
+    for model in (ref, ours):
+        model.set_experts_implementation(experts)
+    input_ids, attention_mask, position_ids = padded_batch()
+    labels = input_ids.masked_fill(attention_mask == 0, -100)
+    kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, labels=labels)
+    with torch.no_grad():
+        expected = ref(**kwargs, output_router_logits=True)
+        actual = ours(**kwargs, output_router_logits=True)
+    real = attention_mask.bool()
+    torch.testing.assert_close(actual.logits[real], expected.logits[real], atol=ATOL, rtol=0)
+    assert len(actual.router_logits) == len(expected.router_logits) == moe_layers
+    for mine, theirs in zip(actual.router_logits, expected.router_logits):
+        torch.testing.assert_close(mine[real.reshape(-1)], theirs[real.reshape(-1)], atol=ATOL, rtol=0)
+    if aux_loss:
+        assert ref.config.router_aux_loss_coef * expected.aux_loss > 100 * ATOL  # the aux term shows in the loss
+        torch.testing.assert_close(actual.aux_loss, expected.aux_loss, atol=ATOL, rtol=0)
+    torch.testing.assert_close(actual.loss, expected.loss, atol=ATOL, rtol=0)

@@ -16,6 +16,7 @@ from parity_harness import (
     assert_converts_exactly,
     assert_refused_by_name,
     assert_round_trip,
+    assert_router_outputs_match,
     padded_batch,
 )
 from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
@@ -67,25 +68,8 @@ def test_qwen2_moe_parity(overrides, moe):
 @pytest.mark.parametrize("experts", ["eager", "grouped_mm"])
 @pytest.mark.parametrize("overrides, moe", VARIANTS[:2])
 def test_qwen2_moe_router_logits_aux_loss_and_loss_match(overrides, moe, experts):
-    """With labels and output_router_logits: one router-logits tensor per MoE layer, the same aux loss (load
-    balancing over the real tokens) and the same loss (cross-entropy + router_aux_loss_coef * aux)."""
     ref = qwen2_moe(**overrides)
-    ours = to_tfm(ref)
-    for model in (ref, ours):
-        model.set_experts_implementation(experts)
-    input_ids, attention_mask, position_ids = padded_batch()
-    labels = input_ids.masked_fill(attention_mask == 0, -100)
-    kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, labels=labels)
-    with torch.no_grad():
-        expected = ref(**kwargs, output_router_logits=True)
-        actual = ours(**kwargs, output_router_logits=True)
-    real = attention_mask.bool().reshape(-1)
-    assert len(actual.router_logits) == len(expected.router_logits) == sum(moe)
-    for mine, theirs in zip(actual.router_logits, expected.router_logits):
-        torch.testing.assert_close(mine[real], theirs[real], atol=ATOL, rtol=0)
-    assert ref.config.router_aux_loss_coef * expected.aux_loss > 100 * ATOL  # the aux term shows in the loss
-    torch.testing.assert_close(actual.aux_loss, expected.aux_loss, atol=ATOL, rtol=0)
-    torch.testing.assert_close(actual.loss, expected.loss, atol=ATOL, rtol=0)
+    assert_router_outputs_match(ref, to_tfm(ref), experts, sum(moe))
 
 
 def test_the_shared_expert_and_its_gate_count():
