@@ -698,6 +698,7 @@ GPT_OSS = llama_family(
 
 def _deepseek_v3_to_tfm(config) -> dict:
     return dict(
+        output_router_logits=getattr(config, "output_router_logits", False),
         attention_out_bias=config.attention_bias,  # one flag for q_a, kv_a and o
         shared_expert_intermediate_size=config.n_shared_experts * config.moe_intermediate_size,
         mlp_only_layers=list(range(config.first_k_dense_replace)),
@@ -717,7 +718,11 @@ def _deepseek_v3_from_tfm(config) -> dict:
                 f"Cannot convert {type(config).__name__} to DeepseekV3Config exactly: "
                 f"{field}={getattr(config, field)!r}, but DeepSeek-V3's is {expected}"
             )
-    return dict(n_shared_experts=shared // width, first_k_dense_replace=len(dense))
+    return dict(
+        n_shared_experts=shared // width,
+        first_k_dense_replace=len(dense),
+        output_router_logits=config.output_router_logits,
+    )
 
 
 # Llama's blocks with multi-head latent attention (a normed query bottleneck, keys and values expanded from a normed
@@ -733,7 +738,6 @@ DEEPSEEK_V3 = llama_family(
         "num_experts_per_tok",
         "norm_topk_prob",
         "routed_scaling_factor",
-        "output_router_logits",
         "attention_bias",
         "kv_lora_rank",
         "q_lora_rank",
@@ -771,6 +775,8 @@ DEEPSEEK_V3 = llama_family(
         "pretraining_tp": "transformers 5's DeepSeek-V3 never reads it",
         "num_mtp_layers": "the multi-token-prediction layers, which transformers' DeepSeek-V3 never builds",
         "qk_head_dim": "derived: qk_nope_head_dim + qk_rope_head_dim",
+        # a run option (router logits returned without labels), and no field of DeepseekV3Config before 5.19
+        "output_router_logits": "whether forward returns router logits without labels; not the architecture",
         # keys of the released config.json files that transformers' DeepSeek-V3 does not read
         "scoring_func": "transformers' DeepSeek-V3 always scores with a sigmoid (hf_tfm's scoring_func='sigmoid')",
         "topk_method": "transformers' DeepSeek-V3 always routes group-limited with its correction bias (noaux_tc)",

@@ -153,8 +153,9 @@ def assert_router_outputs_match(ref, ours, experts: str, moe_layers: int, aux_lo
         actual = ours(**kwargs, output_router_logits=True)
     real = attention_mask.bool()
     torch.testing.assert_close(actual.logits[real], expected.logits[real], atol=ATOL, rtol=0)
-    assert len(actual.router_logits) == len(expected.router_logits) == moe_layers
-    for mine, theirs in zip(actual.router_logits, expected.router_logits):
+    assert len(actual.router_logits) == moe_layers
+    references = getattr(expected, "router_logits", None)  # DeepSeek-V3's reports them from transformers 5.19 on
+    for mine, theirs in zip(actual.router_logits, references or (), strict=references is not None):
         torch.testing.assert_close(mine[real.reshape(-1)], theirs[real.reshape(-1)], atol=ATOL, rtol=0)
     if aux_loss:
         assert ref.config.router_aux_loss_coef * expected.aux_loss > 100 * ATOL  # the aux term shows in the loss
