@@ -6,8 +6,8 @@
 
 Configs go through `converted_config` (the round trip must give the config again, every key compared, or the error
 names each field that would change); weights through the record's `Weights` (renames, transposes, fused splits,
-kept copies), inverted for the way back by mapping the reference model's own keys; `load_exact` refuses any
-missing or unexpected tensor.
+alternating gate/up rows, kept copies), inverted for the way back by mapping the reference model's own keys;
+`load_exact` refuses any missing or unexpected tensor.
 """
 
 import copy

@@ -1,6 +1,7 @@
 """The registry: every family hf_tfm converts exactly, one record each (`hf_tfm.family_record.Family`), in the order
 the CLI, docs and reports list them. `hf_tfm.convert` runs any record both ways; the CLI, presets, model cards,
-benchmarks, README's table and the parity tests read the records. Adding a family is one record here plus its tests.
+benchmarks, README's table and the parity tests read the records. Adding a family is one record (in the module of
+its paradigm, listed in that module's tuple) plus its tests.
 
     python -m hf_tfm.families      # prints README's converter table
 """
