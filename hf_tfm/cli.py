@@ -41,13 +41,14 @@ def _direction(model_type: str | None, to: str | None) -> tuple[str, bool]:
     return to, False
 
 
-def _convert(source: str, destination: str, to: str | None) -> None:
+def _convert(args) -> None:
     from .convert import from_tfm, to_tfm
     from .families import FAMILIES
     from .training.checkpoints import load_saved
 
+    source, destination = args.source, args.destination
     model_type = _saved_config(source).get("model_type")
-    name, forward = _direction(model_type, to)
+    name, forward = _direction(model_type, args.to)
     record = FAMILIES[name]
     takes = record.classes if forward else dict.fromkeys(record.classes.values())
     model = load_saved(source)
@@ -60,14 +61,20 @@ def _convert(source: str, destination: str, to: str | None) -> None:
     print(f"converted {model_type} ({found}) -> {type(converted).__name__}: {destination}")
 
 
-def _upcycle(source: str, destination: str, num_experts: int, top_k: int) -> None:
+def _upcycle(args) -> None:
     from .training.checkpoints import load_saved
     from .upcycle import upcycle
 
-    model = load_saved(source)
-    upcycle(model, num_experts=num_experts, num_experts_per_tok=top_k).save_pretrained(destination)
-    _copy_tokenizer(source, destination)
-    print(f"upcycled {source} to {num_experts} experts (top-{top_k}): {destination}")
+    model = load_saved(args.source)
+    upcycle(model, num_experts=args.num_experts, num_experts_per_tok=args.top_k).save_pretrained(args.destination)
+    _copy_tokenizer(args.source, args.destination)
+    print(f"upcycled {args.source} to {args.num_experts} experts (top-{args.top_k}): {args.destination}")
+
+
+def _demo(args) -> None:
+    from .training.main_job import run_main_job
+
+    run_main_job(args.output_dir, scale=args.scale, max_files=args.max_files, seed=args.seed, overwrite=args.overwrite)
 
 
 def _train(args) -> None:
@@ -119,6 +126,18 @@ def _push(args) -> None:
     print(f"pushed {args.folder} to {url}")
 
 
+# what each command runs, by its name on the command line
+COMMANDS = {
+    "demo": _demo,
+    "train": _train,
+    "evaluate": _evaluate,
+    "generate": _generate,
+    "convert": _convert,
+    "upcycle": _upcycle,
+    "card": _card,
+    "push": _push,
+}
+
 # top-level modules of the `[train]` extra (pyproject.toml), which a core-only install lacks
 TRAIN_EXTRA_MODULES = {
     "accelerate",
@@ -140,20 +159,7 @@ def run_command(args) -> None:
     import hf_tfm  # noqa: F401  (registers the Auto classes)
 
     try:
-        if args.command == "demo":
-            from .training.main_job import run_main_job
-
-            run_main_job(
-                args.output_dir, scale=args.scale, max_files=args.max_files, seed=args.seed, overwrite=args.overwrite
-            )
-        elif args.command == "upcycle":
-            _upcycle(args.source, args.destination, args.num_experts, args.top_k)
-        elif args.command == "convert":
-            _convert(args.source, args.destination, args.to)
-        else:
-            {"train": _train, "evaluate": _evaluate, "generate": _generate, "card": _card, "push": _push}[
-                args.command
-            ](args)
+        COMMANDS[args.command](args)
     except (ValueError, FileNotFoundError, FileExistsError, PermissionError, HfHubHTTPError) as error:
         raise SystemExit(f"error: {error}") from error
     except ModuleNotFoundError as error:  # a core-only install: training, data and metrics come with the extra

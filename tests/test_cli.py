@@ -156,6 +156,12 @@ def test_convert_command_names_the_problem(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_every_command_the_parser_offers_runs_something():
+    from hf_tfm.cli import COMMANDS
+
+    assert set(COMMANDS) == set(build_parser()._subparsers._group_actions[0].choices)
+
+
 def test_convert_table_is_the_registry():
     """One table: the registry. The torch-free parser's family names and --to choices are its names, and README's
     converter table is the one the registry writes (`python -m hf_tfm.families`)."""
