@@ -471,6 +471,30 @@ def share_embeddings(stack: nn.Module, table: nn.Embedding) -> None:
     stack.__dict__["embed_tokens"] = table
 
 
+def rotary_module(config: TfmConfig, is_causal: bool) -> nn.Module:
+    """RoPE's tables: one, or one per layer type when `rope_parameters` is nested (local and global theta)."""
+    if not config.nested_rope():
+        return TfmRotaryEmbedding(config)
+    kinds = sorted(config.layer_kinds())
+    return nn.ModuleDict({kind: TfmRotaryEmbedding(config, layer_type=kind) for kind in kinds})
+
+
+# each position scheme: the stack attribute holding its module, and how the module is built (config, is_causal)
+POSITION_MODULES = {
+    "learned": (
+        "embed_positions",
+        lambda config, _: nn.Embedding(config.max_position_embeddings + config.position_offset, config.hidden_size),
+    ),
+    "sinusoidal": ("embed_positions", lambda config, _: TfmSinusoidalPositionalEmbedding(config)),
+    "rope": ("rotary_emb", rotary_module),
+    "alibi": ("position_bias", lambda config, _: TfmAlibiBias(config)),
+    "relative_bias": (
+        "position_bias",
+        lambda config, is_causal: TfmRelativePositionBias(config, bidirectional=not is_causal),
+    ),
+}
+
+
 class TfmStack(TfmPreTrainedModel):
     """Embeddings, position scheme, N blocks and the final norm: the body every paradigm shares. Causal or
     bidirectional, optionally with cross-attention (an encoder-decoder's decoder) and a pooler (an encoder)."""
@@ -491,24 +515,11 @@ class TfmStack(TfmPreTrainedModel):
             self.embed_tokens = nn.Embedding(config.padded_vocab_size(), config.hidden_size)
         else:
             share_embeddings(self, embed_tokens)
-        position = config.position_embedding_type
         # absent parts are None, not missing: a failed hasattr on a Module costs an exception per forward
         self.embed_positions = self.rotary_emb = self.position_bias = self.embed_token_types = None
-        if position == "learned":
-            self.embed_positions = nn.Embedding(
-                config.max_position_embeddings + config.position_offset, config.hidden_size
-            )
-        elif position == "sinusoidal":
-            self.embed_positions = TfmSinusoidalPositionalEmbedding(config)
-        elif position == "rope" and config.nested_rope():  # one table per layer type (local and global theta)
-            kinds = sorted(config.layer_kinds())
-            self.rotary_emb = nn.ModuleDict({kind: TfmRotaryEmbedding(config, layer_type=kind) for kind in kinds})
-        elif position == "rope":
-            self.rotary_emb = TfmRotaryEmbedding(config)
-        elif position == "alibi":
-            self.position_bias = TfmAlibiBias(config)
-        elif position == "relative_bias":
-            self.position_bias = TfmRelativePositionBias(config, bidirectional=not is_causal)
+        if config.position_embedding_type in POSITION_MODULES:  # "none" has no module
+            attribute, build = POSITION_MODULES[config.position_embedding_type]
+            setattr(self, attribute, build(config, is_causal))
         if config.type_vocab_size > 0:
             self.embed_token_types = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.embed_norm = make_norm(config) if config.embedding_norm else None

@@ -320,3 +320,11 @@ def test_a_backend_that_cannot_add_a_bias_is_refused_when_the_model_is_built():
         )
     model = AutoModelForCausalLM.from_config(tiny_config(), attn_implementation="engine_without_bias")
     assert model.config._attn_implementation == "engine_without_bias"
+
+
+def test_every_position_scheme_builds_its_module():
+    """The stack's table of position modules covers every scheme the config accepts ("none" has no module)."""
+    from hf_tfm.configuration_tfm import POSITION_EMBEDDING_TYPES
+    from hf_tfm.modeling_tfm_stack import POSITION_MODULES
+
+    assert set(POSITION_MODULES) == set(POSITION_EMBEDDING_TYPES) - {"none"}
