@@ -230,7 +230,7 @@ def build_model(spec: RunSpec, config_path: Path, pretrained: bool, tokenizer, l
 
 
 def training_arguments(spec: RunSpec, output: Path) -> TrainingArguments:
-    arguments_class = Seq2SeqTrainingArguments if spec.task == "seq2seq" else TrainingArguments
+    arguments_class = Seq2SeqTrainingArguments if TASKS[spec.task].generates else TrainingArguments
     quarter = max(1, spec.max_steps // 4)
     return arguments_class(
         output_dir=str(output / "checkpoints"),
@@ -306,8 +306,8 @@ class RunSeq2SeqTrainer(StopOnNonFiniteLoss, Seq2SeqTrainer):
 
 
 def make_trainer(spec: RunSpec, model, tokenizer, features, labels, args, callbacks):
-    trainer_class = RunSeq2SeqTrainer if spec.task == "seq2seq" else RunTrainer
-    classifying = spec.task in ("sequence-classification", "token-classification")
+    trainer_class = RunSeq2SeqTrainer if TASKS[spec.task].generates else RunTrainer
+    classifying = TASKS[spec.task].label_column is not None
     trainer = trainer_class(
         model=model,
         args=args,
@@ -330,14 +330,15 @@ def make_trainer(spec: RunSpec, model, tokenizer, features, labels, args, callba
 
 def final_metrics(trainer, task: str) -> dict[str, float]:
     """Validation scores of the trained model; seq2seq decodes greedily for its text metrics."""
-    if task == "seq2seq":  # generating is slow: only here, not in the evaluations during training
+    generates = TASKS[task].generates
+    if generates:  # generating is slow: only here, not in the evaluations during training
         trainer.args.predict_with_generate, trainer.args.generation_max_length = True, 32
         trainer.compute_metrics = compute_metrics_for(task, trainer.processing_class)
         # Seq2SeqTrainer writes every generation default (max_length=20, ...) into the model's generation config,
         # and a saved max_length makes every later generate(max_new_tokens=...) warn that both are set
         generation_config = copy.deepcopy(trainer.model.generation_config)
     metrics = trainer.evaluate()
-    if task == "seq2seq":
+    if generates:
         trainer.args.predict_with_generate, trainer.compute_metrics = False, None
         trainer.model.generation_config = generation_config
     scores = {key.removeprefix("eval_"): value for key, value in metrics.items() if key.startswith("eval_")}
@@ -346,7 +347,7 @@ def final_metrics(trainer, task: str) -> dict[str, float]:
         for k, v in scores.items()
         if k not in ("runtime", "samples_per_second", "steps_per_second", "epoch", "model_preparation_time")
     }
-    if task in ("causal-lm", "masked-lm", "seq2seq"):
+    if TASKS[task].perplexity:
         scores["perplexity"] = math.exp(scores["loss"])
     return scores
 
@@ -538,18 +539,10 @@ def run_tokenizer(spec: RunSpec, output: Path, config_path: Path, pretrained: bo
         elif pretrained:
             tokenizer = load_tokenizer(config_path)
         else:
-            texts = training_texts(spec.task, data["train"])
+            texts = TASKS[spec.task].texts(data["train"])
             tokenizer = tokenizers.train_tokenizer(texts, TASKS[spec.task].tokenizer, spec.vocab_size)
         tokenizer.save_pretrained(saved)
     return tokenizer
-
-
-def training_texts(task: str, train) -> list[str]:
-    if task == "seq2seq":
-        return [*train["source"], *train["target"]]
-    if task == "token-classification":
-        return [" ".join(words) for words in train["tokens"]]
-    return list(train["text"])
 
 
 def evaluate_saved(

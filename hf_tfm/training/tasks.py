@@ -68,6 +68,9 @@ class Task:
     collator: Callable  # (tokenizer, model) -> the Trainer's data collator
     metrics: Callable | None  # the Trainer's `compute_metrics` before binding; None: perplexity, from the eval loss
     label_column: str | None = None  # classification: the column whose values name the classes
+    perplexity: bool = False  # a language-modelling loss: its final scores add exp(loss)
+    generates: bool = False  # Seq2SeqTrainer, and final scores from greedy decoding (only then: generating is slow)
+    texts: Callable = lambda train: list(train["text"])  # the training split's texts, to train a tokenizer on
 
 
 TASKS = {
@@ -82,6 +85,7 @@ TASKS = {
             higher_is_better=False,
             collator=lambda tokenizer, model: DataCollatorForLanguageModeling(tokenizer, mlm=False),
             metrics=None,
+            perplexity=True,
         ),
         Task(
             name="masked-lm",
@@ -94,6 +98,7 @@ TASKS = {
                 tokenizer, mlm=True, mlm_probability=MLM_PROBABILITY
             ),
             metrics=None,
+            perplexity=True,
         ),
         Task(
             name="seq2seq",
@@ -104,6 +109,9 @@ TASKS = {
             higher_is_better=True,
             collator=lambda tokenizer, model: DataCollatorForSeq2Seq(tokenizer, model=model),
             metrics=generation_metrics,
+            perplexity=True,
+            generates=True,
+            texts=lambda train: [*train["source"], *train["target"]],
         ),
         Task(
             name="sequence-classification",
@@ -126,6 +134,7 @@ TASKS = {
             collator=lambda tokenizer, model: DataCollatorForTokenClassification(tokenizer),
             metrics=classification_metrics,
             label_column="tags",
+            texts=lambda train: [" ".join(words) for words in train["tokens"]],
         ),
     )
 }
