@@ -24,7 +24,6 @@ from transformers.utils import TransformersKwargs
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs, maybe_install_capturing_hooks
 
-from . import configuration_tfm_parallel
 from .compat import (
     CACHE_NAMES,
     accepts_legacy_cache_argument,
@@ -34,7 +33,7 @@ from .compat import (
     slice_logits_to_keep,
 )
 from .configuration_tfm import TfmConfig, round_up_to_multiple
-from .configuration_tfm_parallel import check_parallel_layout
+from .configuration_tfm_parallel import check_parallel_layout, sum_over_data_parallel_ranks
 from .modeling_tfm_layers import (
     AttentionModule,
     TfmAlibiBias,
@@ -283,7 +282,7 @@ class TfmPreTrainedModel(PreTrainedModel):
         if not routers:
             return
         loads = torch.stack([router.tokens_per_expert for router in routers])
-        loads = configuration_tfm_parallel.sum_over_data_parallel_ranks(self, loads)
+        loads = sum_over_data_parallel_ranks(self, loads)
         for router, load in zip(routers, loads):
             router.tokens_per_expert.copy_(load)
             router.update_bias(self.config.router_bias_update_rate)

@@ -38,7 +38,7 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM, Trainer, TrainerCallback, TrainingArguments
 
-import hf_tfm.configuration_tfm_parallel
+import hf_tfm.modeling_tfm_stack
 from hf_tfm import TfmDecoderForCausalLM
 from hf_tfm.modeling_tfm_stack import TfmBlock
 from hf_tfm.training.callbacks import RouterBiasCallback
@@ -126,12 +126,12 @@ def sharding(model) -> dict:
 @contextlib.contextmanager
 def local_expert_counts():
     """Router bias updates from this process's own expert counts, as if it trained alone."""
-    summed = hf_tfm.configuration_tfm_parallel.sum_over_data_parallel_ranks
-    hf_tfm.configuration_tfm_parallel.sum_over_data_parallel_ranks = lambda model, counts: counts
+    summed = hf_tfm.modeling_tfm_stack.sum_over_data_parallel_ranks
+    hf_tfm.modeling_tfm_stack.sum_over_data_parallel_ranks = lambda model, counts: counts
     try:
         yield
     finally:
-        hf_tfm.configuration_tfm_parallel.sum_over_data_parallel_ranks = summed
+        hf_tfm.modeling_tfm_stack.sum_over_data_parallel_ranks = summed
 
 
 def reference(folder: Path) -> dict:
