@@ -9,7 +9,7 @@ import transformers
 from . import modeling_tfm
 from .config_json_checks import check_config_json_on_load
 from .configuration_tfm import TfmConfig, TfmDecoderConfig, TfmEncoderConfig, TfmEncoderDecoderConfig
-from .hub import card  # noqa: F401  (registers hf_tfm's model card with the models' save_pretrained and push_to_hub)
+from .hub import card  # noqa: F401  (loaded: the models' save_pretrained and push_to_hub write its card)
 from .modeling_tfm import *  # noqa: F403  (the model classes, listed once: modeling_tfm.__all__)
 
 __version__ = "0.1.0"

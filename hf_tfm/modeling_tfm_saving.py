@@ -16,6 +16,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -256,14 +257,11 @@ def carry_over(old: Path, new: Path) -> None:
             _link_or_copy(entry.path, new / entry.name)
 
 
-# hf_tfm's card code (hf_tfm.hub.card) registers itself here when hf_tfm is imported; where these modules run as
-# remote code without hf_tfm, none is registered and transformers' own card is kept. Registered, not imported: the
-# card code reads the models, so importing it here would make the models and the card import each other.
-CARD_CODE = None
-
-
 def _card_code():
-    return CARD_CODE
+    """hf_tfm's card code (hf_tfm.hub.card) when hf_tfm is loaded (its __init__ imports it), for these modules in the
+    package and for their copies running as remote code alike; None without hf_tfm (transformers' card is kept).
+    Looked up, not imported: the card code reads the models, so importing it here would make them import each other."""
+    return sys.modules.get("hf_tfm.hub.card")
 
 
 def _write_card(model, folder: Path, name: str | None, tags=None) -> None:

@@ -13,7 +13,6 @@ import json
 import math
 import os
 import re
-import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib.resources import files
@@ -23,7 +22,6 @@ from typing import Any
 import yaml
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from .. import modeling_tfm_saving
 from ..family_record import PARADIGMS
 from ..modeling_tfm import TfmPreTrainedModel
 from ..modeling_tfm_layers import TfmExperts, TfmFeedForward, TfmMoE
@@ -464,6 +462,3 @@ def hub_card_to_keep(repo_id: str, *, token=None, revision: str | None = None) -
     except (EntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError):
         return False
     return keeps_card(_read_card(Path(path)))
-
-
-modeling_tfm_saving.CARD_CODE = sys.modules[__name__]  # the models' save_pretrained and push_to_hub write this card
