@@ -31,7 +31,7 @@ from hf_tfm.training import tokenizers
 from hf_tfm.training.callbacks import logged
 from hf_tfm.training.checkpoints import load_saved
 from hf_tfm.training.data import load_task_data
-from hf_tfm.training.run import RunSpec, load_tokenizer, train, training_texts
+from hf_tfm.training.run import RunSpec, load_tokenizer, train
 from hf_tfm.training.tasks import MLM_PROBABILITY, TASKS, tokenize
 
 # 4 layers of width 128 with 4 heads. The classic models' learned position table, biases and wider heads for K/V
@@ -232,7 +232,7 @@ def shared_tokenizer(task: str, folder: Path, vocab_size: int, max_files: int | 
     """One tokenizer per study, trained on its training split, for every model and seed."""
     if not (folder / "tokenizer.json").is_file():
         data = load_task_data(task, max_files=max_files)
-        texts = training_texts(task, data["train"])
+        texts = TASKS[task].texts(data["train"])
         tokenizers.train_tokenizer(texts, TASKS[task].tokenizer, vocab_size).save_pretrained(folder)
     return str(folder)
 
