@@ -199,7 +199,7 @@ def check_parallel_layout(config: PreTrainedConfig, distributed_config: Distribu
         raise ValueError(f"Invalid `{refusal[0]}` for pipeline parallelism (pp_size={pp}): {refusal[1]}")
 
 
-def sum_over_data_parallel_ranks(model, tensor):
+def sum_over_data_parallel_ranks(model: torch.nn.Module, tensor: torch.Tensor) -> torch.Tensor:
     """`tensor` summed over the ranks that train `model` on different batches. A model sharded at load time
     (`from_pretrained(..., distributed_config=...)`) names them in its device mesh (the "dp_replicate" and "fsdp"
     dimensions: tensor-parallel ranks share a batch, pipeline stages hold different layers); under DDP or a

@@ -10,7 +10,6 @@ alternating gate/up rows, kept copies), inverted for the way back by mapping the
 `load_exact` refuses any missing or unexpected tensor.
 """
 
-import copy
 import re
 
 import torch
@@ -19,7 +18,7 @@ from torch import nn
 
 from . import modeling_tfm
 from .configuration_tfm import TfmConfig, TfmDecoderConfig, TfmEncoderConfig, TfmEncoderDecoderConfig
-from .convert_common import converted_config, inverted, load_exact, renamed_fields, require_paradigm
+from .convert_common import config_with, converted_config, inverted, load_exact, renamed_fields, require_paradigm
 from .families import FAMILIES
 from .family_record import Family, Weights
 
@@ -123,6 +122,11 @@ def _joined(weights: Weights, tensors: list[torch.Tensor], heads: int) -> torch.
     return torch.stack(per_head, dim=1).reshape(-1, *tensors[0].shape[1:])
 
 
+def _transposed(weights: Weights, key: str) -> bool:
+    """Whether the reference tensor `key` is stored `[in, out]`."""
+    return weights.transposed is not None and re.search(weights.transposed, key) is not None
+
+
 def _alternation(weights: Weights, key: str) -> int | None:
     """The axis along which the reference tensor `key`'s gate and up rows alternate, if they do."""
     return next((axis for pattern, axis in weights.alternating if re.search(pattern, key)), None)
@@ -172,7 +176,7 @@ def weights_to_tfm(weights: Weights, source: dict, target: nn.Module) -> dict:
     for key, tensor in source.items():
         if key in weights.copies:
             continue
-        if weights.transposed and re.search(weights.transposed, key):
+        if _transposed(weights, key):
             tensor = tensor.transpose(-2, -1)
         if (axis := _alternation(weights, key)) is not None:
             tensor = _stacked(tensor, axis)
@@ -206,7 +210,7 @@ def weights_from_tfm(weights: Weights, source: dict, target: nn.Module, heads: i
             continue  # load_exact names it
         if (axis := _alternation(weights, key)) is not None:
             tensor = _alternated(tensor, axis)
-        if weights.transposed and re.search(weights.transposed, key):
+        if _transposed(weights, key):
             tensor = tensor.transpose(-2, -1)
         state[key] = _fitted(tensor, expected[key])
     for key, (original, _) in weights.copies.items():
@@ -246,8 +250,7 @@ def from_tfm(model: nn.Module, name: str) -> nn.Module:
         record.check(model)
     config = model.config
     if isinstance(config, TfmEncoderConfig) and config.use_pooler and getattr(model, "pooler", None) is None:
-        config = copy.deepcopy(config)  # use_pooler says nothing about a model without a pooler (an MLM head)
-        config.use_pooler = False
+        config = config_with(config, use_pooler=False)  # says nothing about a model without a pooler (an MLM head)
     their_config = config_from_tfm(config, name)
     if record.reference_config:
         their_config = record.reference_config(model, their_config)

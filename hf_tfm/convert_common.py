@@ -37,6 +37,14 @@ def field_names(*same: str, **renamed: str) -> dict[str, str]:
     return {name: name for name in (*SHARED_FIELDS, *same)} | renamed
 
 
+def config_with(config, **values):
+    """A copy of `config` with `values` set: a field in the one form a conversion compares, or a run's choice."""
+    config = copy.deepcopy(config)
+    for name, value in values.items():
+        setattr(config, name, value)
+    return config
+
+
 def implicit_head_dim(config) -> int:
     """The head width of a reference config without a `head_dim` field (Qwen2, OLMo2, SmolLM3, Phi-3): its modeling
     code reads `getattr(config, "head_dim", hidden_size // num_attention_heads)`, so an extra `head_dim` key counts."""

@@ -6,7 +6,14 @@ Qwen3, Qwen3-MoE, OLMo2, Phi-3, Gemma 2, SmolLM3). What each one is beyond Llama
 import copy
 
 from .compat import GPT_OSS_FIXED_SWIGLU, gpt_oss_declares_swiglu
-from .convert_common import LLAMA_FAMILY_STACK, field_names, head_dim_kwargs, implicit_head_dim, require_full_rotary
+from .convert_common import (
+    LLAMA_FAMILY_STACK,
+    config_with,
+    field_names,
+    head_dim_kwargs,
+    implicit_head_dim,
+    require_full_rotary,
+)
 from .family_record import PRESET_DECODER, PRESET_SIZE, PRESET_UNSET_TOKENS, Family, Weights
 
 # ------------------------------------------------------------------------------------------------------------ GPT-2
@@ -77,16 +84,8 @@ GPT2 = Family(
     from_tfm=lambda config: {
         "n_inner": None if config.intermediate_size == 4 * config.hidden_size else config.intermediate_size
     },
-    their_form=lambda config: _with(config, n_inner=None) if config.n_inner == 4 * config.n_embd else config,
+    their_form=lambda config: config_with(config, n_inner=None) if config.n_inner == 4 * config.n_embd else config,
 )
-
-
-def _with(config, **values):
-    """A copy of `config` with `values` set (a field written in the form the way back writes it)."""
-    config = copy.deepcopy(config)
-    for name, value in values.items():
-        setattr(config, name, value)
-    return config
 
 
 # --------------------------------------------------------------------------------------------------------- GPT-NeoX
@@ -186,10 +185,15 @@ def llama_family_rope(config) -> dict:
     return {key: value for key, value in (config.rope_parameters or {}).items() if key != "partial_rotary_factor"}
 
 
+def _derived_head_dim(config) -> bool:
+    """Whether `config.head_dim` is the width the modeling code derives anyway, `hidden_size // heads`."""
+    return getattr(config, "head_dim", None) == config.hidden_size // config.num_attention_heads
+
+
 def without_derived_head_dim(config):
     """A config without a `head_dim` key that equals the width the modeling code derives anyway (the way back
     writes the key only when it differs)."""
-    if getattr(config, "head_dim", None) == config.hidden_size // config.num_attention_heads:
+    if _derived_head_dim(config):
         config = copy.deepcopy(config)
         del config.head_dim
     return config
@@ -312,9 +316,8 @@ MIXTRAL = llama_family(
     to_tfm=lambda config: {"intermediate_size": config.intermediate_size},
     from_tfm=_mixtral_from_tfm,
     weights=Weights(renames=ROUTER_RENAMES),
-    their_form=lambda config: (
-        _with(config, head_dim=None) if config.head_dim == config.hidden_size // config.num_attention_heads else config
-    ),
+    # MixtralConfig writes the derived head width as None: compared in that form
+    their_form=lambda config: config_with(config, head_dim=None) if _derived_head_dim(config) else config,
     pair={"note": " (grouped_mm)"},
     summary="MoE",
 )
@@ -519,7 +522,7 @@ def gemma_unread(config) -> dict:
 def gemma_our_form(config):
     # hf_tfm's default scale head_dim ** -0.5 is Gemma 2's query_pre_attn_scalar = head_dim
     if config.query_pre_attn_scalar is None and config.attention_multiplier is None:
-        return _with(config, query_pre_attn_scalar=float(config.head_dim))
+        return config_with(config, query_pre_attn_scalar=float(config.head_dim))
     return config
 
 
@@ -584,7 +587,7 @@ GEMMA3 = llama_family(
     },
     unread_of=gemma_unread,
     # one RoPE dict for every layer is the same as one per layer type, the form that comes back
-    our_form=lambda config: _with(gemma_our_form(config), rope_parameters=_gemma3_rope(config)),
+    our_form=lambda config: config_with(gemma_our_form(config), rope_parameters=_gemma3_rope(config)),
     preset=dict(
         PRESET_DECODER,
         head_dim=32,
@@ -767,7 +770,7 @@ DEEPSEEK_V3 = llama_family(
     from_tfm=_deepseek_v3_from_tfm,
     # more dense layers than layers is every layer dense: the same model, written back as the depth
     their_form=lambda config: (
-        _with(config, first_k_dense_replace=config.num_hidden_layers)
+        config_with(config, first_k_dense_replace=config.num_hidden_layers)
         if config.first_k_dense_replace > config.num_hidden_layers
         else config
     ),
@@ -862,7 +865,7 @@ PHI3 = llama_family(
     unread={"embd_pdrop": "Phi3Model never applies it (no dropout on the embeddings)"},
     unread_of=_phi3_unread,
     our_form=lambda config: (
-        _with(config, rope_parameters=_phi3_rope(config.rope_parameters))
+        config_with(config, rope_parameters=_phi3_rope(config.rope_parameters))
         if (config.rope_parameters or {}).get("partial_rotary_factor") == 1.0
         else config
     ),
@@ -923,13 +926,13 @@ SMOLLM3 = llama_family(
     unread_of=_smollm3_unread,
     # entries of no_rope_layers past the last layer are never read
     their_form=lambda config: (
-        _with(config, no_rope_layers=config.no_rope_layers[: config.num_hidden_layers])
+        config_with(config, no_rope_layers=config.no_rope_layers[: config.num_hidden_layers])
         if len(config.no_rope_layers) > config.num_hidden_layers
         else config
     ),
     # the same NoPE layers in the one form that comes back: sorted, [] as None
     our_form=lambda config: (
-        _with(config, nope_layers=sorted(set(config.nope_layers)) or None)
+        config_with(config, nope_layers=sorted(set(config.nope_layers)) or None)
         if config.nope_layers is not None
         else config
     ),

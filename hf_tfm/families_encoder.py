@@ -5,7 +5,7 @@ rows' gradients in training.
 
 import copy
 
-from .convert_common import field_names, require_full_rotary
+from .convert_common import config_with, field_names, require_full_rotary
 from .family_record import PRESET_ENCODER_TOKENS, PRESET_SIZE, Family, Weights
 
 # ------------------------------------------------------------------------------------------------------------- BERT
@@ -60,8 +60,7 @@ def _bert_unread(config) -> dict:
 
 def _bert_form(config):
     if config.classifier_dropout == config.hidden_dropout_prob:  # what hf_tfm's classifier heads drop out with
-        config = copy.deepcopy(config)
-        config.classifier_dropout = None
+        return config_with(config, classifier_dropout=None)
     return config
 
 
@@ -87,6 +86,16 @@ def _pooling_layer(model) -> dict:
     return {} if "MaskedLM" in type(model).__name__ else {"add_pooling_layer": model.pooler is not None}
 
 
+# what BERT and RoBERTa alike keep outside their configs (the pooler) or write in another form
+BERT_HOOKS = dict(
+    their_form=_bert_form,
+    unread_of=_bert_unread,
+    options=_pooler_options,
+    our_options=lambda config: {"use_pooler": config.use_pooler},
+    reference_kwargs=_pooling_layer,
+)
+
+
 BERT = Family(
     name="bert",
     paradigm="tfm_encoder",
@@ -107,11 +116,7 @@ BERT = Family(
     pair={"note": ""},
     to_tfm=lambda config, use_pooler=True: dict(embedding_dropout=config.hidden_dropout_prob, use_pooler=use_pooler),
     from_tfm=_one_token_type("BertConfig"),
-    their_form=_bert_form,
-    unread_of=_bert_unread,
-    options=_pooler_options,
-    our_options=lambda config: {"use_pooler": config.use_pooler},
-    reference_kwargs=_pooling_layer,
+    **BERT_HOOKS,
 )
 
 
@@ -167,12 +172,8 @@ ROBERTA = Family(
     preset=dict(PRESET_SIZE, intermediate_size=512, max_position_embeddings=514),  # pad 1 (its own)
     to_tfm=_roberta_to_tfm,
     from_tfm=_roberta_from_tfm,
-    their_form=_bert_form,
-    unread_of=_bert_unread,
-    options=_pooler_options,
-    our_options=lambda config: {"use_pooler": config.use_pooler},
     check=_require_gelu_head,
-    reference_kwargs=_pooling_layer,
+    **BERT_HOOKS,
 )
 
 

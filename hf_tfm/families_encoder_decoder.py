@@ -2,8 +2,7 @@
 copies both references keep per stack must equal it.
 """
 
-import copy
-
+from .convert_common import config_with
 from .family_record import Family, Weights
 
 ONE_TOKEN_TABLE = "hf_tfm keeps one token table shared by encoder and decoder"
@@ -47,8 +46,7 @@ def _t5_from_tfm(config) -> dict:
 
 def _t5_form(config):
     if getattr(config, "decoder_start_token_id", None) is None:  # T5 starts decoding with pad
-        config = copy.deepcopy(config)
-        config.decoder_start_token_id = config.pad_token_id
+        return config_with(config, decoder_start_token_id=config.pad_token_id)
     return config
 
 

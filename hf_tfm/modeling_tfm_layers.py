@@ -823,11 +823,9 @@ class TfmExperts(nn.Module):
         for expert in hit:
             expert = expert[0]
             slot, token = torch.where(routed[expert])
-            biases = (None, None) if self.down_proj_bias is None else (self.gate_up_proj_bias, self.down_proj_bias)
-            gate_up = nn.functional.linear(hidden_states[token], self.gate_up_proj[expert], _row(biases[0], expert))
-            expert_out = nn.functional.linear(
-                self._apply_gate(gate_up), self.down_proj[expert], _row(biases[1], expert)
-            )
+            up_bias, down_bias = _row(self.gate_up_proj_bias, expert), _row(self.down_proj_bias, expert)
+            gate_up = nn.functional.linear(hidden_states[token], self.gate_up_proj[expert], up_bias)
+            expert_out = nn.functional.linear(self._apply_gate(gate_up), self.down_proj[expert], down_bias)
             output.index_add_(0, token, (expert_out * top_k_weights[token, slot, None]).to(output.dtype))
         return output
 

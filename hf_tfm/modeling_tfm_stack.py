@@ -281,8 +281,7 @@ class TfmPreTrainedModel(PreTrainedModel):
         routers = [module for module in self.modules() if isinstance(module, TfmRouter) and module.balancing]
         if not routers:
             return
-        loads = torch.stack([router.tokens_per_expert for router in routers])
-        loads = sum_over_data_parallel_ranks(self, loads)
+        loads = sum_over_data_parallel_ranks(self, torch.stack([router.tokens_per_expert for router in routers]))
         for router, load in zip(routers, loads):
             router.tokens_per_expert.copy_(load)
             router.update_bias(self.config.router_bias_update_rate)

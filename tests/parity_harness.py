@@ -139,7 +139,12 @@ def assert_refused_by_name(convert, source, field: str, others=()):
     assert not named, str(error.value)
 
 
-def assert_router_outputs_match(ref, ours, experts: str, moe_layers: int, aux_loss: bool = True):
+def moe_layers(model) -> list[bool]:
+    """Which of the model's layers are Mixture-of-Experts layers."""
+    return [model.config.is_moe_layer(i) for i in range(model.config.num_hidden_layers)]
+
+
+def assert_router_outputs_match(ref, ours, experts: str, routed_layers: int, aux_loss: bool = True):
     """With labels and `output_router_logits`, under the experts backend `experts`: one router-logits tensor per MoE
     layer, equal on the real tokens, the same logits, the same aux loss (load balancing over the real tokens, shown
     in the loss unless `aux_loss` is False: DeepSeek-V3 adds none) and the same loss."""
@@ -153,7 +158,7 @@ def assert_router_outputs_match(ref, ours, experts: str, moe_layers: int, aux_lo
         actual = ours(**kwargs, output_router_logits=True)
     real = attention_mask.bool()
     torch.testing.assert_close(actual.logits[real], expected.logits[real], atol=ATOL, rtol=0)
-    assert len(actual.router_logits) == moe_layers
+    assert len(actual.router_logits) == routed_layers
     references = getattr(expected, "router_logits", None)  # DeepSeek-V3's reports them from transformers 5.19 on
     for mine, theirs in zip(actual.router_logits, references or (), strict=references is not None):
         torch.testing.assert_close(mine[real.reshape(-1)], theirs[real.reshape(-1)], atol=ATOL, rtol=0)

@@ -110,7 +110,7 @@ def test_the_cache_holds_what_transformers_holds():
 def test_deepseek_v3_router_logits_and_loss_match(experts):
     """DeepSeek-V3 adds no aux loss: router_aux_loss_coef is 0 on hf_tfm's side."""
     ref = deepseek_v3()
-    assert_router_outputs_match(ref, to_tfm(ref), experts, moe_layers=2, aux_loss=False)
+    assert_router_outputs_match(ref, to_tfm(ref), experts, routed_layers=2, aux_loss=False)
 
 
 @pytest.mark.parametrize(

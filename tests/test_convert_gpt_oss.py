@@ -79,7 +79,7 @@ def test_gpt_oss_router_logits_aux_loss_and_loss_match(experts):
     """Under each experts backend (transformers' batched and grouped kernels add the experts' biases and call
     hf_tfm's clamped gate)."""
     ref = gpt_oss()
-    assert_router_outputs_match(ref, to_tfm(ref), experts, moe_layers=3)
+    assert_router_outputs_match(ref, to_tfm(ref), experts, routed_layers=3)
 
 
 def _zeroed(model, *names):

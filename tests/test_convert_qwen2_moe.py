@@ -17,6 +17,7 @@ from parity_harness import (
     assert_refused_by_name,
     assert_round_trip,
     assert_router_outputs_match,
+    moe_layers,
     padded_batch,
 )
 from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
@@ -50,10 +51,6 @@ VARIANTS = [
     ),
     pytest.param(dict(head_dim=16, tie_word_embeddings=True), [True, True], id="head_dim-tied"),
 ]
-
-
-def moe_layers(model) -> list[bool]:
-    return [model.config.is_moe_layer(i) for i in range(model.config.num_hidden_layers)]
 
 
 @pytest.mark.parametrize("overrides, moe", VARIANTS)

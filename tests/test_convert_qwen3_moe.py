@@ -16,6 +16,7 @@ from parity_harness import (
     assert_refused_by_name,
     assert_round_trip,
     assert_router_outputs_match,
+    moe_layers,
 )
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
@@ -48,10 +49,6 @@ VARIANTS = [
     pytest.param(dict(head_dim=16, tie_word_embeddings=True), [True, True], id="head_dim-tied"),
     pytest.param(dict(head_dim=8), [True, True], id="head_dim-derived"),  # the key, with the value it derives
 ]
-
-
-def moe_layers(model) -> list[bool]:
-    return [model.config.is_moe_layer(i) for i in range(model.config.num_hidden_layers)]
 
 
 @pytest.mark.parametrize("overrides, moe", VARIANTS)
