@@ -4,10 +4,10 @@ The decoder-only model is a causal stack, the encoder a bidirectional stack, the
 stack feeding a causal stack with cross-attention. The stack and blocks live in `modeling_tfm_stack.py` and
 `modeling_tfm_layers.py`; caches, masks, generation, losses and output capture come from transformers.
 
-Every head is one pattern (`TfmHead`): a body, one task layer, and a `predict` that turns the body's output into
-logits and a loss; the forward pass, the MoE router losses and the output fields are the pattern's. A paradigm's
-head base (`TfmDecoderHead`, `TfmEncoderHead`) holds the forward signature, so a new head is its task layer and
-`predict`.
+Every head is one pattern (`TfmHead`): a body, one task layer, and a forward that hands its arguments to the body by
+name, the body's output to the task layer (logits and a loss), and both to `head_output` (MoE router losses, output
+fields). A paradigm's head base (`TfmDecoderHead`, `TfmEncoderHead`) writes the forward its heads share, so a new
+head is its task layer and `predict`.
 """
 
 from dataclasses import dataclass
@@ -77,11 +77,11 @@ class TfmHead(TfmPreTrainedModel):
     """A body plus one task layer: how every hf_tfm head is built and run.
 
     A head names its task layer (`task_layer`, transformers' name for it: `lm_head`, `score`, `classifier`,
-    `qa_outputs`) and builds it (`build_task_layer`); its paradigm builds the body (`build_body`, kept as `model`) and
-    writes the forward signature, which hands the body's arguments and the labels to `run_head`; the head's `predict`
-    turns the body's output into its own output fields (logits and loss). `run_head` does the rest: MoE router
-    logits when they are wanted, the router losses joined to the task loss, and the output (`output_class`) with
-    every field of the body's output that it has (hidden states, attentions, cache, router logits).
+    `qa_outputs`) and builds it (`build_task_layer`); its paradigm builds the body (`build_body`, kept as `model`).
+    The forward, as in transformers' heads, hands its arguments to the body by name, then the body's output to the
+    task layer (`predict`: logits and loss), then both to `head_output`, which joins the MoE router losses to the task
+    loss and builds the output (`output_class`) with every field of the body's output that it has (hidden states,
+    attentions, cache, router logits). A paradigm's head base writes the forward its heads share.
 
     transformers' Generic*ForSequenceClassification / TokenClassification / QuestionAnswering heads are not used:
     they build their body with AutoModel.from_config, know no router losses, score a batch without targets as NaN,
@@ -104,25 +104,20 @@ class TfmHead(TfmPreTrainedModel):
         setattr(self, self.task_layer, self.build_task_layer(config))
         self.post_init()
 
-    def run_head(self, inputs: dict, labels: dict, kwargs: dict, **head_args) -> ModelOutput:
-        """The body on `inputs`, then `predict(outputs, inputs, **labels, **head_args, **kwargs)`. `labels` holds the
-        forward's label arguments by name: the first (`labels`, or extractive QA's `start_positions`) decides whether
-        an MoE body reports its router logits, and counts the scored items under Trainer's `num_items_in_batch`."""
-        target = next(iter(labels.values()))
-        routed = self.wants_router_logits(kwargs, target)
-        outputs = self.model(**inputs, output_router_logits=routed, **kwargs)
-        # kwargs carry Trainer's num_items_in_batch: a forward that accepts **kwargs gets it, and Trainer then no
-        # longer divides by the accumulation steps, so a token-level loss must divide by it to keep accumulation exact
-        result = self.predict(outputs, inputs, **labels, **head_args, **kwargs)
-        if routed:  # MoE: each stack's router losses join the task loss, over that stack's real tokens
-            for aux_field, router_logits, attention_mask in self.router_stacks(outputs, inputs):
-                if router_logits:
-                    result["loss"], result[aux_field] = self.add_router_losses(
-                        result["loss"], router_logits, attention_mask, target, **kwargs
-                    )
+    def head_output(self, outputs: ModelOutput, fields: dict, labels, router_stacks=(), **kwargs) -> ModelOutput:
+        """The head's output from the task layer's `fields` (logits and loss) and the body's `outputs`: each MoE
+        stack's router losses joined to the loss, and every field of the body's output that `output_class` has
+        (hidden states, attentions, cache, router logits). `router_stacks` holds (output field of the aux loss,
+        router logits, padding mask) for each stack that was asked for its router logits; `labels` (extractive QA:
+        the start positions) counts the scored items under Trainer's `num_items_in_batch`."""
+        for aux_field, router_logits, attention_mask in router_stacks:
+            if router_logits:
+                fields["loss"], fields[aux_field] = self.add_router_losses(
+                    fields["loss"], router_logits, attention_mask, labels, **kwargs
+                )
         reported = self.output_class.__dataclass_fields__
-        result.update((name, value) for name, value in outputs.items() if name in reported)
-        return self.output_class(**result)
+        fields.update((name, value) for name, value in outputs.items() if name in reported)
+        return self.output_class(**fields)
 
     # ------------------------------------------------------------------------------------------- the losses
 
@@ -229,10 +224,6 @@ class TfmHead(TfmPreTrainedModel):
             loss = self.task_loss(loss_function, logits=logits, labels=labels, vocab_size=config.vocab_size, **kwargs)
         return {"logits": logits, "loss": loss}
 
-    def router_stacks(self, outputs: ModelOutput, inputs: dict) -> list[tuple]:
-        """(output field of the aux loss, router logits, padding mask) for each stack of the body."""
-        return [("aux_loss", outputs.router_logits, inputs["attention_mask"])]
-
 
 class TfmTokenClassification:
     """A label per token (NER, part of speech): dropout, then a linear layer on every token's final hidden state."""
@@ -244,8 +235,8 @@ class TfmTokenClassification:
         self.dropout = nn.Dropout(config.hidden_dropout)
         return nn.Linear(config.hidden_size, config.num_labels)
 
-    def predict(self, outputs, inputs, labels=None, **kwargs):
-        check_labels(labels, inputs["input_ids"], inputs["inputs_embeds"])
+    def predict(self, outputs, labels, input_ids, inputs_embeds, **kwargs):
+        check_labels(labels, input_ids, inputs_embeds)
         logits = getattr(self, self.task_layer)(self.dropout(outputs.last_hidden_state))
         loss = None
         if labels is not None:
@@ -263,7 +254,7 @@ class TfmQuestionAnswering:
     def build_task_layer(self, config):
         return nn.Linear(config.hidden_size, 2)
 
-    def predict(self, outputs, inputs, start_positions=None, end_positions=None, **kwargs):
+    def predict(self, outputs, start_positions, end_positions, **kwargs):
         start_logits, end_logits = self.qa_outputs(outputs.last_hidden_state).unbind(dim=-1)
         start_logits, end_logits = start_logits.contiguous(), end_logits.contiguous()
         loss = None
@@ -309,15 +300,20 @@ class TfmDecoderHead(TfmHead):
         use_cache: bool | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> ModelOutput:
-        inputs = dict(
+        routed = self.wants_router_logits(kwargs, labels)
+        outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
             cache=cache,
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
+            output_router_logits=routed,
+            **kwargs,
         )
-        return self.run_head(inputs, {"labels": labels}, kwargs)
+        fields = self.predict(outputs, labels, input_ids, inputs_embeds, **kwargs)
+        stacks = [("aux_loss", outputs.router_logits, attention_mask)] if routed else ()
+        return self.head_output(outputs, fields, labels, stacks, **kwargs)
 
 
 class TfmDecoderForCausalLM(TfmDecoderHead, GenerationMixin):
@@ -345,20 +341,22 @@ class TfmDecoderForCausalLM(TfmDecoderHead, GenerationMixin):
         logits_to_keep: int | torch.Tensor = 0,
         **kwargs: Unpack[TransformersKwargs],
     ) -> MoeCausalLMOutputWithPast:
-        inputs = dict(
+        check_labels(labels, input_ids, inputs_embeds)
+        routed = self.wants_router_logits(kwargs, labels)
+        outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
             cache=cache,
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
+            output_router_logits=routed,
+            **kwargs,
         )
-        return self.run_head(inputs, {"labels": labels}, kwargs, logits_to_keep=logits_to_keep)
-
-    def predict(self, outputs, inputs, labels=None, logits_to_keep=0, **kwargs):
-        check_labels(labels, inputs["input_ids"], inputs["inputs_embeds"])
         hidden = outputs.last_hidden_state
-        return self.vocabulary_prediction(hidden, labels, self.lm_head, self.loss_function, logits_to_keep, **kwargs)
+        fields = self.vocabulary_prediction(hidden, labels, self.lm_head, self.loss_function, logits_to_keep, **kwargs)
+        stacks = [("aux_loss", outputs.router_logits, attention_mask)] if routed else ()
+        return self.head_output(outputs, fields, labels, stacks, **kwargs)
 
 
 class TfmDecoderForSequenceClassification(TfmDecoderHead):
@@ -374,9 +372,9 @@ class TfmDecoderForSequenceClassification(TfmDecoderHead):
         self.num_labels = config.num_labels
         return nn.Linear(config.hidden_size, config.num_labels, bias=False)
 
-    def predict(self, outputs, inputs, labels=None, **kwargs):
+    def predict(self, outputs, labels, input_ids, inputs_embeds, **kwargs):
         logits = self.score(outputs.last_hidden_state)
-        input_ids, pad = inputs["input_ids"], self.config.pad_token_id
+        pad = self.config.pad_token_id
         if input_ids is None or pad is None:
             if logits.shape[0] > 1 and pad is None:
                 raise ValueError("Classifying a batch needs config.pad_token_id to find each row's last token")
@@ -416,14 +414,19 @@ class TfmDecoderForQuestionAnswering(TfmQuestionAnswering, TfmDecoderHead):
         end_positions: torch.LongTensor | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> TfmQuestionAnsweringOutput:
-        inputs = dict(
+        routed = self.wants_router_logits(kwargs, start_positions)
+        outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
             cache=cache,
             inputs_embeds=inputs_embeds,
+            output_router_logits=routed,
+            **kwargs,
         )
-        return self.run_head(inputs, {"start_positions": start_positions, "end_positions": end_positions}, kwargs)
+        fields = self.predict(outputs, start_positions, end_positions, **kwargs)
+        stacks = [("aux_loss", outputs.router_logits, attention_mask)] if routed else ()
+        return self.head_output(outputs, fields, start_positions, stacks, **kwargs)
 
 
 # ------------------------------------------------------------------------------------------------ encoder-only
@@ -458,14 +461,19 @@ class TfmEncoderHead(TfmHead):
         labels: torch.Tensor | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> ModelOutput:
-        inputs = dict(
+        routed = self.wants_router_logits(kwargs, labels)
+        outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
             token_type_ids=token_type_ids,
             position_ids=position_ids,
             inputs_embeds=inputs_embeds,
+            output_router_logits=routed,
+            **kwargs,
         )
-        return self.run_head(inputs, {"labels": labels}, kwargs)
+        fields = self.predict(outputs, labels, input_ids, inputs_embeds, **kwargs)
+        stacks = [("aux_loss", outputs.router_logits, attention_mask)] if routed else ()
+        return self.head_output(outputs, fields, labels, stacks, **kwargs)
 
 
 class TfmEncoderForMaskedLM(TfmEncoderHead):
@@ -483,8 +491,8 @@ class TfmEncoderForMaskedLM(TfmEncoderHead):
     def set_output_embeddings(self, new_embeddings):
         self.lm_head.decoder = new_embeddings
 
-    def predict(self, outputs, inputs, labels=None, **kwargs):
-        check_labels(labels, inputs["input_ids"], inputs["inputs_embeds"])
+    def predict(self, outputs, labels, input_ids, inputs_embeds, **kwargs):
+        check_labels(labels, input_ids, inputs_embeds)
         hidden = self.lm_head.transform(outputs.last_hidden_state)
         return self.vocabulary_prediction(hidden, labels, self.lm_head.decoder, self.loss_function, **kwargs)
 
@@ -501,7 +509,7 @@ class TfmEncoderForSequenceClassification(TfmEncoderHead):
         self.dropout = nn.Dropout(config.hidden_dropout)
         return nn.Linear(config.hidden_size, config.num_labels)
 
-    def predict(self, outputs, inputs, labels=None, **kwargs):
+    def predict(self, outputs, labels, input_ids, inputs_embeds, **kwargs):
         pooled = outputs.pooler_output if outputs.pooler_output is not None else outputs.last_hidden_state[:, 0]
         logits = self.classifier(self.dropout(pooled))
         loss = None
@@ -527,14 +535,19 @@ class TfmEncoderForQuestionAnswering(TfmQuestionAnswering, TfmEncoderHead):
         end_positions: torch.LongTensor | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> TfmQuestionAnsweringOutput:
-        inputs = dict(
+        routed = self.wants_router_logits(kwargs, start_positions)
+        outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
             token_type_ids=token_type_ids,
             position_ids=position_ids,
             inputs_embeds=inputs_embeds,
+            output_router_logits=routed,
+            **kwargs,
         )
-        return self.run_head(inputs, {"start_positions": start_positions, "end_positions": end_positions}, kwargs)
+        fields = self.predict(outputs, start_positions, end_positions, **kwargs)
+        stacks = [("aux_loss", outputs.router_logits, attention_mask)] if routed else ()
+        return self.head_output(outputs, fields, start_positions, stacks, **kwargs)
 
 
 # --------------------------------------------------------------------------------------------- encoder-decoder
@@ -675,7 +688,8 @@ class TfmEncoderDecoderForConditionalGeneration(TfmHead, GenerationMixin):
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
             check_labels(labels, decoder_input_ids, decoder_inputs_embeds, "decoder_input_ids")
-        inputs = dict(
+        routed = self.wants_router_logits(kwargs, labels)
+        outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
             decoder_input_ids=decoder_input_ids,
@@ -686,20 +700,20 @@ class TfmEncoderDecoderForConditionalGeneration(TfmHead, GenerationMixin):
             decoder_inputs_embeds=decoder_inputs_embeds,
             decoder_position_ids=decoder_position_ids,
             use_cache=use_cache,
+            output_router_logits=routed,
+            **kwargs,
         )
-        return self.run_head(inputs, {"labels": labels}, kwargs, logits_to_keep=logits_to_keep)
-
-    def predict(self, outputs, inputs, labels=None, logits_to_keep=0, **kwargs):
         # labels are already the decoder's targets: plain cross-entropy, not transformers' ForConditionalGeneration
         # loss, which shifts labels like a causal LM
         hidden = outputs.last_hidden_state
-        return self.vocabulary_prediction(hidden, labels, self.lm_head, ForMaskedLMLoss, logits_to_keep, **kwargs)
-
-    def router_stacks(self, outputs, inputs):
-        return [
-            ("encoder_aux_loss", outputs.encoder_router_logits, inputs["attention_mask"]),
-            ("decoder_aux_loss", outputs.decoder_router_logits, inputs["decoder_attention_mask"]),
-        ]
+        fields = self.vocabulary_prediction(hidden, labels, self.lm_head, ForMaskedLMLoss, logits_to_keep, **kwargs)
+        stacks = ()
+        if routed:  # each stack's router losses over that stack's real tokens
+            stacks = [
+                ("encoder_aux_loss", outputs.encoder_router_logits, attention_mask),
+                ("decoder_aux_loss", outputs.decoder_router_logits, decoder_attention_mask),
+            ]
+        return self.head_output(outputs, fields, labels, stacks, **kwargs)
 
 
 # the public model classes; hf_tfm/__init__.py exports these names

@@ -2,8 +2,11 @@
 plus hf_tfm's router losses and zero loss without targets), and what every head shares: the MoE output classes and
 the task-layer names the saving code knows. Tiny shapes, fp32, CPU."""
 
+import ast
 import dataclasses
+import inspect
 import pickle
+import textwrap
 
 import pytest
 import torch
@@ -278,6 +281,27 @@ def test_every_head_adds_one_named_task_layer(model_class, config_class):
     model = model_class(tiny_config(config_class, num_labels=LABELS, **CONFIGS[config_class]))
     assert {key.split(".")[0] for key in model.state_dict()} == {"model", model_class.task_layer}
     assert model_class.task_layer in HEAD_MODULES
+
+
+# a head's own arguments: what its task layer reads, not the body
+HEAD_ARGUMENTS = {"self", "labels", "start_positions", "end_positions", "logits_to_keep", "kwargs"}
+
+
+@pytest.mark.parametrize("model_class, config_class", ALL_HEADS)
+def test_every_head_hands_its_arguments_to_the_body_by_name(model_class, config_class):
+    """As in transformers' heads, the forward calls its body (`self.model(...)`) with each of the body's arguments
+    written out by name (`attention_mask=attention_mask`), so a reader or a tool follows an argument from the head to
+    the attention; nothing is packed into a dict on the way."""
+    forward = inspect.unwrap(model_class.forward)
+    tree = ast.parse(textwrap.dedent(inspect.getsource(forward)))
+    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call) and ast.unparse(node.func) == "self.model"]
+    assert len(calls) == 1, f"{model_class.__name__}.forward should call self.model once"
+    passed = {keyword.arg: ast.unparse(keyword.value) for keyword in calls[0].keywords if keyword.arg}
+    body_arguments = set(inspect.signature(forward).parameters) - HEAD_ARGUMENTS
+    assert body_arguments <= set(passed), f"not handed to the body: {sorted(body_arguments - set(passed))}"
+    assert all(passed[name] == name for name in body_arguments)
+    assert any(keyword.arg is None for keyword in calls[0].keywords)  # and **kwargs
+    assert not any(isinstance(node, ast.Dict) or ast.unparse(node) == "dict" for node in ast.walk(tree))
 
 
 OUTPUTS = {
