@@ -1,7 +1,8 @@
 """Parallelism plans of an hf_tfm config: how transformers' tensor, expert and pipeline parallelism shard the model
 (`from_pretrained(path, tp_plan="auto")` or `distributed_config=DistributedConfig(...)`), computed from the config's
-fields, and the layouts those plans would shard wrongly, refused by field before anything is sharded; and the one
-reduction hf_tfm itself runs over data-parallel ranks (the routers' expert loads).
+fields, and the layouts those plans would shard wrongly, refused by field before anything is sharded; the one
+reduction hf_tfm itself runs over data-parallel ranks (the routers' expert loads); and the model methods that use them
+(`TfmParallelMixin`).
 """
 
 import torch
@@ -217,3 +218,31 @@ def sum_over_data_parallel_ranks(model: torch.nn.Module, tensor: torch.Tensor) -
     if mesh.size() == 1:
         return tensor
     return DTensor.from_local(tensor, mesh, [Partial()] * mesh.ndim).full_tensor()
+
+
+class TfmParallelMixin:
+    """What an hf_tfm model adds to transformers' parallelism (a base of TfmPreTrainedModel, before PreTrainedModel):
+    the layout check before sharding, and the routers' bias update, summed over data-parallel ranks."""
+
+    @classmethod
+    def maybe_distribute_model(cls, model, distributed_config, *args, **kwargs):
+        # the parallel sizes are known only now: a layout the config's plans would shard wrongly is refused by field
+        if distributed_config is not None:
+            check_parallel_layout(model.config, distributed_config)
+        return super().maybe_distribute_model(model, distributed_config, *args, **kwargs)
+
+    @torch.no_grad()
+    def update_router_biases(self) -> None:
+        """Auxiliary-loss-free balancing: after an optimizer step, move every router's expert bias against the load
+        it saw since the last call (`RouterBiasCallback` does this under Trainer). Under data parallelism the loads
+        are summed over the data-parallel ranks first, so every replica moves its biases alike: every rank must
+        call this after the same optimizer step."""
+        # the routers that balance without an auxiliary loss (modeling_tfm_layers.TfmRouter: not imported, because the
+        # layers import the config, which imports this module)
+        routers = [module for module in self.modules() if getattr(module, "balancing", False)]
+        if not routers:
+            return
+        loads = sum_over_data_parallel_ranks(self, torch.stack([router.tokens_per_expert for router in routers]))
+        for router, load in zip(routers, loads):
+            router.tokens_per_expert.copy_(load)
+            router.update_bias(self.config.router_bias_update_rate)

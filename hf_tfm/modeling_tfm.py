@@ -20,7 +20,6 @@ try:
 except ImportError:  # torch built without distributed: nothing is sharded
     DTensor = ()
 from transformers.cache_utils import Cache
-from transformers.generation import GenerationMixin
 from transformers.loss.loss_utils import ForCausalLMLoss, ForMaskedLMLoss
 from transformers.modeling_outputs import (
     BaseModelOutput,
@@ -41,7 +40,15 @@ from .configuration_tfm import TfmDecoderConfig, TfmEncoderConfig, TfmEncoderDec
 from .modeling_tfm_layers import TfmMaskedLMHead
 from .modeling_tfm_loss import linear_cross_entropy, load_balancing_loss
 from .modeling_tfm_saving import HEAD_MODULES
-from .modeling_tfm_stack import TfmPreTrainedModel, TfmStack, check_labels, lm_logits, make_lm_head, share_embeddings
+from .modeling_tfm_stack import (
+    TfmGenerationMixin,
+    TfmPreTrainedModel,
+    TfmStack,
+    check_labels,
+    lm_logits,
+    make_lm_head,
+    share_embeddings,
+)
 
 # ------------------------------------------------------------------------------------------------------- outputs
 
@@ -316,7 +323,7 @@ class TfmDecoderHead(TfmHead):
         return self.head_output(outputs, fields, labels, stacks, **kwargs)
 
 
-class TfmDecoderForCausalLM(TfmDecoderHead, GenerationMixin):
+class TfmDecoderForCausalLM(TfmDecoderHead, TfmGenerationMixin):
     task_layer = "lm_head"
     output_class = MoeCausalLMOutputWithPast
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
@@ -644,7 +651,7 @@ def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_to
     return shifted.masked_fill_(shifted == -100, pad_token_id)
 
 
-class TfmEncoderDecoderForConditionalGeneration(TfmHead, GenerationMixin):
+class TfmEncoderDecoderForConditionalGeneration(TfmHead, TfmGenerationMixin):
     config: TfmEncoderDecoderConfig
     task_layer = "lm_head"
     output_class = Seq2SeqMoEOutput

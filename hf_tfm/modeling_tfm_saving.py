@@ -539,3 +539,44 @@ def load_checked(load, source, *model_args, strict: bool = True, **kwargs):
     if strict and not kwargs.get("ignore_mismatched_sizes", False):
         check_loaded_weights(model, info, source)
     return (model, info) if want_info else model
+
+
+# ------------------------------------------------------------------------------------------------- the model's methods
+
+
+class TfmSavingMixin:
+    """What an hf_tfm model adds to transformers' saving, loading and publishing (a base of TfmPreTrainedModel, before
+    PreTrainedModel, whose methods these call): staged saves with a manifest and a model card, checked loads, and
+    pushes that keep a card worth keeping."""
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        # transformers writes `auto_map` only for the saved class; list every Auto class of this paradigm so that
+        # AutoModel, AutoModelFor... all load the folder with trust_remote_code.
+        classes = getattr(self.config, "auto_classes", {})
+        if self._auto_class is not None and classes:
+            auto_map = {"AutoConfig": f"configuration_tfm.{type(self.config).__name__}"}
+            auto_map.update({auto: f"modeling_tfm.{name}" for auto, name in classes.items()})
+            self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **auto_map}
+        # staged and swapped in whole, with a manifest and a model card (modeling_tfm_saving.save_staged)
+        return save_staged(self, super().save_pretrained, save_directory, *args, **kwargs)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, strict: bool = True, **kwargs):
+        """transformers' `from_pretrained`, plus for hf_tfm: a local folder is restored if a killed save left it
+        missing and its manifest must verify (altered weights are an error naming the file), and weights that do not
+        fit the config are an error instead of a logged report. Loading into another head (a masked LM into
+        `...ForSequenceClassification`) may miss the new head's weights and leave the old head's over; the body's
+        must match. `strict=False` (or `ignore_mismatched_sizes=True`) accepts any mismatch, as transformers does.
+        With a torchao `quantization_config` the MoE experts' 3D weights are quantised too (modeling_tfm_quantization).
+        """
+        load = super().from_pretrained
+        loaded = load_checked(load, pretrained_model_name_or_path, *model_args, strict=strict, **kwargs)
+        from .modeling_tfm_quantization import finish_torchao_loading  # here: this module also runs alone
+
+        finish_torchao_loading(loaded[0] if isinstance(loaded, tuple) else loaded)
+        return loaded
+
+    def push_to_hub(self, repo_id: str, **kwargs):
+        """transformers' `push_to_hub` (same keyword arguments), publishing hf_tfm's model card unless the repo
+        already has a card to keep (a training run's with its results, or the user's own)."""
+        return push_with_card(self, super().push_to_hub, repo_id, **kwargs)

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.generation import GenerationMixin
 from transformers.masking_utils import (
     create_bidirectional_mask,
     create_bidirectional_sliding_window_mask,
@@ -33,7 +34,7 @@ from .compat import (
     slice_logits_to_keep,
 )
 from .configuration_tfm import TfmConfig, round_up_to_multiple
-from .configuration_tfm_parallel import check_parallel_layout, sum_over_data_parallel_ranks
+from .configuration_tfm_parallel import TfmParallelMixin
 from .modeling_tfm_layers import (
     AttentionModule,
     TfmAlibiBias,
@@ -53,8 +54,7 @@ from .modeling_tfm_layers import (
     make_norm,
     sinusoidal_table,
 )
-from .modeling_tfm_quantization import finish_torchao_loading
-from .modeling_tfm_saving import load_checked, push_with_card, save_staged
+from .modeling_tfm_saving import TfmSavingMixin
 
 
 @dataclass
@@ -165,7 +165,12 @@ class TfmBlock(GradientCheckpointingLayer):
         return self._residual(hidden_states, self.ffn_norm, self.post_ffn_norm, self.mlp)
 
 
-class TfmPreTrainedModel(PreTrainedModel):
+class TfmPreTrainedModel(TfmSavingMixin, TfmParallelMixin, PreTrainedModel):
+    """What transformers needs to know about an hf_tfm model: its capability flags and output recorders, the
+    attention and experts backends it can run, and how its weights are initialised. Saving, loading and publishing
+    come from `TfmSavingMixin` (modeling_tfm_saving), the parallel layout check and the router-bias update from
+    `TfmParallelMixin` (configuration_tfm_parallel), generate()'s masks from `TfmGenerationMixin` (below)."""
+
     config: TfmConfig
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
@@ -183,36 +188,10 @@ class TfmPreTrainedModel(PreTrainedModel):
         "router_logits": OutputRecorder(TfmRouter, index=0),
     }
 
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        # generate() reads the forward's signature at every decode step of a model registered for the Auto classes (a
-        # cache_position check for remote code): a signature stored on the function answers it without rebuilding it
-        if "forward" in cls.__dict__:
-            cls.forward.__signature__ = inspect.signature(cls.forward)
-
     @experts_settable
     def _can_set_experts_implementation(self) -> bool:
         # a model answers from its config: yes exactly when it has MoE layers (compat.experts_settable says why)
         return self.config.has_moe_layers()
-
-    @classmethod
-    def maybe_distribute_model(cls, model, distributed_config, *args, **kwargs):
-        # the parallel sizes are known only now: a layout the config's plans would shard wrongly is refused by field
-        if distributed_config is not None:
-            check_parallel_layout(model.config, distributed_config)
-        return super().maybe_distribute_model(model, distributed_config, *args, **kwargs)
-
-    @accepts_legacy_cache_argument
-    def create_masks_for_generate(self, inputs_embeds, attention_mask=None, cache=None, **kwargs):
-        # generate() calls this for a static cache, the one whose decode step it compiles, so that each step gets masks
-        # of the cache's full length: a padding mask passed on as it is grows by a token per step, and the compiled
-        # step would recompile at every token for its new shape (and run eagerly once dynamo gives up). The masks are
-        # the generating stack's own (each layer type's, and the full mask a position bias adds to), built as its
-        # forward builds them.
-        stack = self.model.decoder if self.config.is_encoder_decoder else self.model
-        if isinstance(cache, EncoderDecoderCache):
-            cache = cache.self_attention_cache
-        return stack.build_masks(inputs_embeds, attention_mask, cache)
 
     def post_init(self):
         # an attention backend or serving engine that cannot run this config is refused now, when the model is
@@ -272,45 +251,6 @@ class TfmPreTrainedModel(PreTrainedModel):
         elif isinstance(module, TfmAttention) and module.sinks is not None:
             init.normal_(module.sinks, mean=0.0, std=self.config.initializer_range)  # as GPT-OSS
 
-    @torch.no_grad()
-    def update_router_biases(self) -> None:
-        """Auxiliary-loss-free balancing: after an optimizer step, move every router's expert bias against the load
-        it saw since the last call (`RouterBiasCallback` does this under Trainer). Under data parallelism the loads
-        are summed over the data-parallel ranks first, so every replica moves its biases alike: every rank must
-        call this after the same optimizer step."""
-        routers = [module for module in self.modules() if isinstance(module, TfmRouter) and module.balancing]
-        if not routers:
-            return
-        loads = sum_over_data_parallel_ranks(self, torch.stack([router.tokens_per_expert for router in routers]))
-        for router, load in zip(routers, loads):
-            router.tokens_per_expert.copy_(load)
-            router.update_bias(self.config.router_bias_update_rate)
-
-    def save_pretrained(self, save_directory, *args, **kwargs):
-        # transformers writes `auto_map` only for the saved class; list every Auto class of this paradigm so that
-        # AutoModel, AutoModelFor... all load the folder with trust_remote_code.
-        classes = getattr(self.config, "auto_classes", {})
-        if self._auto_class is not None and classes:
-            auto_map = {"AutoConfig": f"configuration_tfm.{type(self.config).__name__}"}
-            auto_map.update({auto: f"modeling_tfm.{name}" for auto, name in classes.items()})
-            self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}), **auto_map}
-        # staged and swapped in whole, with a manifest and a model card (modeling_tfm_saving.save_staged)
-        return save_staged(self, super().save_pretrained, save_directory, *args, **kwargs)
-
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, strict: bool = True, **kwargs):
-        """transformers' `from_pretrained`, plus for hf_tfm: a local folder is restored if a killed save left it
-        missing and its manifest must verify (altered weights are an error naming the file), and weights that do not
-        fit the config are an error instead of a logged report. Loading into another head (a masked LM into
-        `...ForSequenceClassification`) may miss the new head's weights and leave the old head's over; the body's
-        must match. `strict=False` (or `ignore_mismatched_sizes=True`) accepts any mismatch, as transformers does.
-        With a torchao `quantization_config` the MoE experts' 3D weights are quantised too (modeling_tfm_quantization).
-        """
-        load = super().from_pretrained
-        loaded = load_checked(load, pretrained_model_name_or_path, *model_args, strict=strict, **kwargs)
-        finish_torchao_loading(loaded[0] if isinstance(loaded, tuple) else loaded)
-        return loaded
-
     def resize_token_embeddings(self, new_num_tokens=None, pad_to_multiple_of=None, mean_resizing=True):
         """transformers' `resize_token_embeddings`, keeping the vocabulary apart from the tables' padding:
         `config.vocab_size` becomes `new_num_tokens` (the tokens the logits score), and the token table and LM head
@@ -332,10 +272,29 @@ class TfmPreTrainedModel(PreTrainedModel):
         self.vocab_size = vocab
         return embeddings
 
-    def push_to_hub(self, repo_id: str, **kwargs):
-        """transformers' `push_to_hub` (same keyword arguments), publishing hf_tfm's model card unless the repo
-        already has a card to keep (a training run's with its results, or the user's own)."""
-        return push_with_card(self, super().push_to_hub, repo_id, **kwargs)
+
+class TfmGenerationMixin(GenerationMixin):
+    """transformers' GenerationMixin for the heads that generate, with the masks generate() asks a model for built by
+    the generating stack itself."""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # generate() reads the forward's signature at every decode step of a model registered for the Auto classes (a
+        # cache_position check for remote code): a signature stored on the function answers it without rebuilding it
+        if "forward" in cls.__dict__:
+            cls.forward.__signature__ = inspect.signature(cls.forward)
+
+    @accepts_legacy_cache_argument
+    def create_masks_for_generate(self, inputs_embeds, attention_mask=None, cache=None, **kwargs):
+        # generate() calls this for a static cache, the one whose decode step it compiles, so that each step gets masks
+        # of the cache's full length: a padding mask passed on as it is grows by a token per step, and the compiled
+        # step would recompile at every token for its new shape (and run eagerly once dynamo gives up). The masks are
+        # the generating stack's own (each layer type's, and the full mask a position bias adds to), built as its
+        # forward builds them.
+        stack = self.model.decoder if self.config.is_encoder_decoder else self.model
+        if isinstance(cache, EncoderDecoderCache):
+            cache = cache.self_attention_cache
+        return stack.build_masks(inputs_embeds, attention_mask, cache)
 
 
 def reads_input_values(config: TfmConfig, past_length: int | torch.Tensor, length: int) -> bool:

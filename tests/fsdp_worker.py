@@ -126,12 +126,12 @@ def sharding(model) -> dict:
 @contextlib.contextmanager
 def local_expert_counts():
     """Router bias updates from this process's own expert counts, as if it trained alone."""
-    summed = hf_tfm.modeling_tfm_stack.sum_over_data_parallel_ranks
-    hf_tfm.modeling_tfm_stack.sum_over_data_parallel_ranks = lambda model, counts: counts
+    summed = hf_tfm.configuration_tfm_parallel.sum_over_data_parallel_ranks
+    hf_tfm.configuration_tfm_parallel.sum_over_data_parallel_ranks = lambda model, counts: counts
     try:
         yield
     finally:
-        hf_tfm.modeling_tfm_stack.sum_over_data_parallel_ranks = summed
+        hf_tfm.configuration_tfm_parallel.sum_over_data_parallel_ranks = summed
 
 
 def reference(folder: Path) -> dict:
