@@ -23,6 +23,7 @@ class PairKind:
     model_class: type
     task: str  # "causal", "masked" or "seq2seq": what a training step and generation feed the models
     defaults: dict  # config fields every profile sets (T5's decoder starts from pad, as its checkpoints say)
+    experts_implementation: str | None  # the MoE experts backend both models run
 
 
 # every family whose record has a benchmark pairing, in the registry's order
@@ -33,6 +34,7 @@ KINDS = {
         getattr(transformers, record.reference),
         PARADIGMS[record.paradigm].task,
         record.pair.get("defaults", {}),
+        record.pair.get("experts_implementation"),
     )
     for name, record in FAMILIES.items()
     if record.pair is not None
@@ -46,8 +48,35 @@ def _profile(shapes: dict, **timing) -> dict:
 _CPU_DECODER = dict(
     hidden_size=256, num_hidden_layers=4, num_attention_heads=4, vocab_size=8192, max_position_embeddings=512
 )
+# the MoE issue's CPU shape (benchmarks/moe_cpu.py), which every MoE pair shares
+_CPU_MOE = dict(
+    hidden_size=128,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=4096,
+    num_experts_per_tok=2,
+)
+# DeepSeek-V3's latent attention at that width: every head's keys expanded from a 64-wide latent, a 16-wide rotary
+# part, the first layer dense
+_DEEPSEEK_V3_LATENT = dict(
+    num_key_value_heads=4,
+    kv_lora_rank=64,
+    q_lora_rank=96,
+    qk_rope_head_dim=16,
+    qk_nope_head_dim=32,
+    v_head_dim=32,
+    n_shared_experts=1,
+    first_k_dense_replace=1,
+    n_group=4,
+    topk_group=2,
+)
 _GPU_DECODER = dict(
     hidden_size=768, num_hidden_layers=12, num_attention_heads=12, vocab_size=32000, max_position_embeddings=2048
+)
+# Mixtral's GPU shape, which every MoE pair shares
+_GPU_MOE = dict(
+    _GPU_DECODER, num_hidden_layers=8, num_key_value_heads=4, intermediate_size=2048, num_experts_per_tok=2
 )
 
 SMOKE_DECODER = dict(
@@ -61,7 +90,7 @@ SMOKE_DECODER = dict(
 )
 
 PROFILES = {
-    # 2-core CPU, fp32, eager: small shapes, so that all six pairs run in a few minutes
+    # 2-core CPU, fp32, eager: small shapes, so that every pair runs in a few minutes
     "cpu": _profile(
         {
             "gpt2": dict(
@@ -94,17 +123,44 @@ PROFILES = {
                 batch=8,
                 length=128,
             ),
-            # the MoE issue's CPU shape (benchmarks/moe_cpu.py)
-            "mixtral": dict(
+            "mixtral": dict(config=dict(_CPU_MOE, intermediate_size=256, num_local_experts=8), batch=8, length=128),
+            "qwen2_moe": dict(
                 config=dict(
-                    hidden_size=128,
-                    num_hidden_layers=4,
-                    num_attention_heads=4,
-                    num_key_value_heads=2,
-                    vocab_size=4096,
+                    _CPU_MOE,
+                    num_experts=8,
                     intermediate_size=256,
-                    num_local_experts=8,
-                    num_experts_per_tok=2,
+                    moe_intermediate_size=256,
+                    shared_expert_intermediate_size=256,
+                ),
+                batch=8,
+                length=128,
+            ),
+            # three sliding layers (window 64, half the sequence) to one full, each kind with its own RoPE base
+            "gemma3_text": dict(
+                config=dict(
+                    _CPU_DECODER,
+                    num_key_value_heads=2,
+                    head_dim=64,
+                    intermediate_size=688,
+                    sliding_window=64,
+                    layer_types=["sliding_attention"] * 3 + ["full_attention"],
+                ),
+                batch=8,
+                length=128,
+            ),
+            # alternating sliding (window 64) and full layers
+            "gpt_oss": dict(
+                config=dict(_CPU_MOE, head_dim=32, intermediate_size=256, num_local_experts=8, sliding_window=64),
+                batch=8,
+                length=128,
+            ),
+            "deepseek_v3": dict(
+                config=dict(
+                    _CPU_MOE,
+                    **_DEEPSEEK_V3_LATENT,
+                    intermediate_size=256,
+                    moe_intermediate_size=256,
+                    n_routed_experts=8,
                 ),
                 batch=8,
                 length=128,
@@ -165,13 +221,50 @@ PROFILES = {
             ),
             # trains with bf16 weights: grouped_mm is not covered by autocast
             "mixtral": dict(
+                config=dict(_GPU_MOE, num_local_experts=8),
+                batch=16,
+                length=1024,
+                train_weights="bfloat16",
+            ),
+            "qwen2_moe": dict(
                 config=dict(
-                    _GPU_DECODER,
-                    num_hidden_layers=8,
-                    num_key_value_heads=4,
-                    intermediate_size=2048,
-                    num_local_experts=8,
-                    num_experts_per_tok=2,
+                    _GPU_MOE,
+                    num_experts=8,
+                    moe_intermediate_size=2048,
+                    shared_expert_intermediate_size=2048,
+                ),
+                batch=16,
+                length=1024,
+                train_weights="bfloat16",
+            ),
+            "gemma3_text": dict(
+                config=dict(
+                    _GPU_DECODER, num_key_value_heads=4, head_dim=64, intermediate_size=2048, sliding_window=512
+                ),
+                batch=16,
+                length=1024,
+            ),
+            "gpt_oss": dict(
+                config=dict(_GPU_MOE, head_dim=64, num_local_experts=8, sliding_window=512),
+                batch=16,
+                length=1024,
+                train_weights="bfloat16",
+            ),
+            "deepseek_v3": dict(
+                config=dict(
+                    _GPU_MOE,
+                    num_key_value_heads=12,
+                    kv_lora_rank=256,
+                    q_lora_rank=384,
+                    qk_rope_head_dim=32,
+                    qk_nope_head_dim=64,
+                    v_head_dim=64,
+                    n_shared_experts=1,
+                    first_k_dense_replace=1,
+                    n_group=4,
+                    topk_group=2,
+                    n_routed_experts=8,
+                    moe_intermediate_size=2048,
                 ),
                 batch=16,
                 length=1024,
@@ -244,6 +337,49 @@ PROFILES = {
                 batch=2,
                 length=8,
             ),
+            "qwen2_moe": dict(
+                config=dict(
+                    SMOKE_DECODER,
+                    num_experts=4,
+                    num_experts_per_tok=2,
+                    moe_intermediate_size=32,
+                    shared_expert_intermediate_size=32,
+                ),
+                batch=2,
+                length=8,
+            ),
+            "gemma3_text": dict(
+                config=dict(
+                    SMOKE_DECODER, head_dim=8, sliding_window=4, layer_types=["sliding_attention", "full_attention"]
+                ),
+                batch=2,
+                length=8,
+            ),
+            "gpt_oss": dict(
+                config=dict(SMOKE_DECODER, head_dim=8, num_local_experts=4, num_experts_per_tok=2, sliding_window=4),
+                batch=2,
+                length=8,
+            ),
+            "deepseek_v3": dict(
+                config=dict(
+                    SMOKE_DECODER,
+                    num_key_value_heads=4,
+                    kv_lora_rank=16,
+                    q_lora_rank=24,
+                    qk_rope_head_dim=4,
+                    qk_nope_head_dim=8,
+                    v_head_dim=8,
+                    n_routed_experts=4,
+                    num_experts_per_tok=2,
+                    n_group=2,
+                    topk_group=1,
+                    moe_intermediate_size=32,
+                    n_shared_experts=1,
+                    first_k_dense_replace=1,
+                ),
+                batch=2,
+                length=8,
+            ),
             "t5": dict(
                 config=dict(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, vocab_size=97),
                 batch=2,
@@ -283,14 +419,14 @@ PROFILES = {
 
 def build_pair(name: str, config_fields: dict, seed: int = 0) -> tuple[torch.nn.Module, torch.nn.Module]:
     """The reference model with random weights, and hf_tfm's conversion of it: the same function, the same weights.
-    Both are returned in eval mode on the CPU in fp32; MoE models run `grouped_mm`."""
+    Both are returned in eval mode on the CPU in fp32, running the experts backend the record names."""
     kind = KINDS[name]
     torch.manual_seed(seed)
     reference = kind.model_class(kind.config_class(**kind.defaults, **config_fields))
     ours = to_tfm(reference)
     for model in (reference, ours):
-        if name == "mixtral":
-            model.set_experts_implementation("grouped_mm")
+        if kind.experts_implementation is not None:
+            model.set_experts_implementation(kind.experts_implementation)
         model.eval()
     return reference, ours
 

@@ -256,7 +256,7 @@ def merge_and_write(record: dict, path: Path) -> dict:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", choices=sorted(PROFILES), default="cpu")
-    parser.add_argument("--pairs", nargs="+", choices=sorted(KINDS), help="default: all six")
+    parser.add_argument("--pairs", nargs="+", choices=sorted(KINDS), help="default: every pair of the profile")
     parser.add_argument("--output", type=Path, help="default: benchmarks/results/<profile>-<date>.json")
     args = parser.parse_args(argv)
     if PROFILES[args.profile]["device"] == "cuda" and not torch.cuda.is_available():

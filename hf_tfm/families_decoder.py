@@ -318,7 +318,7 @@ MIXTRAL = llama_family(
     weights=Weights(renames=ROUTER_RENAMES),
     # MixtralConfig writes the derived head width as None: compared in that form
     their_form=lambda config: config_with(config, head_dim=None) if _derived_head_dim(config) else config,
-    pair={"note": " (grouped_mm)"},
+    pair={"note": " (grouped_mm)", "experts_implementation": "grouped_mm"},
     summary="MoE",
 )
 
@@ -434,6 +434,7 @@ QWEN2_MOE = llama_family(
     weights=Weights(renames=ROUTER_RENAMES),
     unread=QWEN_UNREAD,
     their_form=without_derived_head_dim,
+    pair={"note": " (grouped_mm)", "experts_implementation": "grouped_mm"},
     summary="MoE, shared expert",
     preset=dict(
         PRESET_DECODER,
@@ -595,6 +596,7 @@ GEMMA3 = llama_family(
         sliding_window=128,
         layer_types=["sliding_attention"] * 3 + ["full_attention"],
     ),
+    pair={"note": ""},
     summary="QK-norm, local/global RoPE",
 )
 
@@ -695,6 +697,8 @@ GPT_OSS = llama_family(
             rope_theta=150000.0,
         ),
     ),
+    # eager on both sides: sdpa cannot add sinks (transformers' GPT-OSS does not offer it)
+    pair={"note": " (eager, grouped_mm)", "experts_implementation": "grouped_mm"},
     summary="attention sinks, MoE with biases and clamped SwiGLU",
 )
 
@@ -812,6 +816,7 @@ DEEPSEEK_V3 = llama_family(
         v_head_dim=32,
         tie_word_embeddings=False,
     ),
+    pair={"note": " (grouped_mm)", "experts_implementation": "grouped_mm"},
 )
 
 

@@ -498,10 +498,8 @@ class TfmAttention(FusingModule, AttentionModule):
                     f"attn_logit_softcapping={self.softcap} needs eager, flex or flash attention; sdpa cannot cap"
                 )
             kwargs["softcap"] = self.softcap
-        if self.sinks is not None:
-            if implementation == "sdpa":
-                raise ValueError("attention_sinks=True needs eager, flex or flash attention; sdpa has no sinks")
-            kwargs["s_aux"] = self.sinks
+        if self.sinks is not None and implementation == "sdpa":
+            raise ValueError("attention_sinks=True needs eager, flex or flash attention; sdpa has no sinks")
         if position_bias is not None:
             if implementation == "flex_attention":
                 kwargs["position_bias"] = position_bias
@@ -518,6 +516,9 @@ class TfmAttention(FusingModule, AttentionModule):
             attention_mask,
             dropout=self.attention_dropout if self.training else 0.0,
             scaling=self.scaling,
+            # the sink logits (None without sinks) named in the call, as GPT-OSS does: vLLM's Transformers backend
+            # reads this keyword from the source to give its own attention the sinks
+            s_aux=self.sinks,
             **kwargs,
         )
         attn_output = attn_output.reshape(*input_shape, -1).contiguous()
