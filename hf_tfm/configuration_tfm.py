@@ -16,7 +16,7 @@ from transformers.generation import GenerationConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.utils import logging
 
-from .compat import CACHE_NAMES
+from .compat import CACHE_NAMES, vllm_mla_disabled
 from .configuration_tfm_parallel import ConfigPlan, expert_parallel_plan, pipeline_parallel_plan, tensor_parallel_plan
 
 logger = logging.get_logger(__name__)
@@ -216,6 +216,8 @@ class TfmConfig(PreTrainedConfig):
 
     model_type = "tfm"
     keys_to_ignore_at_inference: ClassVar[list[str]] = CACHE_NAMES  # Trainer's evaluation leaves the cache out
+    # DeepSeek's name for latent attention's rotary width, which vLLM's Transformers backend reads for its MLA layer
+    attribute_map: ClassVar[dict[str, str]] = {"qk_rope_head_dim": "head_dim"}
 
     vocab_size: int = 32000
     pad_vocab_size_to_multiple_of: int | None = None
@@ -583,10 +585,12 @@ class TfmConfig(PreTrainedConfig):
         # vLLM's Transformers backend: its own paged attention, and its fused MoE in place of the experts
         if self.is_encoder_decoder:
             return "model_type='tfm_encoder_decoder': vLLM serves decoder-only and encoder-only models; use generate()"
-        if self.attention_sinks:
-            return "attention_sinks=True cannot be served by vLLM's Transformers backend: its attention has no sinks"
-        if self.kv_lora_rank is not None:
-            return f"kv_lora_rank={self.kv_lora_rank} (latent attention) is not mapped to vLLM's Transformers backend"
+        if self.kv_lora_rank is not None and not vllm_mla_disabled():
+            return (
+                f"kv_lora_rank={self.kv_lora_rank} (latent attention): vLLM sizes its MLA cache only for DeepSeek's "
+                "own model types, so serving would fail at the first request; set VLLM_MLA_DISABLE=1 to serve it as "
+                "full attention over the expanded keys and values (the same tokens, a larger cache)"
+            )
         if not self.has_moe_layers():
             return None
         moe_refusals = (

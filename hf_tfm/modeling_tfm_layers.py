@@ -614,7 +614,10 @@ class TfmLatentAttention(AttentionModule):
             query = self.q_b_proj(self.q_a_norm(self.q_a_proj(hidden_states)))
         query = query.view(batch, length, -1, self.head_dim).transpose(1, 2)
         query_pass, query_rot = torch.split(query, [self.nope_dim, self.rope_dim], dim=-1)
-        latent, key_rot = torch.split(self.kv_a_proj(hidden_states), [self.latent_dim, self.rope_dim], dim=-1)
+        # projected in a statement of its own, as DeepSeek does: vLLM's Transformers backend merges the q_a and kv_a
+        # projections into one only when nothing between them writes a view of their input
+        compressed = self.kv_a_proj(hidden_states)
+        latent, key_rot = torch.split(compressed, [self.latent_dim, self.rope_dim], dim=-1)
         latent = self.kv_a_norm(latent).view(batch, 1, length, self.latent_dim)  # one "head": any cache holds it
         key_rot = key_rot.view(batch, 1, length, self.rope_dim)
         cos, sin = position_embeddings

@@ -301,7 +301,13 @@ def test_what_vllm_cannot_express_is_named(overrides, field):
 
 
 def test_what_vllm_can_express_passes():
-    for overrides in (dict(), dict(num_experts=4, num_experts_per_tok=2, hidden_act="silu"), dict(sliding_window=4)):
+    expressible = (
+        dict(),
+        dict(num_experts=4, num_experts_per_tok=2, hidden_act="silu"),
+        dict(sliding_window=4),
+        dict(attention_sinks=True),
+    )
+    for overrides in expressible:
         assert tiny_config(position_embedding_type="rope", **overrides).backend_refusal("vllm") is None
     assert tiny_config(TfmEncoderDecoderConfig).backend_refusal("vllm").startswith("model_type")
     for implementation in ("eager", "sdpa", "flex_attention", None):
@@ -328,3 +334,14 @@ def test_every_position_scheme_builds_its_module():
     from hf_tfm.modeling_tfm_stack import POSITION_MODULES
 
     assert set(POSITION_MODULES) == set(POSITION_EMBEDDING_TYPES) - {"none"}
+
+
+def test_latent_attention_is_served_by_vllm_only_as_full_attention(monkeypatch):
+    """vLLM sizes an MLA cache only for DeepSeek's model types (compat.vllm_mla_disabled): without VLLM_MLA_DISABLE=1
+    a latent-attention model is refused at load, naming the field and the setting that serves it."""
+    latent = dict(position_embedding_type="rope", kv_lora_rank=16, qk_nope_head_dim=8, v_head_dim=8, head_dim=4)
+    monkeypatch.delenv("VLLM_MLA_DISABLE", raising=False)
+    refusal = tiny_config(**latent).backend_refusal("vllm")
+    assert "kv_lora_rank=16" in refusal and "VLLM_MLA_DISABLE=1" in refusal
+    monkeypatch.setenv("VLLM_MLA_DISABLE", "1")
+    assert tiny_config(**latent).backend_refusal("vllm") is None

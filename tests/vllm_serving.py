@@ -63,14 +63,7 @@ def word_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="w0", eos_token="w2", bos_token="w1")
 
 
-def saved_model(folder: Path, config) -> list[list[int]]:
-    """Save a model of `config` (weights perturbed away from their init) with a tokenizer; its greedy tokens."""
-    torch.manual_seed(0)
-    model = perturb(TfmDecoderForCausalLM(config), scale=0.05)
-    model.generation_config.eos_token_id = None  # both sides generate exactly NEW_TOKENS
-    model.config.eos_token_id = None
-    model.save_pretrained(folder)
-    word_tokenizer(config.vocab_size).save_pretrained(folder)
+def greedy_tokens(model) -> list[list[int]]:
     return [
         model.generate(torch.tensor([p]), max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False)[
             0, len(p) :
@@ -79,18 +72,32 @@ def saved_model(folder: Path, config) -> list[list[int]]:
     ]
 
 
-def serve(folder: Path) -> subprocess.CompletedProcess:
+def saved_model(folder: Path, config, prepare=None) -> list[list[int]]:
+    """Save a model of `config` (weights perturbed away from their init, then `prepare(model)` if given) with a
+    tokenizer; its greedy tokens."""
+    torch.manual_seed(0)
+    model = perturb(TfmDecoderForCausalLM(config), scale=0.05)
+    if prepare is not None:
+        prepare(model)
+    model.generation_config.eos_token_id = None  # both sides generate exactly NEW_TOKENS
+    model.config.eos_token_id = None
+    model.save_pretrained(folder)
+    word_tokenizer(config.vocab_size).save_pretrained(folder)
+    return greedy_tokens(model)
+
+
+def serve(folder: Path, **env) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-c", VLLM_RUNNER, str(folder), json.dumps(PROMPTS), str(NEW_TOKENS)],
         capture_output=True,
         text=True,
         timeout=600,
-        env=ENV,
+        env={**ENV, **env},
     )
 
 
-def served_tokens(folder: Path) -> dict:
-    result = serve(folder)
+def served_tokens(folder: Path, **env) -> dict:
+    result = serve(folder, **env)
     lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
     assert result.returncode == 0 and lines, result.stderr[-4000:]
     return json.loads(lines[-1].removeprefix("RESULT "))
@@ -116,8 +123,39 @@ def test_served_tokens_equal_generate(tmp_path, name):
     assert served["sampled"][0] != served["greedy"]  # and sampling did sample
 
 
+def large_sinks(model) -> None:
+    """Sink logits of the size of attention scores, so that a server that dropped them would change the tokens."""
+    for layer in model.model.layers:
+        layer.self_attn.sinks.data.normal_(0.0, 3.0)
+
+
+# GPT-OSS's attention: a learned sink per head, alternating sliding and full layers
+SINKS = hf_tfm.preset_config(
+    "llama-1.3m", attention_sinks=True, sliding_window=4, layer_types=["sliding_attention", "full_attention"] * 2
+)
+# DeepSeek-V3's latent attention (compressed keys and values, a query bottleneck, interleaved rotary pairs), dense
+LATENT = hf_tfm.preset_config("deepseek-v3-2.4m", num_experts=0)
+
+
+def test_attention_sinks_reach_vllms_attention(tmp_path):
+    expected = saved_model(tmp_path / "sinks", SINKS, prepare=large_sinks)
+    without = TfmDecoderForCausalLM.from_pretrained(tmp_path / "sinks")
+    for layer in without.model.layers:
+        layer.self_attn.sinks.data.fill_(float("-inf"))  # a sink that takes no share: the attention without sinks
+    assert greedy_tokens(without) != expected  # the control: the sinks change the tokens
+    assert served_tokens(tmp_path / "sinks")["greedy"] == expected
+
+
+def test_latent_attention_is_served_as_full_attention_with_mla_disabled(tmp_path):
+    """vLLM sizes its MLA cache only for DeepSeek's own model types (hf_tfm.compat.vllm_mla_disabled); with
+    VLLM_MLA_DISABLE=1 it runs the latent attention over the expanded keys and values, with the same tokens."""
+    expected = saved_model(tmp_path / "latent", LATENT)
+    assert served_tokens(tmp_path / "latent", VLLM_MLA_DISABLE="1")["greedy"] == expected
+
+
 REFUSED = {
     "alibi": (hf_tfm.preset_config("llama-1.3m", position_embedding_type="alibi"), "position_embedding_type='alibi'"),
+    "latent-attention-with-mla": (LATENT, "kv_lora_rank=64"),
     "gelu-experts": (hf_tfm.preset_config("mixtral-1.8m", hidden_act="gelu"), "hidden_act='gelu'"),
     "sigmoid-router": (hf_tfm.preset_config("mixtral-1.8m", scoring_func="sigmoid"), "scoring_func='sigmoid'"),
 }

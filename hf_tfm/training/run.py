@@ -579,9 +579,8 @@ def evaluate_saved(
     settings = {**defaults, **recorded, **{k: v for k, v in given.items() if v is not None}}
     batch_size = batch_size or (run.training.get("per_device_train_batch_size") if run else None) or RunSpec.batch_size
     dataset = run_data(task, settings)
-    labels = (
-        [model.config.id2label[i] for i in range(model.config.num_labels)] if task.endswith("classification") else None
-    )
+    classifying = TASKS[task].label_column is not None
+    labels = [model.config.id2label[i] for i in range(model.config.num_labels)] if classifying else None
     features = tokenize(task, dataset, tokenizer, settings["max_length"], labels)
     spec = RunSpec(task=task, model=folder, batch_size=batch_size)
     with tempfile.TemporaryDirectory() as scratch:  # Trainer wants an output folder; evaluation writes nothing there
