@@ -55,6 +55,87 @@ def head_for_architecture(architecture: str) -> Head | None:
     return HEADS.get(suffix)
 
 
+# ----------------------------------------------------------------------- each task's inputs and baselines
+
+
+def _label_ids(values: list, names: list[str]) -> list[int]:
+    if all(isinstance(v, (int, np.integer)) for v in values):
+        if any(not 0 <= v < len(names) for v in values):
+            raise ValueError(f"label ids must lie in [0, {len(names)}); got {sorted(set(values))[:10]}")
+        return [int(v) for v in values]
+    index = {name: i for i, name in enumerate(names)}
+    unknown = sorted({str(v) for v in values} - set(index))
+    if unknown:
+        raise ValueError(f"labels {unknown[:5]} do not appear in the training split, whose labels are {names}")
+    return [index[str(v)] for v in values]
+
+
+def _aligned_tags(encoding, row: int, tags: list[int]) -> list[int]:
+    """Each word's tag on its first sub-word; -100 on later sub-words and special tokens (ignored by the loss)."""
+    labels, previous = [], None
+    for word in encoding.word_ids(row):
+        labels.append(-100 if word is None or word == previous else tags[word])
+        previous = word
+    return labels
+
+
+def _encode_masked_lm(tokenizer, batch, max_length: int, labels):
+    return tokenizer(batch["text"], truncation=True, max_length=max_length, return_special_tokens_mask=True)
+
+
+def _encode_seq2seq(tokenizer, batch, max_length: int, labels):
+    return tokenizer(batch["source"], text_target=batch["target"], truncation=True, max_length=max_length)
+
+
+def _encode_sequence_classification(tokenizer, batch, max_length: int, labels: list[str]):
+    encoding = tokenizer(batch["text"], truncation=True, max_length=max_length)
+    encoding["labels"] = _label_ids(batch["label"], labels)
+    return encoding
+
+
+def _encode_token_classification(tokenizer, batch, max_length: int, labels: list[str]):
+    encoding = tokenizer(batch["tokens"], is_split_into_words=True, truncation=True, max_length=max_length)
+    encoding["labels"] = [_aligned_tags(encoding, i, _label_ids(tags, labels)) for i, tags in enumerate(batch["tags"])]
+    return encoding
+
+
+def _uniform(vocab_size: int) -> list[dict]:
+    return [{"name": "uniform over the vocabulary", "metric": "perplexity", "value": float(vocab_size)}]
+
+
+def _language_model_baselines(validation: dict, train: dict, vocab_size: int, labels) -> list[dict]:
+    return _uniform(vocab_size)
+
+
+def _seq2seq_baselines(validation: dict, train: dict, vocab_size: int, labels) -> list[dict]:
+    most_common = Counter(train["target"]).most_common(1)[0][0]
+    references = validation["target"]
+    guesses = {"copy the source": validation["source"], f"always {most_common!r}": [most_common] * len(references)}
+    return _uniform(vocab_size) + [
+        {"name": name, "metric": metric, "value": value}
+        for name, guess in guesses.items()
+        for metric, value in generation_scores(guess, references).items()
+    ]
+
+
+def _sequence_classification_baselines(validation: dict, train: dict, vocab_size: int, labels: list[str]):
+    references = _label_ids(validation["label"], labels)
+    majority = Counter(_label_ids(train["label"], labels)).most_common(1)[0][0]
+    scores = classification_scores([majority] * len(references), references, "macro")
+    return [{"name": f"majority class ({labels[majority]})", "metric": m, "value": v} for m, v in scores.items()]
+
+
+def _token_classification_baselines(validation: dict, train: dict, vocab_size: int, labels: list[str]):
+    references = [t for tags in validation["tags"] for t in _label_ids(tags, labels)]
+    scores = classification_scores([0] * len(references), references, f1_average(labels, binary=True))
+    return [{"name": f"always {labels[0]}", "metric": m, "value": v} for m, v in scores.items()]
+
+
+def f1_average(labels: list[str], binary: bool) -> str:
+    """Macro F1 over classes; for a task that scores two labels as binary (O + one entity tag), F1 of the second."""
+    return "binary" if binary and len(labels) == 2 else "macro"
+
+
 @dataclass(frozen=True)
 class Task:
     """Everything training knows about one task."""
@@ -71,6 +152,11 @@ class Task:
     perplexity: bool = False  # a language-modelling loss: its final scores add exp(loss)
     generates: bool = False  # Seq2SeqTrainer, and final scores from greedy decoding (only then: generating is slow)
     texts: Callable = lambda train: list(train["text"])  # the training split's texts, to train a tokenizer on
+    # (tokenizer, batch, max_length, labels) -> a batch of model inputs; None: the texts joined and cut into blocks
+    encode: Callable | None = None
+    # (validation, train, vocab_size, labels) -> the scores of trivial predictors (each split a dict of columns)
+    baselines: Callable = _language_model_baselines
+    binary_f1: bool = False  # with two labels, F1 of the second (an entity tag against O) instead of macro F1
 
 
 TASKS = {
@@ -99,6 +185,7 @@ TASKS = {
             ),
             metrics=None,
             perplexity=True,
+            encode=_encode_masked_lm,
         ),
         Task(
             name="seq2seq",
@@ -112,6 +199,8 @@ TASKS = {
             perplexity=True,
             generates=True,
             texts=lambda train: [*train["source"], *train["target"]],
+            encode=_encode_seq2seq,
+            baselines=_seq2seq_baselines,
         ),
         Task(
             name="sequence-classification",
@@ -123,6 +212,8 @@ TASKS = {
             collator=lambda tokenizer, model: DataCollatorWithPadding(tokenizer),
             metrics=classification_metrics,
             label_column="label",
+            encode=_encode_sequence_classification,
+            baselines=_sequence_classification_baselines,
         ),
         Task(
             name="token-classification",
@@ -135,6 +226,9 @@ TASKS = {
             metrics=classification_metrics,
             label_column="tags",
             texts=lambda train: [" ".join(words) for words in train["tokens"]],
+            encode=_encode_token_classification,
+            baselines=_token_classification_baselines,
+            binary_f1=True,
         ),
     )
 }
@@ -176,52 +270,17 @@ def lm_blocks(tokenizer, texts: list[str], block_size: int):
     return Dataset.from_dict({"input_ids": [ids[i : i + block_size] for i in range(0, usable, block_size)]})
 
 
-def _label_ids(values: list, names: list[str]) -> list[int]:
-    if all(isinstance(v, (int, np.integer)) for v in values):
-        if any(not 0 <= v < len(names) for v in values):
-            raise ValueError(f"label ids must lie in [0, {len(names)}); got {sorted(set(values))[:10]}")
-        return [int(v) for v in values]
-    index = {name: i for i, name in enumerate(names)}
-    unknown = sorted({str(v) for v in values} - set(index))
-    if unknown:
-        raise ValueError(f"labels {unknown[:5]} do not appear in the training split, whose labels are {names}")
-    return [index[str(v)] for v in values]
-
-
-def _aligned_tags(encoding, row: int, tags: list[int]) -> list[int]:
-    """Each word's tag on its first sub-word; -100 on later sub-words and special tokens (ignored by the loss)."""
-    labels, previous = [], None
-    for word in encoding.word_ids(row):
-        labels.append(-100 if word is None or word == previous else tags[word])
-        previous = word
-    return labels
-
-
 def tokenize(task: str, data, tokenizer, max_length: int, labels: list[str] | None = None):
     """Model inputs for every split: input ids (plus labels where the task has them), truncated to `max_length`."""
     from datasets import DatasetDict
 
-    if task == "causal-lm":
+    record = TASKS[task]
+    if record.encode is None:
         return DatasetDict(
             {split: lm_blocks(tokenizer, list(rows["text"]), max_length) for split, rows in data.items()}
         )
-
-    def encode(batch):
-        if task == "masked-lm":
-            return tokenizer(batch["text"], truncation=True, max_length=max_length, return_special_tokens_mask=True)
-        if task == "seq2seq":
-            return tokenizer(batch["source"], text_target=batch["target"], truncation=True, max_length=max_length)
-        if task == "sequence-classification":
-            encoding = tokenizer(batch["text"], truncation=True, max_length=max_length)
-            encoding["labels"] = _label_ids(batch["label"], labels)
-            return encoding
-        encoding = tokenizer(batch["tokens"], is_split_into_words=True, truncation=True, max_length=max_length)
-        encoding["labels"] = [
-            _aligned_tags(encoding, i, _label_ids(tags, labels)) for i, tags in enumerate(batch["tags"])
-        ]
-        return encoding
-
-    return data.map(encode, batched=True, remove_columns=list(TASKS[task].columns))
+    encode = partial(record.encode, tokenizer, max_length=max_length, labels=labels)
+    return data.map(encode, batched=True, remove_columns=list(record.columns))
 
 
 def collator(task: str, tokenizer, model=None):
@@ -233,47 +292,17 @@ def argmax_logits(logits, labels):
     return (logits[0] if isinstance(logits, tuple) else logits).argmax(dim=-1)
 
 
-def f1_average(task: str, labels: list[str]) -> str:
-    """Macro F1 over classes; for two token tags (O + one entity tag), F1 of the entity tag."""
-    return "binary" if task == "token-classification" and len(labels) == 2 else "macro"
-
-
 def compute_metrics_for(task: str, tokenizer, labels: list[str] | None = None):
     """The `compute_metrics` a Trainer gets for `task` (None for the LM tasks: their metric is exp(eval_loss))."""
     record = TASKS[task]
     if record.metrics is None:
         return None
     if record.label_column is not None:
-        return partial(record.metrics, average=f1_average(task, labels))
+        return partial(record.metrics, average=f1_average(labels, record.binary_f1))
     return partial(record.metrics, tokenizer=tokenizer)
 
 
 def baselines(task: str, data, vocab_size: int, labels: list[str] | None) -> list[dict]:
     """Scores of trivial predictors on the validation split: what training has to beat."""
     validation, train = data["validation"].to_dict(), data["train"].to_dict()  # columns as plain lists
-    uniform = [{"name": "uniform over the vocabulary", "metric": "perplexity", "value": float(vocab_size)}]
-    if task in ("causal-lm", "masked-lm"):
-        return uniform
-    if task == "seq2seq":
-        most_common = Counter(train["target"]).most_common(1)[0][0]
-        return (
-            uniform
-            + [
-                {"name": "copy the source", "metric": metric, "value": value}
-                for metric, value in generation_scores(validation["source"], validation["target"]).items()
-            ]
-            + [
-                {"name": f"always {most_common!r}", "metric": metric, "value": value}
-                for metric, value in generation_scores(
-                    [most_common] * len(validation["target"]), validation["target"]
-                ).items()
-            ]
-        )
-    if task == "sequence-classification":
-        references = _label_ids(validation["label"], labels)
-        majority = Counter(_label_ids(train["label"], labels)).most_common(1)[0][0]
-        scores = classification_scores([majority] * len(references), references, "macro")
-        return [{"name": f"majority class ({labels[majority]})", "metric": m, "value": v} for m, v in scores.items()]
-    references = [t for tags in validation["tags"] for t in _label_ids(tags, labels)]
-    scores = classification_scores([0] * len(references), references, f1_average(task, labels))
-    return [{"name": f"always {labels[0]}", "metric": m, "value": v} for m, v in scores.items()]
+    return TASKS[task].baselines(validation, train, vocab_size, labels)
