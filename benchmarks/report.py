@@ -23,9 +23,16 @@ QUALITY_PROFILES = ("quality-cpu", "quality-gpu")
 
 
 def latest(prefix: str, folder: Path = RESULTS) -> Path | None:
-    """The newest `<prefix>-<YYYY-MM-DD>.json` (ISO dates sort as strings)."""
-    found = sorted(p for p in folder.glob(f"{prefix}-*.json") if p.stem[len(prefix) + 1 :][:4].isdigit())
-    return found[-1] if found else None
+    """The newest `<prefix>-<YYYY-MM-DD>[-N].json`: the latest date, and on that date the highest number (a run on
+    another setup the same day writes `-2`, `-3`, ...; the file without a number is the first)."""
+
+    def date_and_number(path: Path) -> tuple[str, int]:
+        stamp = path.stem[len(prefix) + 1 :]
+        date, number = stamp[:10], stamp[11:]
+        return date, int(number) if number.isdigit() else 1
+
+    found = [p for p in folder.glob(f"{prefix}-*.json") if p.stem[len(prefix) + 1 :][:4].isdigit()]
+    return max(found, key=date_and_number, default=None)
 
 
 def shown(path: Path) -> str:

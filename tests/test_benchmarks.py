@@ -163,6 +163,16 @@ def test_beyond_parity_measures_every_chunked_loss_variant_and_reports_it(tmp_pa
     assert "## Beyond parity: cpu profile\n\nNot measured yet" in report.build(empty, tmp_path / "EMPTY.md")
 
 
+def test_the_report_reads_the_newest_file_of_a_kind(tmp_path):
+    """The latest date wins, and on one date the highest numbered sibling (`speed.results_path` writes `-2` for a
+    second setup), which plain string order would put first ("-" sorts before ".")."""
+    for name in ("cpu-2026-01-01.json", "cpu-2026-01-02.json", "cpu-2026-01-02-2.json", "cpu-2026-01-02-10.json"):
+        (tmp_path / name).write_text("{}")
+    (tmp_path / "beyond-cpu-2026-02-01.json").write_text("{}")  # another kind, whose name also starts with "cpu"
+    assert report.latest("cpu", tmp_path).name == "cpu-2026-01-02-10.json"
+    assert report.latest("gpu", tmp_path) is None
+
+
 def test_committed_report_is_current(tmp_path):
     """benchmarks/REPORT.md is what `python -m benchmarks.report` makes of the committed results."""
     assert report.build(report.RESULTS, tmp_path / "REPORT.md") == report.REPORT.read_text()
