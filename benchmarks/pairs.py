@@ -18,7 +18,7 @@ from hf_tfm.families import FAMILIES, PARADIGMS
 class PairKind:
     """A benchmarked pair, read from its family record (`Family.pair`)."""
 
-    reference: str  # the transformers class, as reports name it (with the record's note: "(eager)")
+    reference: str  # the transformers class, as reports name it, with what both sides run: "(eager, grouped_mm)"
     config_class: type
     model_class: type
     task: str  # "causal", "masked" or "seq2seq": what a training step and generation feed the models
@@ -26,10 +26,16 @@ class PairKind:
     experts_implementation: str | None  # the MoE experts backend both models run
 
 
+def _label(reference: str, pair: dict) -> str:
+    """The reference class, and the attention and experts backends both sides run where not the defaults."""
+    backends = [pair[key] for key in ("attention", "experts_implementation") if key in pair]
+    return f"{reference} ({', '.join(backends)})" if backends else reference
+
+
 # every family whose record has a benchmark pairing, in the registry's order
 KINDS = {
     name: PairKind(
-        record.reference + record.pair["note"],
+        _label(record.reference, record.pair),
         getattr(transformers, record.config_class),
         getattr(transformers, record.reference),
         PARADIGMS[record.paradigm].task,

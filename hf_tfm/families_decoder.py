@@ -78,7 +78,7 @@ GPT2 = Family(
         transposed=r"\.(c_attn|c_proj|c_fc)\.weight$",
         fused={"self_attn.qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")},
     ),
-    pair={"note": ""},
+    pair={},
     # n_inner=None is GPT-2's way of writing the default width 4 * n_embd
     to_tfm=lambda config: {"intermediate_size": config.n_inner or 4 * config.n_embd},
     from_tfm=lambda config: {
@@ -265,7 +265,7 @@ LLAMA = llama_family(
     llama_family_names("intermediate_size", "mlp_bias", "attention_bias"),
     LLAMA_ARCHITECTURE,
     unread={"pretraining_tp": "transformers 5's Llama never reads it (a 4.x way of computing the same layers)"},
-    pair={"note": ""},
+    pair={},
 )
 
 # Llama without biases, plus a sliding window on every layer when sliding_window is set (hf_tfm's default
@@ -318,7 +318,7 @@ MIXTRAL = llama_family(
     weights=Weights(renames=ROUTER_RENAMES),
     # MixtralConfig writes the derived head width as None: compared in that form
     their_form=lambda config: config_with(config, head_dim=None) if _derived_head_dim(config) else config,
-    pair={"note": " (grouped_mm)", "experts_implementation": "grouped_mm"},
+    pair={"experts_implementation": "grouped_mm"},
     summary="MoE",
 )
 
@@ -346,7 +346,7 @@ QWEN3 = llama_family(
     from_tfm=qwen_window_from_tfm,
     unread=QWEN_UNREAD,
     preset=dict(PRESET_DECODER, head_dim=32),
-    pair={"note": ""},
+    pair={},
     summary="QK-norm",
 )
 
@@ -434,7 +434,7 @@ QWEN2_MOE = llama_family(
     weights=Weights(renames=ROUTER_RENAMES),
     unread=QWEN_UNREAD,
     their_form=without_derived_head_dim,
-    pair={"note": " (grouped_mm)", "experts_implementation": "grouped_mm"},
+    pair={"experts_implementation": "grouped_mm"},
     summary="MoE, shared expert",
     preset=dict(
         PRESET_DECODER,
@@ -552,7 +552,7 @@ GEMMA2 = llama_family(
         sliding_window=128,
         hidden_activation="gelu_pytorch_tanh",
     ),
-    pair={"note": " (eager)"},  # eager on both sides: sdpa cannot soft-cap attention scores
+    pair={"attention": "eager"},  # eager on both sides: sdpa cannot soft-cap attention scores
     summary="sandwich norms, soft-capping",
 )
 
@@ -596,7 +596,7 @@ GEMMA3 = llama_family(
         sliding_window=128,
         layer_types=["sliding_attention"] * 3 + ["full_attention"],
     ),
-    pair={"note": ""},
+    pair={},
     summary="QK-norm, local/global RoPE",
 )
 
@@ -698,7 +698,7 @@ GPT_OSS = llama_family(
         ),
     ),
     # eager on both sides: sdpa cannot add sinks (transformers' GPT-OSS does not offer it)
-    pair={"note": " (eager, grouped_mm)", "experts_implementation": "grouped_mm"},
+    pair={"attention": "eager", "experts_implementation": "grouped_mm"},
     summary="attention sinks, MoE with biases and clamped SwiGLU",
 )
 
@@ -816,7 +816,7 @@ DEEPSEEK_V3 = llama_family(
         v_head_dim=32,
         tie_word_embeddings=False,
     ),
-    pair={"note": " (grouped_mm)", "experts_implementation": "grouped_mm"},
+    pair={"experts_implementation": "grouped_mm"},
 )
 
 

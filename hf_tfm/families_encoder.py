@@ -113,7 +113,7 @@ BERT = Family(
         ),
         copies={"cls.predictions.bias": ("cls.predictions.decoder.bias", ONE_DECODER_BIAS)},
     ),
-    pair={"note": ""},
+    pair={},
     to_tfm=lambda config, use_pooler=True: dict(embedding_dropout=config.hidden_dropout_prob, use_pooler=use_pooler),
     from_tfm=_one_token_type("BertConfig"),
     **BERT_HOOKS,

@@ -127,7 +127,7 @@ T5 = Family(
             "decoder.embed_tokens.weight": ("shared.weight", ONE_TOKEN_TABLE),
         },
     ),
-    pair={"note": "", "defaults": {"decoder_start_token_id": 0}},  # T5's decoder starts from pad, as its checkpoints
+    pair={"defaults": {"decoder_start_token_id": 0}},  # T5's decoder starts from pad, as its checkpoints
     to_tfm=_t5_to_tfm,
     from_tfm=_t5_from_tfm,
     their_form=_t5_form,
@@ -208,7 +208,7 @@ BART = Family(
             "model.decoder.embed_tokens.weight": ("model.shared.weight", ONE_TOKEN_TABLE),
         },
     ),
-    pair={"note": ""},
+    pair={},
     to_tfm=lambda config: dict(
         hidden_dropout=float(config.dropout),
         embedding_dropout=float(config.dropout),

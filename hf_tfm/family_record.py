@@ -81,8 +81,8 @@ class Family:
     fields its models never read (with the reason), which the round-trip check does not compare (`our_unread`: the
     hf_tfm fields, on the way back); `weights` the state-dict layout; `summary` the hf_tfm options the family needs,
     for README's table; `preset` the small member's reference config fields (`configs/family_presets.py`); `pair`
-    the benchmark pairing (`benchmarks/pairs.py`: a label note, config defaults, the experts backend both sides run),
-    None where not benchmarked.
+    the benchmark pairing (`benchmarks/pairs.py`: config `defaults`, and the `attention` and `experts_implementation`
+    both sides run where not the defaults, which name the pair in reports), None where not benchmarked.
 
     Hooks, each optional, for what data cannot say:
     - `to_tfm(config, **options) -> dict`, `from_tfm(config) -> dict`: computed fields each way.
