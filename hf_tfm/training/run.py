@@ -307,7 +307,7 @@ class RunSeq2SeqTrainer(StopOnNonFiniteLoss, Seq2SeqTrainer):
 
 def make_trainer(spec: RunSpec, model, tokenizer, features, labels, args, callbacks):
     trainer_class = RunSeq2SeqTrainer if TASKS[spec.task].generates else RunTrainer
-    classifying = TASKS[spec.task].label_column is not None
+    classifying = TASKS[spec.task].classifies
     trainer = trainer_class(
         model=model,
         args=args,
@@ -579,7 +579,7 @@ def evaluate_saved(
     settings = {**defaults, **recorded, **{k: v for k, v in given.items() if v is not None}}
     batch_size = batch_size or (run.training.get("per_device_train_batch_size") if run else None) or RunSpec.batch_size
     dataset = run_data(task, settings)
-    classifying = TASKS[task].label_column is not None
+    classifying = TASKS[task].classifies
     labels = [model.config.id2label[i] for i in range(model.config.num_labels)] if classifying else None
     features = tokenize(task, dataset, tokenizer, settings["max_length"], labels)
     spec = RunSpec(task=task, model=folder, batch_size=batch_size)

@@ -103,11 +103,11 @@ def _uniform(vocab_size: int) -> list[dict]:
     return [{"name": "uniform over the vocabulary", "metric": "perplexity", "value": float(vocab_size)}]
 
 
-def _language_model_baselines(validation: dict, train: dict, vocab_size: int, labels) -> list[dict]:
+def _language_model_baselines(validation: dict, train: dict, vocab_size: int, labels, average) -> list[dict]:
     return _uniform(vocab_size)
 
 
-def _seq2seq_baselines(validation: dict, train: dict, vocab_size: int, labels) -> list[dict]:
+def _seq2seq_baselines(validation: dict, train: dict, vocab_size: int, labels, average) -> list[dict]:
     most_common = Counter(train["target"]).most_common(1)[0][0]
     references = validation["target"]
     guesses = {"copy the source": validation["source"], f"always {most_common!r}": [most_common] * len(references)}
@@ -118,22 +118,17 @@ def _seq2seq_baselines(validation: dict, train: dict, vocab_size: int, labels) -
     ]
 
 
-def _sequence_classification_baselines(validation: dict, train: dict, vocab_size: int, labels: list[str]):
+def _sequence_classification_baselines(validation: dict, train: dict, vocab_size: int, labels: list[str], average):
     references = _label_ids(validation["label"], labels)
     majority = Counter(_label_ids(train["label"], labels)).most_common(1)[0][0]
-    scores = classification_scores([majority] * len(references), references, "macro")
+    scores = classification_scores([majority] * len(references), references, average)
     return [{"name": f"majority class ({labels[majority]})", "metric": m, "value": v} for m, v in scores.items()]
 
 
-def _token_classification_baselines(validation: dict, train: dict, vocab_size: int, labels: list[str]):
+def _token_classification_baselines(validation: dict, train: dict, vocab_size: int, labels: list[str], average):
     references = [t for tags in validation["tags"] for t in _label_ids(tags, labels)]
-    scores = classification_scores([0] * len(references), references, f1_average(labels, binary=True))
+    scores = classification_scores([0] * len(references), references, average)
     return [{"name": f"always {labels[0]}", "metric": m, "value": v} for m, v in scores.items()]
-
-
-def f1_average(labels: list[str], binary: bool) -> str:
-    """Macro F1 over classes; for a task that scores two labels as binary (O + one entity tag), F1 of the second."""
-    return "binary" if binary and len(labels) == 2 else "macro"
 
 
 @dataclass(frozen=True)
@@ -154,9 +149,18 @@ class Task:
     texts: Callable = lambda train: list(train["text"])  # the training split's texts, to train a tokenizer on
     # (tokenizer, batch, max_length, labels) -> a batch of model inputs; None: the texts joined and cut into blocks
     encode: Callable | None = None
-    # (validation, train, vocab_size, labels) -> the scores of trivial predictors (each split a dict of columns)
+    # (validation, train, vocab_size, labels, F1 average) -> the scores of trivial predictors (each split a dict of
+    # columns)
     baselines: Callable = _language_model_baselines
     binary_f1: bool = False  # with two labels, F1 of the second (an entity tag against O) instead of macro F1
+
+    @property
+    def classifies(self) -> bool:
+        return self.label_column is not None
+
+    def f1_average(self, labels: list[str]) -> str:
+        """How F1 averages over this task's classes: macro, or binary for two labels where `binary_f1`."""
+        return "binary" if self.binary_f1 and len(labels) == 2 else "macro"
 
 
 TASKS = {
@@ -297,12 +301,14 @@ def compute_metrics_for(task: str, tokenizer, labels: list[str] | None = None):
     record = TASKS[task]
     if record.metrics is None:
         return None
-    if record.label_column is not None:
-        return partial(record.metrics, average=f1_average(labels, record.binary_f1))
+    if record.classifies:
+        return partial(record.metrics, average=record.f1_average(labels))
     return partial(record.metrics, tokenizer=tokenizer)
 
 
 def baselines(task: str, data, vocab_size: int, labels: list[str] | None) -> list[dict]:
     """Scores of trivial predictors on the validation split: what training has to beat."""
     validation, train = data["validation"].to_dict(), data["train"].to_dict()  # columns as plain lists
-    return TASKS[task].baselines(validation, train, vocab_size, labels)
+    record = TASKS[task]
+    average = record.f1_average(labels) if record.classifies else None
+    return record.baselines(validation, train, vocab_size, labels, average)
