@@ -1,0 +1,257 @@
+"""A GPU training step, predicted on the CPU: one step of each pair traced at its real shape and dtype policy without
+computing anything, for hf_tfm and the reference class.
+
+    python -m benchmarks.trace --profile gpu      # writes benchmarks/results/trace-gpu-<date>.json
+    python -m benchmarks.trace --profile smoke    # every pair at toy shapes, in seconds
+
+The models are built and run under `FakeTensorMode`: every tensor has a shape, a dtype and a device but no values, so
+a GPT-2 124M step at 16 x 1024 costs seconds and no memory. `StepTrace`, a dispatch mode above it, sees every aten
+operator the step runs (forward, backward and the AdamW update), as a GPU would get them:
+- kernels: operators that are not views or metadata (each is at least one kernel launch on a GPU);
+- bytes: what each of them reads (its tensor inputs) and writes (its tensor outputs), in GiB;
+- matmul FLOPs by the dtype of their inputs (torch's flop formulas): a matmul left in float32 under autocast shows;
+- host synchronisations: the operators that read a value into Python or size an output by the values (the list of
+  `benchmarks.beyond_sync.waits_for_device`), each named with the code that made it.
+A value-dependent operator gets a made-up answer (0, or every element selected), so the step runs on.
+
+The dtype policy is the GPU profile's: fp32 weights under bf16 autocast (CPU autocast here: its lists of operators
+cast down are CUDA's for matmuls), or bf16 weights where the profile trains that way (`train_weights`). The step
+is traced twice and the second is counted: a first step pays one-off work (lazily built state, hf_tfm's input-value
+check) that a training run pays once.
+"""
+
+import argparse
+import math
+import sys
+from collections import Counter
+from pathlib import Path
+
+import torch
+import transformers
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import flop_registry
+
+from benchmarks.beyond_sync import caller, waits_for_device
+from benchmarks.measure import training_batch
+from benchmarks.pairs import KINDS, PROFILES
+from benchmarks.record import RESULTS, header, write
+from hf_tfm import modeling_tfm
+from hf_tfm.convert import config_to_tfm, family_of_model
+
+# metadata and aliasing: no kernel, no bytes
+NO_KERNEL = frozenset(
+    {
+        "detach",
+        "alias",
+        "empty",
+        "empty_strided",
+        "empty_like",
+        "lift_fresh",
+        "_to_copy_noop",
+        "set_",
+        "sym_size",
+        "sym_stride",
+        "sym_numel",
+        "sym_storage_offset",
+        "is_same_size",
+        "_has_compatible_shallow_copy_type",
+    }
+)
+
+
+# in-place matmuls (an accumulated weight gradient: `addmm_`), counted by their out-of-place formula
+OUT_OF_PLACE = {"addmm_": torch.ops.aten.addmm, "baddbmm_": torch.ops.aten.baddbmm, "addbmm_": torch.ops.aten.addbmm}
+
+
+def _tensors(value) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [tensor for item in value for tensor in _tensors(item)]
+    return []
+
+
+def _bytes(tensors) -> int:
+    return sum(tensor.numel() * tensor.element_size() for tensor in tensors)
+
+
+def _made_up(func, args, kwargs):
+    """The answer of a value-dependent operator that fake tensors cannot give: 0 for a value read, every element
+    selected for a selection (the upper bound, and a causal LM's scored rows), the target itself for an indexed
+    write."""
+    name = func.overloadpacket.__name__
+    if name in ("_local_scalar_dense", "item"):
+        return False if args[0].dtype == torch.bool else 0
+    if name in ("is_nonzero", "equal", "allclose"):
+        return True
+    if name in ("nonzero", "argwhere"):
+        return torch.zeros((args[0].numel(), args[0].dim()), dtype=torch.long, device=args[0].device)
+    if name == "masked_select":
+        return torch.zeros(args[0].numel(), dtype=args[0].dtype, device=args[0].device)
+    if name == "index":  # boolean mask rows: all of them
+        source, indices = args[0], args[1]
+        position = next(i for i, index in enumerate(indices) if index is not None and index.dtype == torch.bool)
+        mask = indices[position]
+        shape = (*source.shape[:position], mask.numel(), *source.shape[position + mask.dim() :])
+        return torch.zeros(shape, dtype=source.dtype, device=source.device)
+    if name in ("index_put", "index_put_", "_index_put_impl_"):
+        return args[0] if name.endswith("_") else args[0].clone()
+    raise NotImplementedError(f"the trace cannot make up the result of {func}")
+
+
+class StepTrace(TorchDispatchMode):
+    """Counts, per aten operator reaching the dispatcher: kernels, bytes read and written, matmul FLOPs by input
+    dtype, host synchronisations (with their places). Pause with `counting = False`."""
+
+    def __init__(self):
+        super().__init__()
+        self.counting = True
+        self.kernels = 0
+        self.bytes_read = self.bytes_written = 0
+        self.flops: Counter = Counter()
+        self.operators: Counter = Counter()
+        self.syncs: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if waits_for_device(func, args, kwargs):
+            if self.counting:
+                self.syncs.append(f"{func.overloadpacket.__name__} at {caller()}")
+            try:
+                return func(*args, **kwargs)
+            except Exception:  # fake tensors have no values to answer with
+                return _made_up(func, args, kwargs)
+        out = func(*args, **kwargs)
+        if not self.counting or func.namespace == "prim" or func.is_view:
+            return out
+        name = func.overloadpacket.__name__
+        if name in NO_KERNEL:
+            return out
+        self.kernels += 1
+        self.operators[name] += 1
+        self.bytes_read += _bytes(_tensors(list(args) + list(kwargs.values())))
+        self.bytes_written += _bytes(_tensors(out))
+        formula = flop_registry.get(func.overloadpacket) or flop_registry.get(OUT_OF_PLACE.get(name))
+        if formula is not None:  # torch's formula, given the tensors (it reads their shapes)
+            flops = formula(*args, **kwargs, out_val=out)
+            self.flops[str(_tensors(list(args))[0].dtype).removeprefix("torch.")] += flops
+        return out
+
+    def summary(self) -> dict:
+        return {
+            "kernels": self.kernels,
+            "read_gib": self.bytes_read / 2**30,
+            "written_gib": self.bytes_written / 2**30,
+            "bytes_gib": (self.bytes_read + self.bytes_written) / 2**30,
+            "matmul_tflops": {dtype: flops / 1e12 for dtype, flops in sorted(self.flops.items())},
+            "host_syncs": len(self.syncs),
+            "sync_places": sorted(Counter(self.syncs).items()),
+            "top_operators": self.operators.most_common(12),
+        }
+
+
+def build_fake_pair(name: str, config_fields: dict) -> dict:
+    """The reference model and hf_tfm's model of the converted config, with fake weights (the same shapes; values
+    do not exist, so "the same weights" is the same shapes). Call inside FakeTensorMode."""
+    kind = KINDS[name]
+    reference = kind.model_class(kind.config_class(**kind.defaults, **config_fields))
+    record = family_of_model(reference)  # as to_tfm builds its model, without copying (and comparing) values
+    config = config_to_tfm(reference.config, **(record.options(reference) if record.options else {}))
+    ours = getattr(modeling_tfm, record.classes[type(reference).__name__])(config)
+    for model in (reference, ours):
+        if kind.experts_implementation is not None:
+            model.set_experts_implementation(kind.experts_implementation)
+    return {"reference": reference, "ours": ours}
+
+
+def autocast_policy(dtype: torch.dtype | None):
+    """CPU autocast to `dtype` (None: off). The context manager is CPU autocast's own; on a GPU the same step would
+    run under CUDA autocast, whose matmul, attention and loss lists it shares."""
+    return torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None)
+
+
+def trace_step(model, inputs: dict, autocast_dtype, steps: int = 2) -> dict:
+    """One training step (forward with labels, backward, fused-style AdamW step, gradients freed) traced after
+    `steps - 1` untraced ones."""
+    config = model.config
+    moe = bool(getattr(config, "num_local_experts", 0) or getattr(config, "num_experts", 0))
+    inputs = {**inputs, "output_router_logits": True} if moe else inputs
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)  # as the GPU profile
+    trace = StepTrace()
+    with trace:
+        for step in range(steps):
+            trace.counting = step == steps - 1
+            with autocast_policy(autocast_dtype):
+                loss = model(**inputs).loss
+            loss.backward()
+            optimizer.step()
+            model.zero_grad(set_to_none=True)
+    return trace.summary()
+
+
+def trace_pair(name: str, spec: dict) -> dict:
+    """Both sides' step at the pair's `spec` shape, under the GPU profile's dtype policy whatever the profile."""
+    task = KINDS[name].task
+    gpu = PROFILES["gpu"]["pairs"][name]
+    weights = getattr(torch, gpu["train_weights"]) if "train_weights" in gpu else torch.float32
+    low = getattr(torch, PROFILES["gpu"]["dtype"])
+    autocast_dtype = low if weights == torch.float32 else None
+    default_dtype = torch.get_default_dtype()
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        torch.set_default_dtype(weights)  # built in the training dtype: a fake tensor cannot be swapped by .to()
+        try:
+            models = build_fake_pair(name, spec["config"])
+        finally:
+            torch.set_default_dtype(default_dtype)
+        vocab = models["reference"].config.vocab_size
+        inputs = training_batch(task, vocab, spec["batch"], spec["length"], spec.get("target_length"), "cpu")
+        sides = {}
+        for side, model in models.items():
+            sides[side] = trace_step(model, inputs, autocast_dtype)
+    ratios = {
+        key: sides["ours"][key] / sides["reference"][key] if sides["reference"][key] else math.nan
+        for key in ("kernels", "bytes_gib")
+    }
+    return {
+        "reference": KINDS[name].reference,
+        "shape": spec,
+        "weights": str(weights).removeprefix("torch."),
+        "autocast": None if autocast_dtype is None else str(autocast_dtype).removeprefix("torch."),
+        **sides,
+        "ratios": ratios,
+    }
+
+
+def run(profile_name: str, pairs: list[str] | None = None, output: Path | None = None) -> dict:
+    profile = PROFILES[profile_name]
+    command = f"python -m benchmarks.trace --profile {profile_name}" + (f" --pairs {' '.join(pairs)}" if pairs else "")
+    record = {**header(f"trace-{profile_name}", command, torch.device("cpu")), "pairs": {}}
+    for name in pairs or list(profile["pairs"]):
+        result = record["pairs"][name] = trace_pair(name, profile["pairs"][name])
+        ours, reference = result["ours"], result["reference"]
+        print(
+            f"{name:12s} kernels {ours['kernels']:6d} / {reference['kernels']:6d}  "
+            f"GiB {ours['bytes_gib']:8.2f} / {reference['bytes_gib']:8.2f}  "
+            f"syncs {ours['host_syncs']} / {reference['host_syncs']}  "
+            f"matmul TFLOP {ours['matmul_tflops']} / {reference['matmul_tflops']}",
+            flush=True,
+        )
+    path = output or RESULTS / f"trace-{profile_name}-{record['date']}.json"
+    if profile_name != "smoke" or output is not None:
+        write(record, f"trace-{profile_name}", path)
+    return record
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="gpu")
+    parser.add_argument("--pairs", nargs="+", choices=sorted(KINDS), help="default: every pair of the profile")
+    parser.add_argument("--output", type=Path, help="default: benchmarks/results/trace-<profile>-<date>.json")
+    args = parser.parse_args(argv if argv is not None else sys.argv[1:])
+    run(args.profile, args.pairs, args.output)
+
+
+if __name__ == "__main__":
+    main()
