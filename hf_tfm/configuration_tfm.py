@@ -167,10 +167,11 @@ class TfmConfig(PreTrainedConfig):
         scale_lm_head_input (`bool`): multiply the last hidden state by `hidden_size**-0.5` before the LM head
             (T5 with tied embeddings).
         use_pooler (`bool`): encoders get a pooler (dense + tanh on the first token, BERT's) for sentence-level heads.
-        loss_chunk_size (`int`): language-model heads training with labels project this many scored tokens at a time
-            and return the loss without logits, never holding the `[tokens, vocab]` logits or their gradient whole
-            (`modeling_tfm_loss.py`); in eval mode, and with 0, they compute the full logits as transformers does.
-            The default, 256, was the fastest and leanest of the sizes `python -m benchmarks.beyond` sweeps.
+        loss_chunk_size (`int` or `None`): language-model heads training with labels project this many tokens at a
+            time and return the loss without logits, never holding the `[tokens, vocab]` logits or their gradient
+            whole (`modeling_tfm_loss.py`); None (the default) sizes the chunks so that each one's float32 logits
+            take at most 1 GiB (few, large chunks: `python -m benchmarks.trace` counts what each one costs on a GPU).
+            In eval mode, and with 0, they compute the full logits as transformers does.
         check_input_values (`bool`): read the inputs' values to name a bad one (a token id outside the vocabulary, a
             token type outside `type_vocab_size`, a position outside the position table) in a `ValueError`. Reading a
             value is a host-device synchronisation on an accelerator, so it is done on a forward that starts a
@@ -272,7 +273,7 @@ class TfmConfig(PreTrainedConfig):
     lm_head_bias: bool = False
     scale_lm_head_input: bool = False
     use_pooler: bool = True
-    loss_chunk_size: int = 256
+    loss_chunk_size: int | None = None
     check_input_values: bool = True
     num_experts: int = 0
     num_experts_per_tok: int = 2
@@ -344,8 +345,10 @@ class TfmConfig(PreTrainedConfig):
         for field in ("num_key_value_heads", "head_dim", "intermediate_size"):
             value = getattr(self, field)
             _require(value is None or value > 0, field, f"must be a positive integer or None, got {value}")
-        for field in ("type_vocab_size", "position_offset", "loss_chunk_size"):
+        for field in ("type_vocab_size", "position_offset"):
             _require(getattr(self, field) >= 0, field, f"must be >= 0, got {getattr(self, field)}")
+        chunk = self.loss_chunk_size
+        _require(chunk is None or chunk >= 0, "loss_chunk_size", f"must be >= 0 or None, got {chunk}")
         multiple = self.pad_vocab_size_to_multiple_of
         _require(
             multiple is None or multiple >= 0,

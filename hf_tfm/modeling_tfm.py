@@ -200,19 +200,19 @@ class TfmHead(TfmPreTrainedModel):
         return aux, z_loss
 
     def vocabulary_prediction(
-        self, hidden, labels, output_layer: nn.Linear, loss_function, logits_to_keep=0, **kwargs
+        self, hidden, labels, output_layer: nn.Linear, loss_function, logits_to_keep=0, select_scored=False, **kwargs
     ) -> dict:
         """A language-model head's fields from its final hidden states. Training with labels: the loss alone, the
-        vocabulary projected a chunk of `loss_chunk_size` tokens at a time (logits None: Trainer's training step
-        reads only the loss). Otherwise (evaluation, generation, `loss_chunk_size=0`, tensor parallelism): the
-        logits, and their loss by `loss_function` when labels are given. Both paths give the same loss and
-        gradients."""
+        vocabulary projected a chunk of tokens at a time (`loss_chunk_size`; logits None: Trainer's training step
+        reads only the loss), only the scored tokens with `select_scored` (masked LM). Otherwise (evaluation,
+        generation, `loss_chunk_size=0`, tensor parallelism): the logits, and their loss by `loss_function` when labels
+        are given. Both paths give the same loss and gradients."""
         config = self.config
         # a tensor-parallel head holds a slice of the vocabulary (a DTensor), which its module's hooks gather into
         # logits: the chunked loss, reading the weight itself, would mix that slice with local tensors
-        if labels is not None and self.training and config.loss_chunk_size > 0 and not is_sharded(output_layer.weight):
-            if loss_function is ForCausalLMLoss:  # each token scores its successor
-                hidden, labels = hidden[:, :-1], labels[:, 1:]
+        if labels is not None and self.training and config.loss_chunk_size != 0 and not is_sharded(output_layer.weight):
+            if loss_function is ForCausalLMLoss:  # each token scores its successor: the labels move, not the states
+                labels = nn.functional.pad(labels, (0, 1), value=-100)[..., 1:]
             loss = linear_cross_entropy(
                 hidden,
                 output_layer.weight,
@@ -222,6 +222,7 @@ class TfmHead(TfmPreTrainedModel):
                 vocab_size=config.vocab_size,
                 scale=config.hidden_size**-0.5 if config.scale_lm_head_input else 1.0,
                 softcap=config.final_logit_softcapping,
+                select_scored=select_scored,
                 **kwargs,
             )
             return {"logits": None, "loss": loss}
@@ -501,7 +502,9 @@ class TfmEncoderForMaskedLM(TfmEncoderHead):
     def predict(self, outputs, labels, input_ids, inputs_embeds, **kwargs):
         check_labels(labels, input_ids, inputs_embeds)
         hidden = self.lm_head.transform(outputs.last_hidden_state)
-        return self.vocabulary_prediction(hidden, labels, self.lm_head.decoder, self.loss_function, **kwargs)
+        return self.vocabulary_prediction(
+            hidden, labels, self.lm_head.decoder, self.loss_function, select_scored=True, **kwargs
+        )
 
 
 class TfmEncoderForSequenceClassification(TfmEncoderHead):

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, EncoderDecoderCache
 from transformers.integrations.moe import use_experts_implementation
@@ -305,120 +306,42 @@ def attention_scale(config: TfmConfig) -> float:
     return config.head_dim**-0.5
 
 
-class FusedProjections:
-    """Linear layers that read the same input (attention's q/k/v, a GLU's gate/up), run as one matmul where nothing
-    trains: their weights (and biases) are moved into one concatenated tensor and each layer's parameter keeps a view
-    of its rows, assigned through `.data`. Parameter objects, names and optimizer references are unchanged and no
-    memory is added; the product is the separate layers' up to fp32 rounding (tests/test_fused_projections.py).
-    Built at the first forward that can use it (eval mode, gradients off: a decode step), released by `train()`."""
-
-    @torch.inference_mode(False)  # built under generate()'s inference mode, the weights must stay usable outside it
-    def __init__(self, names: tuple[str, ...], layers: list[nn.Linear]):
-        self.sizes = [layer.out_features for layer in layers]
-        self.weight = torch.cat([layer.weight.data for layer in layers])
-        has_bias = layers[0].bias is not None
-        self.bias = torch.cat([layer.bias.data for layer in layers]) if has_bias else None
-        biases = self.bias.split(self.sizes) if has_bias else [None] * len(layers)
-        for layer, weight, bias in zip(layers, self.weight.split(self.sizes), biases):
-            layer.weight.data = weight
-            if bias is not None:
-                layer.bias.data = bias
-        # what must still hold for the fused tensors to be the layers' own (read without a Python call per check)
-        self.checks = [
-            (name, layer, layer.weight, layer.bias, layer.weight.data_ptr()) for name, layer in zip(names, layers)
-        ]
-
-    def holds(self, owner: nn.Module) -> bool:
-        """Whether every layer still computes with its view: not after `.to()` (new storage), a reassigned weight or
-        a wrapped layer (LoRA)."""
-        modules = owner._modules
-        for name, layer, weight, bias, pointer in self.checks:
-            parameters = layer._parameters
-            if modules[name] is not layer or parameters["weight"] is not weight or parameters["bias"] is not bias:
-                return False
-            if weight.data_ptr() != pointer:
-                return False
-        return True
-
-    def __call__(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        # the tensor method itself: Tensor.split is a Python wrapper around it, a measurable call per decode step
-        return nn.functional.linear(hidden_states, self.weight, self.bias).split_with_sizes(self.sizes, dim=-1)
-
-    @staticmethod
-    def fusable(layers: list[nn.Module]) -> bool:
-        """Plain Linear layers with plain weights (not a LoRA wrapper, a quantised, sharded or offloaded weight, nor
-        one DeepSpeed ZeRO-3 gathers per forward: a fused copy would keep the whole layer resident), alike in
-        device, dtype and bias."""
-        first = layers[0]
-        return (
-            all(
-                type(layer) is nn.Linear
-                and type(layer.weight) is nn.Parameter
-                and not hasattr(layer.weight, "ds_id")
-                and layer.weight.device == first.weight.device
-                and layer.weight.dtype == first.weight.dtype
-                and (layer.bias is None) == (first.bias is None)
-                for layer in layers
-            )
-            and first.weight.device.type != "meta"
-        )
-
-    @torch.inference_mode(False)
-    def release(self) -> None:
-        """Give the fused layers' parameters their own storage again."""
-        for _, _, weight, bias, _ in self.checks:
-            for parameter in (weight, bias):
-                if parameter is not None:
-                    parameter.data = parameter.data.clone()
+# a weight that is a plain tensor: a Parameter, or a fake one while torch traces the model without values (FakeTensor,
+# the form benchmarks/trace.py counts a step in); not a tensor subclass that quantises or shards it
+PLAIN_WEIGHTS = (nn.Parameter, FakeTensor)
 
 
-class FusingModule(nn.Module):
-    """A module whose layers named in `fusable` read one input and run as one matmul at inference
-    (FusedProjections)."""
-
-    fusable: tuple[str, ...] = ()
-
-    def __init__(self):
-        super().__init__()
-        self.fused = None
-        self.register_state_dict_post_hook(copy_fused_views)
-
-    def fused_projections(self) -> FusedProjections | None:
-        """The fused form of the layers when this forward can use it (eval mode, gradients off, not compiling, the
-        layers fusable), built or rebuilt now if it no longer holds them; else None: run them separately."""
-        if self.training or torch.is_grad_enabled() or torch.compiler.is_compiling():
-            return None
-        fused = self.fused
-        if fused is None or not fused.holds(self):
-            layers = [getattr(self, name) for name in self.fusable]
-            if not layers:
-                return None
-            fused = self.fused = FusedProjections(self.fusable, layers) if FusedProjections.fusable(layers) else None
-        return fused
-
-    def train(self, mode: bool = True):
-        if mode and self.fused is not None:
-            self.fused.release()
-            self.fused = None
-        return super().train(mode)
+def reads_its_weight(layer: nn.Module) -> bool:
+    """A plain nn.Linear whose weight can be read directly: not a LoRA wrapper, a quantised or sharded weight
+    (a tensor subclass), nor a layer whose hooks gather or move its weight when it is called (DeepSpeed ZeRO-3,
+    accelerate's offloading) or watch its calls."""
+    return (
+        type(layer) is nn.Linear
+        and type(layer.weight) in PLAIN_WEIGHTS
+        and not layer._forward_pre_hooks
+        and not layer._forward_hooks
+        and "_hf_hook" not in layer.__dict__
+    )
 
 
-def copy_fused_views(module: FusingModule, state_dict: dict, prefix: str, local_metadata) -> None:
-    """A fused module's state dict holds copies of its layers' views: savers that drop tensors sharing storage
-    (accelerate's `clean_state_dict_for_safetensors`) would otherwise keep one of them and lose the rest."""
-    if module.fused is None:
-        return
-    for name in module.fusable:
-        for key in (f"{prefix}{name}.weight", f"{prefix}{name}.bias"):
-            if key in state_dict:
-                state_dict[key] = state_dict[key].clone()
+def joint_projections(hidden_states: torch.Tensor, layers: list[nn.Module]) -> list[torch.Tensor]:
+    """Each layer's output on the same input (attention's q/k/v, a GLU's gate/up). In a training step one matmul
+    over the layers' concatenated weights, as GPT-2's `c_attn` is: one autocast cast and one read of the input, one
+    input-gradient matmul instead of one per layer and the sum of their results. Otherwise (no gradients: a decode
+    step would copy the weights at every token) or for a layer that must be called (`reads_its_weight`), each layer
+    on its own. The parameters stay the layers' own: state dicts, PEFT targets and parallel plans see them."""
+    if not torch.is_grad_enabled() or not all(reads_its_weight(layer) for layer in layers):
+        return [layer(hidden_states) for layer in layers]
+    weight = torch.cat([layer.weight for layer in layers])
+    bias = None if layers[0].bias is None else torch.cat([layer.bias for layer in layers])
+    return nn.functional.linear(hidden_states, weight, bias).split([layer.out_features for layer in layers], dim=-1)
 
 
 class AttentionModule(nn.Module):
     """Every hf_tfm attention (standard and latent) returns (output, weights): what `output_attentions` records."""
 
 
-class TfmAttention(FusingModule, AttentionModule):
+class TfmAttention(AttentionModule):
     """Multi-head attention with MHA/GQA/MQA, optional RoPE (full or partial), optional QK-norm, optional additive
     position bias (ALiBi, relative), an optional sliding window and score soft-capping, and any transformers
     attention backend. `is_causal` is set explicitly: sdpa reads it when the mask is skipped. As cross-attention it
@@ -431,7 +354,6 @@ class TfmAttention(FusingModule, AttentionModule):
         self.layer_idx = layer_idx
         self.is_causal = is_causal and not is_cross_attention
         self.is_cross_attention = is_cross_attention
-        self.fusable = () if is_cross_attention else ("q_proj", "k_proj", "v_proj")
         self.head_dim = config.head_dim
         self.num_heads = config.num_attention_heads
         self.num_key_value_heads = config.num_key_value_heads
@@ -468,18 +390,13 @@ class TfmAttention(FusingModule, AttentionModule):
         **kwargs: Unpack[TransformersKwargs],
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         input_shape = hidden_states.shape[:-1]
-        fused = None if self.is_cross_attention else self.fused_projections()
-        if fused is not None:
-            query, key, value = fused(hidden_states)
-            query_states, key_states = self._heads(query, self.q_norm), self._heads(key, self.k_norm)
-            value_states = self._heads(value, None)
-        else:
-            query_states = self._heads(self.q_proj(hidden_states), self.q_norm)
         if self.is_cross_attention:
+            query_states = self._heads(self.q_proj(hidden_states), self.q_norm)
             key_states, value_states = self._cross_key_values(key_value_states, cache)
         else:
-            if fused is None:
-                key_states, value_states = self._project_key_values(hidden_states)
+            query, key, value = joint_projections(hidden_states, [self.q_proj, self.k_proj, self.v_proj])
+            query_states, key_states = self._heads(query, self.q_norm), self._heads(key, self.k_norm)
+            value_states = self._heads(value, None)
             if position_embeddings is not None:
                 cos, sin = position_embeddings
                 query_states, key_states = apply_rotary(query_states, key_states, cos, sin)
@@ -534,14 +451,12 @@ class TfmAttention(FusingModule, AttentionModule):
             heads = norm(heads)
         return heads.transpose(1, 2)
 
-    def _project_key_values(self, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self._heads(self.k_proj(states), self.k_norm), self._heads(self.v_proj(states), None)
-
     def _cross_key_values(self, encoder_states, cache: EncoderDecoderCache | None):
         if cache is not None and cache.is_updated.get(self.layer_idx):
             layer = cache.cross_attention_cache.layers[self.layer_idx]
             return layer.keys, layer.values
-        key_states, value_states = self._project_key_values(encoder_states)
+        key_states = self._heads(self.k_proj(encoder_states), self.k_norm)
+        value_states = self._heads(self.v_proj(encoder_states), None)
         if cache is not None:
             key_states, value_states = cache.cross_attention_cache.update(key_states, value_states, self.layer_idx)
             cache.is_updated[self.layer_idx] = True
@@ -654,7 +569,7 @@ class TfmLatentAttention(AttentionModule):
 # ------------------------------------------------------------------------------------------------- feed-forward
 
 
-class TfmFeedForward(FusingModule):
+class TfmFeedForward(nn.Module):
     """Two-layer MLP (`down(act(up(x)))`) or gated GLU (`down(act(gate(x)) * up(x))`: SwiGLU, GeGLU...)."""
 
     def __init__(self, config: TfmConfig, intermediate_size: int | None = None, gated: bool | None = None):
@@ -662,7 +577,6 @@ class TfmFeedForward(FusingModule):
         hidden, bias = config.hidden_size, config.mlp_bias
         inner = intermediate_size or config.intermediate_size
         self.gated = config.ffn_type == "glu" if gated is None else gated
-        self.fusable = ("gate_proj", "up_proj") if self.gated else ()
         if self.gated:
             self.gate_proj = nn.Linear(hidden, inner, bias=bias)
         self.up_proj = nn.Linear(hidden, inner, bias=bias)
@@ -672,11 +586,7 @@ class TfmFeedForward(FusingModule):
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         if not self.gated:
             return self.down_proj(self.act_fn(self.up_proj(hidden_states)))
-        fused = self.fused_projections()
-        if fused is not None:
-            gate, up = fused(hidden_states)
-        else:
-            gate, up = self.gate_proj(hidden_states), self.up_proj(hidden_states)
+        gate, up = joint_projections(hidden_states, [self.gate_proj, self.up_proj])
         return self.down_proj(self.act_fn(gate) * up)
 
 

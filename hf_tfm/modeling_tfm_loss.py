@@ -7,7 +7,31 @@ linear cross-entropy, in plain PyTorch so that it runs on any device). Same loss
 everything and calling transformers' loss, to rounding.
 """
 
+import math
+
 import torch
+
+# The float32 logits one chunk may hold when `loss_chunk_size` is None: few, large chunks. Each chunk adds one pass
+# over the float32 [vocab, hidden] weight gradient, which at 1 GiB is under a tenth of the chunk's own traffic at
+# GPT-2's and Llama's shapes (benchmarks/trace.py), while the full logits of a 16 x 1024 GPT-2 batch take 3.1 GiB.
+LOSS_CHUNK_BYTES = 2**30
+
+
+def chunk_rows(rows: int, vocab: int, chunk_size: int | None) -> int:
+    """Tokens per chunk: `chunk_size`, or (None) as many as fit LOSS_CHUNK_BYTES of float32 logits, evened out over
+    the chunks that takes so that the last is not a sliver."""
+    if chunk_size:
+        return chunk_size
+    most = max(1, LOSS_CHUNK_BYTES // (4 * vocab))
+    return math.ceil(rows / math.ceil(rows / most)) if rows else 1
+
+
+def compute_dtype(tensor: torch.Tensor) -> torch.dtype:
+    """The dtype autocast would run a matmul of `tensor` in: its own outside autocast."""
+    device = tensor.device.type
+    if torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return tensor.dtype
 
 
 class ChunkedLinearCrossEntropy(torch.autograd.Function):
@@ -15,61 +39,61 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
     not `ignore_index`, and over the first `vocab_size` logits: rows of `weight` past them are the padding of a
     padded table (`pad_vocab_size_to_multiple_of`), projected (the matmuls keep the padded width) but never scored,
     and their gradient is 0.
+
     The gradients are computed chunk by chunk in the forward pass (when autograd will want them) and scaled by the
-    incoming gradient in backward: one pass over the vocabulary instead of a forward and a recomputation."""
+    incoming gradient in backward: one pass over the vocabulary instead of a forward and a recomputation. Matmuls run
+    in `dtype` (autocast's, as transformers' head would), softmax and its gradient in float32, the weight gradient
+    summed over chunks in the weight's dtype. Unscored rows take part like the others and get a zero gradient (no
+    boolean selection: no host synchronisation, one graph under torch.compile)."""
 
     @staticmethod
-    def forward(
-        ctx, hidden, weight, bias, labels, scale, softcap, chunk_size: int, ignore_index: int, masked: bool, vocab_size
-    ):
+    def forward(ctx, hidden, weight, bias, labels, scale, softcap, chunk: int, ignore_index: int, vocab_size, dtype):
         wants = any(ctx.needs_input_grad[:3])  # autograd will ask for a gradient
-        grad_hidden = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
-        # accumulated in place (addmm_): a `+=` would allocate a [vocab, hidden] temporary per chunk
+        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
         grad_bias = torch.zeros_like(bias) if bias is not None and ctx.needs_input_grad[2] else None
-        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
-        for start in range(0, hidden.shape[0], chunk_size):
-            rows = slice(start, start + chunk_size)
-            inputs = hidden[rows] * scale if scale != 1.0 else hidden[rows]
-            logits = padded = torch.nn.functional.linear(inputs, weight, bias).float()
-            if vocab_size < padded.shape[-1]:
-                logits = padded[:, :vocab_size]
+        weight_c = weight.to(dtype)  # cast once, not once per chunk
+        bias_c = None if bias is None else bias.to(dtype)
+        # per token, once for all chunks: whether it is scored, its target (0 where not), and what its gradient row
+        # subtracts at the target (1, or 0 where not scored)
+        scored = labels != ignore_index
+        target = torch.where(scored, labels, 0)[:, None]
+        hit = scored[:, None].to(torch.float32)
+        token_loss = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+        for start in range(0, hidden.shape[0], chunk):
+            rows = slice(start, start + chunk)
+            inputs = (hidden[rows] * scale if scale != 1.0 else hidden[rows]).to(dtype)
+            padded = torch.nn.functional.linear(inputs, weight_c, bias_c).float()
+            logits = padded[:, :vocab_size] if vocab_size < padded.shape[-1] else padded
             if softcap is not None:
                 capped = torch.tanh(logits / softcap)
                 logits = capped * softcap
-            scored = labels[rows] != ignore_index
-            target = torch.where(scored, labels[rows], 0)
             log_normaliser = torch.logsumexp(logits, dim=-1)
-            token_loss = log_normaliser - logits.gather(-1, target[:, None]).squeeze(-1)
-            total = total + torch.where(scored, token_loss, 0.0).sum()
+            torch.sub(log_normaliser, logits.gather(-1, target[rows]).squeeze(-1), out=token_loss[rows])
             if not wants:
                 continue
-            # d(loss)/d(logits) = softmax - one_hot(target), through the cap's 1 - tanh^2, written over the logits
+            # d(loss)/d(logits) = softmax - one_hot(target), written over the logits; an unscored row's normaliser
+            # is +inf, so its softmax is 0 and it subtracts nothing: a zero row without a mask pass
+            log_normaliser = torch.where(scored[rows], log_normaliser, torch.inf)
             grad_logits = logits.sub_(log_normaliser[:, None]).exp_()
-            if masked:  # one fused elementwise pass for inductor, where an indexed write is a pass of its own
-                hit = torch.arange(grad_logits.shape[-1], device=grad_logits.device) == target[:, None]
-                grad_logits = torch.where(scored[:, None], grad_logits - hit.to(grad_logits.dtype), 0.0)
-            else:
-                grad_logits[torch.arange(target.shape[0], device=target.device), target] -= 1.0
-            if softcap is not None:
+            grad_logits.scatter_add_(-1, target[rows], hit[rows].neg())
+            if softcap is not None:  # through the cap's 1 - tanh^2
                 grad_logits.mul_(1.0 - capped * capped)
             if vocab_size < padded.shape[-1]:  # back to the padded width, the padding's gradient 0
-                if softcap is not None or masked:  # else grad_logits was written over `padded` already
+                if softcap is not None:  # else grad_logits was written over `padded` already
                     padded[:, :vocab_size] = grad_logits
                 padded[:, vocab_size:] = 0.0
                 grad_logits = padded
-            # in the weight's dtype: under autocast the hidden states may be bf16 while the weight stays fp32, and the
-            # in-place addmm_ is not autocast
-            grad_logits = grad_logits.to(weight.dtype)
+            grad_logits = grad_logits.to(dtype)
             if grad_hidden is not None:
-                chunk_grad = grad_logits @ weight
+                chunk_grad = grad_logits @ weight_c
                 grad_hidden[rows] = chunk_grad * scale if scale != 1.0 else chunk_grad
             if grad_weight is not None:
-                grad_weight.addmm_(grad_logits.t(), inputs.to(weight.dtype))
+                grad_weight += grad_logits.t() @ inputs
             if grad_bias is not None:
                 grad_bias += grad_logits.sum(dim=0)
         ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
-        return total
+        return torch.where(scored, token_loss, 0.0).sum()
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -82,27 +106,30 @@ def linear_cross_entropy(
     weight: torch.Tensor,
     bias: torch.Tensor | None,
     labels: torch.Tensor,
-    chunk_size: int,
+    chunk_size: int | None,
     num_items_in_batch=None,
     ignore_index: int = -100,
     vocab_size: int | None = None,
     scale: float = 1.0,
     softcap: float | None = None,
+    select_scored: bool = False,
     **kwargs,
 ) -> torch.Tensor:
     """transformers' `fixed_cross_entropy` of the projected `hidden` ([..., hidden]) against `labels` ([...]): the
     mean over scored labels, or their sum over Trainer's `num_items_in_batch`; 0 (with zero gradients) when no
-    label is scored. In eager mode only the scored tokens are projected (a masked-LM batch scores about 15% of
-    them); under torch.compile every token is, masked, since a data-dependent selection would break the graph.
-    `vocab_size` (default: every row of `weight`) is the number of real tokens of a padded table."""
+    label is scored. `chunk_size` tokens are projected at a time (None: sized by LOSS_CHUNK_BYTES). With
+    `select_scored` (a masked-LM batch, which scores about 15% of its tokens) only the scored tokens are projected,
+    at the price of one host synchronisation in eager mode (their count sizes the selection); under torch.compile
+    every token is. `vocab_size` (default: every row of `weight`) is the number of real tokens of a padded table."""
     hidden, labels = hidden.reshape(-1, hidden.shape[-1]), labels.reshape(-1).to(hidden.device)
     scored = labels != ignore_index
-    masked = torch.compiler.is_compiling()
-    if not masked:
-        hidden, labels = hidden[scored], labels[scored]
+    if select_scored and not torch.compiler.is_compiling():
+        rows = scored.nonzero().squeeze(-1)  # the one synchronisation; index_select's backward needs none
+        hidden, labels = hidden.index_select(0, rows), labels.index_select(0, rows)
     vocab_size = weight.shape[0] if vocab_size is None else vocab_size
+    chunk = chunk_rows(hidden.shape[0], weight.shape[0], chunk_size)
     total = ChunkedLinearCrossEntropy.apply(
-        hidden, weight, bias, labels, scale, softcap, chunk_size, ignore_index, masked, vocab_size
+        hidden, weight, bias, labels, scale, softcap, chunk, ignore_index, vocab_size, compute_dtype(hidden)
     )
     if num_items_in_batch is None:
         return total / scored.sum().clamp(min=1)

@@ -297,14 +297,18 @@ class TfmGenerationMixin(GenerationMixin):
         return stack.build_masks(inputs_embeds, attention_mask, cache)
 
 
-def reads_input_values(config: TfmConfig, past_length: int | torch.Tensor, length: int) -> bool:
+def reads_input_values(
+    config: TfmConfig, past_length: int | torch.Tensor, length: int, first_training_step: bool = True
+) -> bool:
     """Whether a forward reads its inputs' values to check them, which is a host-device synchronisation on an
-    accelerator: on a forward that starts a sequence (nothing cached: training, evaluation, generate()'s prompt) or
-    feeds several tokens (a prompt continued on a cache, assisted decoding's candidates), never on a decode step's
-    single token, which the model sampled from its own vocabulary. A static cache counts its tokens in a device
-    tensor: unknown on the host, so one token on an initialised static cache counts as a decode step."""
+    accelerator: on a forward that starts a sequence (nothing cached: evaluation, generate()'s prompt) or feeds
+    several tokens (a prompt continued on a cache, assisted decoding's candidates), never on a decode step's single
+    token, which the model sampled from its own vocabulary. A static cache counts its tokens in a device tensor:
+    unknown on the host, so one token on an initialised static cache counts as a decode step. In training, on the
+    first step only (`first_training_step`): a training step must not wait for the device, and a later batch comes
+    from the same tokenizer and collator (an id outside a table still stops at the embedding's own bounds check)."""
     starts = length > 1 or (isinstance(past_length, int) and past_length == 0)
-    return starts and config.check_input_values  # a decode step answers without reading the config
+    return starts and first_training_step and config.check_input_values  # a decode step reads no config
 
 
 def read_bounds(tensors: list[torch.Tensor]) -> list[list[int]]:
@@ -347,6 +351,7 @@ def check_inputs(
     batch: int,
     length: int,
     prefix: str = "",
+    first_training_step: bool = True,
 ):
     """Turn bad input into an error that names it, instead of an index error deep in an embedding (or a silent
     wrong answer). `prefix` is how the caller spells the arguments ("decoder_" for an encoder-decoder's decoder).
@@ -381,7 +386,7 @@ def check_inputs(
             f"{prefix}position_ids has shape {tuple(position_ids.shape)}, expected {(batch, length)} or {(1, length)}"
         )
 
-    read_values = reads_input_values(config, past_length, length)
+    read_values = reads_input_values(config, past_length, length, first_training_step)
     ids = {}  # argument -> (ids, how many values it has, what they index)
     if read_values:
         ids[f"{prefix}input_ids"] = (input_ids, config.vocab_size, "the vocabulary")
@@ -501,6 +506,7 @@ class TfmStack(TfmPreTrainedModel):
         self.norm = make_norm(config) if config.final_norm else None
         self.pooler = TfmPooler(config) if pooler else None
         self.gradient_checkpointing = False
+        self.trained_a_step = False  # whether a training forward has run (and checked its inputs' values)
         self.post_init()
 
     def init_parallel_plans(self) -> None:
@@ -654,9 +660,21 @@ class TfmStack(TfmPreTrainedModel):
         if position_ids is None:
             # one row that broadcasts over the batch, as in Llama: RoPE's cos/sin are then [1, L, D], not [B, L, D]
             position_ids = (torch.arange(length, device=device) + past_length).unsqueeze(0)
+        training_step = self.training and torch.is_grad_enabled()
         check_inputs(
-            self.config, input_ids, attention_mask, position_ids, token_type_ids, past_length, batch, length, prefix
+            self.config,
+            input_ids,
+            attention_mask,
+            position_ids,
+            token_type_ids,
+            past_length,
+            batch,
+            length,
+            prefix,
+            first_training_step=not (training_step and self.trained_a_step),
         )
+        if training_step and not torch.compiler.is_compiling():  # a compiled graph checks nothing (check_inputs)
+            self.trained_a_step = True
 
         hidden_states = self.embed(input_ids, inputs_embeds, position_ids, token_type_ids)
         masks = attention_mask  # generate() may have prepared each layer type's mask already

@@ -143,7 +143,7 @@ def test_beyond_parity_measures_every_chunked_loss_variant_and_reports_it(tmp_pa
     assert set(evidence) == set(profile)
     for name, pair in evidence.items():
         default = pair["default_loss_chunk_size"]
-        assert default > 0  # chunked unless a user asks for the plain path
+        assert default is None  # chunked, sized by the memory budget, unless a user asks for the plain path
         sizes = [variant["loss_chunk_size"] for variant in pair["variants"].values()]
         assert sizes == list(dict.fromkeys([default, 0, *profile[name]["sweep"]])), name
         for label, variant in pair["variants"].items():
