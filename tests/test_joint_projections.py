@@ -1,0 +1,144 @@
+"""Joint projections (modeling_tfm_layers.joint_projections): in a training step attention's q/k/v and a GLU's
+gate/up run as one matmul over their concatenated weights, with the separate layers' loss and gradients up to fp32
+rounding; without gradients, and for a layer that must be called (an adapter, a hooked or gathered layer), each layer
+runs on its own. The parameters are the layers' own throughout, so checkpoints saved before the change load and give
+the logits they gave then."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import padded_inputs, perturb, tiny_config
+
+from hf_tfm import (
+    TfmDecoderForCausalLM,
+    TfmEncoderConfig,
+    TfmEncoderDecoderConfig,
+    TfmEncoderDecoderForConditionalGeneration,
+    TfmEncoderForMaskedLM,
+)
+from hf_tfm import modeling_tfm_layers
+from hf_tfm.modeling_tfm_layers import joint_projections, reads_its_weight
+
+CHECKPOINT = Path(__file__).parent / "data" / "checkpoint-before-joint-projections"
+
+CONFIGS = {
+    "llama": (TfmDecoderForCausalLM, dict(position_embedding_type="rope", num_key_value_heads=2, ffn_type="glu")),
+    "gpt2": (TfmDecoderForCausalLM, dict(position_embedding_type="learned", attention_bias=True, mlp_bias=True)),
+    "qk-norm-per-head": (TfmDecoderForCausalLM, dict(position_embedding_type="rope", qk_norm="per_head")),
+    "qk-norm-projection": (TfmDecoderForCausalLM, dict(position_embedding_type="rope", qk_norm="projection")),
+    "moe-shared-expert": (
+        TfmDecoderForCausalLM,
+        dict(
+            position_embedding_type="rope",
+            num_experts=4,
+            num_experts_per_tok=2,
+            hidden_act="silu",
+            ffn_type="glu",
+            shared_expert_intermediate_size=48,
+        ),
+    ),
+    "encoder": (TfmEncoderForMaskedLM, dict(config_class=TfmEncoderConfig)),
+    "encoder-decoder": (
+        TfmEncoderDecoderForConditionalGeneration,
+        dict(config_class=TfmEncoderDecoderConfig, decoder_start_token_id=0, ffn_type="glu", hidden_act="silu"),
+    ),
+}
+
+
+def build(name: str) -> torch.nn.Module:
+    model_class, fields = CONFIGS[name]
+    fields = dict(fields, loss_chunk_size=0)  # the logits, so that both paths are compared on them too
+    config_class = fields.pop("config_class", None)
+    config = tiny_config(config_class, **fields) if config_class else tiny_config(**fields)
+    torch.manual_seed(0)
+    return perturb(model_class(config), scale=0.5).train()
+
+
+def step(model) -> tuple[torch.Tensor, dict]:
+    """A training forward and backward without dropout: the logits and every parameter's gradient."""
+    model.zero_grad()
+    inputs = padded_inputs(model)
+    output = model(**inputs, labels=inputs.get("decoder_input_ids", inputs["input_ids"]).contiguous())
+    output.loss.backward()
+    return output.logits.detach(), {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+def joined_calls(model, monkeypatch, run=None) -> list[int]:
+    """Runs of the joint matmul (as the number of layers it joined) while `model` trains one step (or does `run`)."""
+    calls = []
+    cat = torch.cat
+
+    def counting_cat(tensors, *args, **kwargs):
+        if all(isinstance(tensor, torch.nn.Parameter) for tensor in tensors):  # weights joined, not activations
+            calls.append(len(tensors))
+        return cat(tensors, *args, **kwargs)
+
+    monkeypatch.setattr(modeling_tfm_layers.torch, "cat", counting_cat)
+    (run or step)(model)
+    monkeypatch.setattr(modeling_tfm_layers.torch, "cat", cat)
+    return calls
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_a_joint_training_step_computes_the_separate_layers_numbers(name, monkeypatch):
+    model = build(name)
+    for module in model.modules():  # dropout off: both steps see the same function
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    assert joined_calls(model, monkeypatch), "no projection was joined"
+    joint_logits, joint_grads = step(model)
+    monkeypatch.setattr(modeling_tfm_layers, "reads_its_weight", lambda layer: False)  # every layer on its own
+    assert not joined_calls(model, monkeypatch)
+    separate_logits, separate_grads = step(model)
+    torch.testing.assert_close(joint_logits, separate_logits, rtol=0, atol=1e-5)
+    assert sorted(joint_grads) == sorted(separate_grads)
+    for key, grad in separate_grads.items():
+        torch.testing.assert_close(joint_grads[key], grad, rtol=1e-4, atol=1e-5, msg=key)
+
+
+def test_inference_runs_each_layer_on_its_own(monkeypatch):
+    """No gradients (evaluation, generate()): concatenating the weights at every decode step would copy them per
+    token; the layers run as they are, as Llama's do."""
+    model = build("llama").eval()
+
+    def evaluate(model):
+        with torch.no_grad():
+            model(**padded_inputs(model))
+
+    assert joined_calls(model, monkeypatch, evaluate) == []
+
+
+def test_layers_that_must_be_called_run_on_their_own():
+    layer = torch.nn.Linear(4, 4)
+    assert reads_its_weight(layer)
+    hooked = torch.nn.Linear(4, 4)
+    hooked.register_forward_hook(lambda *args: None)  # ZeRO-3 gathers, offloading moves, a user watches
+    offloaded = torch.nn.Linear(4, 4)
+    offloaded._hf_hook = object()  # accelerate's hook replaces forward rather than registering one
+    assert not reads_its_weight(hooked) and not reads_its_weight(offloaded)
+    seen = []
+    hooked.register_forward_hook(lambda module, args, output: seen.append(output))
+    outputs = joint_projections(torch.randn(2, 4), [layer, hooked])
+    assert len(seen) == 1 and torch.equal(outputs[1], seen[0])  # the hooked layer was called
+
+
+def test_adapters_run_their_layers():
+    peft = pytest.importorskip("peft")
+    model = build("llama")
+    adapter = peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    lora = peft.get_peft_model(model, adapter)
+    attention = lora.base_model.model.model.layers[0].self_attn
+    assert not reads_its_weight(attention.q_proj) and reads_its_weight(attention.k_proj)
+    _, grads = step(lora)
+    assert any("lora_A" in key for key in grads)  # the adapter trains: its layer was called
+
+
+def test_a_checkpoint_saved_before_the_change_loads_with_its_logits():
+    """Saved (tests/data) by the code that fused q/k/v and gate/up through parameter views at inference: the same
+    parameters load, and give the logits that code computed, within fp32 rounding of a joint matmul."""
+    model = TfmDecoderForCausalLM.from_pretrained(CHECKPOINT).eval()
+    expected = torch.load(CHECKPOINT / "expected_logits.pt")
+    with torch.no_grad():
+        logits = model(**padded_inputs(model)).logits
+    torch.testing.assert_close(logits, expected, rtol=0, atol=1e-5)
