@@ -163,7 +163,7 @@ class TfmConfig(PreTrainedConfig):
         initializer_range (`float`): std of the normal init of linear and embedding weights.
         attention_multiplier (`float`, *optional*): scale of the attention scores; `head_dim**-0.5` by default
             (T5 uses 1.0).
-        lm_head_bias (`bool`): a bias on the LM head (BART's `final_logits_bias`).
+        lm_head_bias (`bool`): a bias on the LM head (BART's `final_logits_bias`), frozen as BART's buffer is.
         scale_lm_head_input (`bool`): multiply the last hidden state by `hidden_size**-0.5` before the LM head
             (T5 with tied embeddings).
         use_pooler (`bool`): encoders get a pooler (dense + tanh on the first token, BERT's) for sentence-level heads.

@@ -695,6 +695,7 @@ class TfmEncoderDecoderForConditionalGeneration(TfmHead, TfmGenerationMixin):
         **kwargs: Unpack[TransformersKwargs],
     ) -> Seq2SeqMoEOutput:
         if labels is not None:
+            use_cache = False  # as BART's and T5's heads: a step scored against labels is not continued
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
             check_labels(labels, decoder_input_ids, decoder_inputs_embeds, "decoder_input_ids")

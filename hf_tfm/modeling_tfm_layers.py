@@ -417,13 +417,10 @@ class TfmAttention(AttentionModule):
             kwargs["softcap"] = self.softcap
         if self.sinks is not None and implementation == "sdpa":
             raise ValueError("attention_sinks=True needs eager, flex or flash attention; sdpa has no sinks")
-        if position_bias is not None:
-            if implementation == "flex_attention":
-                kwargs["position_bias"] = position_bias
-            elif implementation in ("eager", "sdpa"):
-                attention_mask = merge_position_bias(attention_mask, position_bias, query_states.dtype)
-            else:  # refused when the model is built; reached when the backend was switched afterwards
+        if position_bias is not None:  # the stack adds it to eager's and sdpa's mask; flex adds it to the scores
+            if implementation != "flex_attention":  # refused when the model is built; reached after a switch
                 raise ValueError(self.config.backend_refusal(implementation))
+            kwargs["position_bias"] = position_bias
 
         attn_output, attn_weights = attention_interface(
             self,
@@ -620,6 +617,14 @@ class TfmMaskedLMHead(nn.Module):
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         # the real tokens' logits only, without the padding rows of the table (pad_vocab_size_to_multiple_of)
         return self.decoder(self.transform(hidden_states))[..., : self.config.vocab_size]
+
+
+def freeze_lm_head_bias(config: TfmConfig, head: nn.Module | None) -> None:
+    """`lm_head_bias` is BART's `final_logits_bias`, a buffer its reference never trains: frozen, as there (a masked
+    LM head's own bias, BERT's, trains). Called when the head is built and after loading (transformers makes every
+    loaded floating parameter trainable)."""
+    if getattr(config, "lm_head_bias", False) and isinstance(head, nn.Linear) and head.bias is not None:
+        head.bias.requires_grad_(False)
 
 
 # --------------------------------------------------------------------------------------------- mixture of experts

@@ -571,9 +571,12 @@ class TfmSavingMixin:
         """
         load = super().from_pretrained
         loaded = load_checked(load, pretrained_model_name_or_path, *model_args, strict=strict, **kwargs)
-        from .modeling_tfm_quantization import finish_torchao_loading  # here: this module also runs alone
+        from .modeling_tfm_layers import freeze_lm_head_bias  # here: this module also runs alone
+        from .modeling_tfm_quantization import finish_torchao_loading
 
-        finish_torchao_loading(loaded[0] if isinstance(loaded, tuple) else loaded)
+        model = loaded[0] if isinstance(loaded, tuple) else loaded
+        finish_torchao_loading(model)
+        freeze_lm_head_bias(model.config, model.get_output_embeddings())
         return loaded
 
     def push_to_hub(self, repo_id: str, **kwargs):

@@ -50,10 +50,13 @@ from .modeling_tfm_layers import (
     TfmRouter,
     TfmSinusoidalPositionalEmbedding,
     alibi_slopes,
+    freeze_lm_head_bias,
     key_positions_for_bias,
     make_norm,
+    merge_position_bias,
     sinusoidal_table,
 )
+from .modeling_tfm_loss import compute_dtype
 from .modeling_tfm_saving import TfmSavingMixin
 
 
@@ -685,9 +688,14 @@ class TfmStack(TfmPreTrainedModel):
         if self.position_bias is not None:  # never with sliding layers (the config refuses it): one mask
             mask = masks["full_attention"]
             kv_length = mask.shape[-1] if mask is not None else past_length + length
-            query_positions = position_ids.expand(batch, -1)
-            key_positions = key_positions_for_bias(query_positions, past_length, kv_length)
-            position_bias = self.position_bias(query_positions, key_positions)
+            # [1, L] positions (shared by every row) give one [1, heads, q, kv] bias, as T5's reference builds it
+            key_positions = key_positions_for_bias(position_ids, past_length, kv_length)
+            position_bias = self.position_bias(position_ids, key_positions)
+            if self.config._attn_implementation in ("eager", "sdpa"):  # added to the mask once, not in every layer
+                merged = merge_position_bias(mask, position_bias, compute_dtype(hidden_states))
+                masks, position_bias = {**masks, "full_attention": merged}, None
+            else:  # flex reads it per batch row: a view over the shared row, no copy
+                position_bias = position_bias.expand(batch, -1, -1, -1)
         if self.cross_attention:
             encoder_attention_mask = self.cross_attention_mask(
                 hidden_states, encoder_hidden_states, encoder_attention_mask
@@ -732,7 +740,9 @@ class TfmStack(TfmPreTrainedModel):
 
 
 def make_lm_head(config: TfmConfig) -> nn.Linear:
-    return nn.Linear(config.hidden_size, config.padded_vocab_size(), bias=config.lm_head_bias)
+    head = nn.Linear(config.hidden_size, config.padded_vocab_size(), bias=config.lm_head_bias)
+    freeze_lm_head_bias(config, head)
+    return head
 
 
 def lm_logits(config: TfmConfig, lm_head: nn.Linear, hidden_states: torch.Tensor, logits_to_keep) -> torch.Tensor:

@@ -226,3 +226,35 @@ def test_published_configs_convert_both_ways(config_class, fields, to_tfm, back)
     config = config_class.from_dict(fields)
     converted = back(to_tfm(config))
     assert converted.d_model == fields["d_model"] and converted.pad_token_id == fields["pad_token_id"]
+
+
+def test_bart_trains_its_final_logits_bias_as_the_reference_does(tmp_path):
+    """BART's final_logits_bias is a buffer: an optimizer step leaves it where it was, on both sides, and a training step
+    of the converted model moves every other weight as the reference's does. It stays frozen after a reload."""
+    reference = bart(dropout=0.0)  # BART drops out functionally: off in the config, for both sides
+    ours = to_tfm(reference)
+    assert not ours.lm_head.bias.requires_grad
+    ours.save_pretrained(tmp_path)
+    assert not type(ours).from_pretrained(tmp_path).lm_head.bias.requires_grad
+    source = torch.randint(3, VOCAB, (2, 7), generator=torch.Generator().manual_seed(0))
+    labels = torch.randint(3, VOCAB, (2, 5), generator=torch.Generator().manual_seed(1))
+    for model in (reference, ours):
+        model.train()
+        # SGD: Adam's first step would turn rounding-sized gradients into full-sized steps
+        optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5, weight_decay=0.1)
+        model(input_ids=source, labels=labels).loss.backward()
+        optimizer.step()
+    torch.testing.assert_close(ours.lm_head.bias, reference.final_logits_bias[0], rtol=0, atol=0)
+    back = from_tfm(ours, "bart")
+    for name, tensor in reference.state_dict().items():
+        torch.testing.assert_close(back.state_dict()[name], tensor, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_t5_position_bias_is_built_once_for_the_batch():
+    """Rows that share positions get one [1, heads, q, kv] bias (the reference's shape), not one per row."""
+    ours = to_tfm(t5())
+    shapes = []
+    stack = ours.model.encoder
+    stack.position_bias.register_forward_hook(lambda module, args, output: shapes.append(tuple(output.shape)))
+    ours(input_ids=torch.randint(3, VOCAB, (3, 6)), decoder_input_ids=torch.randint(3, VOCAB, (3, 4)))
+    assert shapes == [(1, 4, 6, 6)]
