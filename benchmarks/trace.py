@@ -60,6 +60,10 @@ NO_KERNEL = frozenset(
 )
 
 
+# reads of a tensor at given indices, which read only the elements they pick
+GATHERS = frozenset({"gather", "index_select", "embedding", "index"})
+# in-place writes into a tensor at given indices, which read and write only what their source covers
+SCATTERS = frozenset({"scatter_", "scatter_add_", "index_put_", "_index_put_impl_", "index_add_", "index_copy_"})
 # in-place matmuls (an accumulated weight gradient: `addmm_`), counted by their out-of-place formula
 OUT_OF_PLACE = {"addmm_": torch.ops.aten.addmm, "baddbmm_": torch.ops.aten.baddbmm, "addbmm_": torch.ops.aten.addbmm}
 
@@ -130,8 +134,16 @@ class StepTrace(TorchDispatchMode):
             return out
         self.kernels += 1
         self.operators[name] += 1
-        self.bytes_read += _bytes(_tensors(list(args) + list(kwargs.values())))
-        self.bytes_written += _bytes(_tensors(out))
+        if name in GATHERS:  # reads what its indices pick: as many elements as it writes
+            self.bytes_read += _bytes(_tensors(list(args[1:]) + list(kwargs.values()))) + _bytes(_tensors(out))
+            self.bytes_written += _bytes(_tensors(out))
+        elif name in SCATTERS:  # touches its target where the source goes: the source's bytes, read and written
+            moved = _bytes(_tensors(list(args[1:]) + list(kwargs.values())))
+            self.bytes_read += moved
+            self.bytes_written += moved
+        else:
+            self.bytes_read += _bytes(_tensors(list(args) + list(kwargs.values())))
+            self.bytes_written += _bytes(_tensors(out))
         formula = flop_registry.get(func.overloadpacket) or flop_registry.get(OUT_OF_PLACE.get(name))
         if formula is not None:  # torch's formula, given the tensors (it reads their shapes)
             flops = formula(*args, **kwargs, out_val=out)

@@ -708,7 +708,7 @@ class TfmStack(TfmPreTrainedModel):
                 hidden_states,
                 encoder_hidden_states,
                 position_bias,
-                attention_mask=masks[kind],
+                masks[kind],  # positional too: a relative-position bias merged into it is learned
                 position_embeddings=None if nope else rotary.get(kind),
                 cache=cache,
                 encoder_attention_mask=encoder_attention_mask,
