@@ -27,7 +27,6 @@ from collections import Counter
 from pathlib import Path
 
 import torch
-import transformers
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry

@@ -194,7 +194,9 @@ class TfmConfig(PreTrainedConfig):
         scoring_func (`str`): router scores, `"softmax"` (Mixtral) or `"sigmoid"` (DeepSeek-V3).
         norm_topk_prob (`bool`): renormalise the top-k scores to sum to 1.
         router_jitter_noise (`float`): multiplicative noise on the router input while training.
-        router_aux_loss_coef (`float`): weight of the load-balancing loss (Switch/Mixtral) added to the task loss.
+        router_aux_loss_coef (`float`): weight of the load-balancing loss (Switch/Mixtral) added to the task loss;
+            by default 0.001 with MoE layers and 0.0 without, so that a dense model looks dense to clients that read a
+            non-zero coefficient as a request for router logits (TRL's trainers).
         router_z_loss_coef (`float`): weight of the router z-loss (ST-MoE) added to the task loss.
         router_bias_update_rate (`float`): auxiliary-loss-free balancing (DeepSeek-V3): a per-expert bias, used only
             to choose experts, moved by this rate against each expert's observed load after every optimizer step.
@@ -286,7 +288,7 @@ class TfmConfig(PreTrainedConfig):
     scoring_func: str = "softmax"
     norm_topk_prob: bool = True
     router_jitter_noise: float = 0.0
-    router_aux_loss_coef: float = 0.001
+    router_aux_loss_coef: float | None = None
     router_z_loss_coef: float = 0.0
     router_bias_update_rate: float = 0.0
     capacity_factor: float | None = None
@@ -316,6 +318,8 @@ class TfmConfig(PreTrainedConfig):
             self.intermediate_size = 4 * self.hidden_size
         if self.moe_intermediate_size is None:
             self.moe_intermediate_size = self.intermediate_size
+        if self.router_aux_loss_coef is None:
+            self.router_aux_loss_coef = 0.001 if self.num_experts > 0 else 0.0
         if self.mlp_only_layers is None:
             self.mlp_only_layers = []
         if self.attention_out_bias is None:

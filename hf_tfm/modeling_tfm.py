@@ -210,7 +210,8 @@ class TfmHead(TfmPreTrainedModel):
         config = self.config
         # a tensor-parallel head holds a slice of the vocabulary (a DTensor), which its module's hooks gather into
         # logits: the chunked loss, reading the weight itself, would mix that slice with local tensors
-        if labels is not None and self.training and config.loss_chunk_size != 0 and not is_sharded(output_layer.weight):
+        chunked = config.loss_chunk_size != 0 and not is_sharded(output_layer.weight)
+        if labels is not None and self.training and chunked:
             if loss_function is ForCausalLMLoss:  # each token scores its successor: the labels move, not the states
                 labels = nn.functional.pad(labels, (0, 1), value=-100)[..., 1:]
             loss = linear_cross_entropy(

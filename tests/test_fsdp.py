@@ -5,11 +5,11 @@ runs), writes OUT/results.json; every test below reads it. The model is a tiny M
 tied embeddings) with auxiliary-loss-free balancing, each rank fed deliberately different tokens.
 
 Tolerances: relative 1e-5 on every loss (measured: below 1e-6). Parameters after 20 AdamW steps at lr 1e-2: absolute
-3e-4 (measured 5.6e-5 in an expert that few tokens reach with separate q/k/v matmuls; 2.25e-4 in v_proj since a
-training step joins them in one matmul, whose blocking rounds v's small gradient differently): Adam moves every weight by about the learning rate however
-small its gradient, so the rounding of a small gradient (two half-batch sums and a reduce-scatter against one sum)
-shows in the weights at about lr x its relative rounding. A sharded checkpoint's resumed run repeats the
-uninterrupted one exactly (measured: equal bit for bit).
+3e-4 (measured 5.6e-5 in an expert that few tokens reach with separate q/k/v matmuls; 2.25e-4 in v_proj since
+a training step joins them in one matmul, whose blocking rounds v's small gradient differently): Adam moves every
+weight by about the learning rate however small its gradient, so the rounding of a small gradient (two half-batch
+sums and a reduce-scatter against one sum) shows in the weights at about lr x its relative rounding. A sharded
+checkpoint's resumed run repeats the uninterrupted one exactly (measured: equal bit for bit).
 """
 
 import json

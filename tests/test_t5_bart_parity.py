@@ -229,7 +229,7 @@ def test_published_configs_convert_both_ways(config_class, fields, to_tfm, back)
 
 
 def test_bart_trains_its_final_logits_bias_as_the_reference_does(tmp_path):
-    """BART's final_logits_bias is a buffer: an optimizer step leaves it where it was, on both sides, and a training step
+    """BART's final_logits_bias is a buffer: an optimizer step leaves it where it was, on both sides, and a step
     of the converted model moves every other weight as the reference's does. It stays frozen after a reload."""
     reference = bart(dropout=0.0)  # BART drops out functionally: off in the config, for both sides
     ours = to_tfm(reference)

@@ -115,7 +115,9 @@ def test_compiled_graphs_masked_path_with_padding(monkeypatch):
     actual, actual_grads = loss_and_grads(padded, batch("causal-untied-bias"))
     torch.testing.assert_close(actual.loss, expected.loss, rtol=RTOL, atol=0)
     assert "lm_head.bias" not in actual_grads  # lm_head_bias is BART's final_logits_bias: frozen
-    torch.testing.assert_close(actual_grads["lm_head.weight"][:VOCAB], expected_grads["lm_head.weight"], rtol=RTOL, atol=ATOL)
+    torch.testing.assert_close(
+        actual_grads["lm_head.weight"][:VOCAB], expected_grads["lm_head.weight"], rtol=RTOL, atol=ATOL
+    )
     assert torch.count_nonzero(actual_grads["lm_head.weight"][VOCAB:]) == 0
 
 
