@@ -15,7 +15,7 @@ MODEL_TESTS := tests/test_compat.py tests/test_config.py tests/test_modeling.py 
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup run test lint test-lean test-min test-matrix test-vllm
+.PHONY: setup run test lint test-lean test-min test-matrix test-vllm bench-gpu
 
 $(BIN)/hf-tfm: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -72,3 +72,12 @@ test-vllm:
 	build/venv-vllm/bin/pip uninstall -y -q torchvision torchaudio torchcodec
 	build/venv-vllm/bin/pip install -q --no-deps -e .
 	build/venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/vllm_serving.py
+
+# The GPU profile's training rows, prepared for one device call (at most 8 minutes on an H100; the device machine's own
+# python3 and torch, hf_tfm from this tree): GPT-2, Llama, BERT, T5, BART and Mixtral eager, GPT-2 and Llama compiled
+# too (MFU; each compiled row fails loudly if dynamo ran it eagerly), a profiler kernel table per pair, written after
+# every pair. Through the device tool: `make bench-gpu BENCH_ARGS="--output $$OUT/gpu.json"`, then commit the file.
+# tests/test_benchmarks.py runs the same arguments at the smoke shapes on the CPU.
+BENCH_GPU_ARGS := --train-only --pairs gpt2 llama bert t5 bart mixtral --compiled-pairs gpt2 llama --kernels
+bench-gpu:
+	PYTHONPATH=. PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 timeout 480 python3 -m benchmarks.speed --profile gpu $(BENCH_GPU_ARGS) $(BENCH_ARGS)

@@ -122,3 +122,39 @@ def generate_work(model, prompt: torch.Tensor, new_tokens: int, cache: str, outp
             outputs.append(model.generate(prompt, attention_mask=torch.ones_like(prompt), **options))
 
     return generate
+
+
+def profiled(work: Callable[[], object], device: torch.device):
+    """torch.profiler's record of one call of `work` (the device's kernels too on CUDA)."""
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as recorded:
+        work()
+        synchronize(device)
+    return recorded
+
+
+def kernel_table(work: Callable[[], object], device: torch.device, top: int = 12) -> dict:
+    """One call of `work`: how many kernels it launched and their device time, and the `top` kernels by time (name,
+    launches, ms). On the CPU the aten operators stand for the kernels and their own CPU time for device time."""
+    events = profiled(work, device).events()
+    if device.type == "cuda":
+        kernels = [(e.name, e.device_time_total) for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    else:
+        kernels = [(e.name, e.self_cpu_time_total) for e in events if e.name.startswith("aten::")]
+    totals: dict[str, list] = {}
+    for name, micros in kernels:
+        entry = totals.setdefault(name, [name, 0, 0.0])
+        entry[1] += 1
+        entry[2] += micros / 1e3
+    ranked = sorted(totals.values(), key=lambda entry: -entry[2])[:top]
+    return {
+        "kernels": len(kernels),
+        "device_ms": sum(micros for _, micros in kernels) / 1e3,
+        "top": [[name[:120], count, round(ms, 3)] for name, count, ms in ranked],
+    }
+
+
+def ran_compiled(work: Callable[[], object], device: torch.device) -> bool:
+    """Whether one call of `work` ran code torch.compile made. Dynamo falls back to eager silently, e.g. once a code
+    object that several models share passes its recompile limit: a compiled row must check that it was compiled."""
+    return any(event.name.startswith("Torch-Compiled Region") for event in profiled(work, device).events())

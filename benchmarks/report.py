@@ -451,6 +451,37 @@ def beyond_section(record: dict | None, source: Path | None, profile: str = "cpu
     return lines + [""]
 
 
+def trace_section(record: dict, source: Path) -> list[str]:
+    """The traced GPU training step (benchmarks/trace.py): per pair, hf_tfm against the reference on each count."""
+    lines = [
+        "## A GPU training step, traced on the CPU",
+        "",
+        f"- Results: `{shown(source)}` ({record['date']}, torch {record['versions']['torch']}, transformers "
+        f"{record['versions']['transformers']}, commit {record['versions']['commit']}).",
+        "- One step (forward with labels, backward, fused AdamW) at the GPU profile's shapes and dtype policy, under "
+        "FakeTensorMode: counted, not timed. hf_tfm / reference; a count above the reference's is marked **bold**.",
+        "",
+        "| pair | kernels | GiB read + written | host syncs | float32 matmul TFLOP | all matmul TFLOP |",
+        "|---|---|---|---|---|---|",
+    ]
+
+    def cell(ours: float, theirs: float, digits: int) -> str:
+        text = f"{ours:.{digits}f} / {theirs:.{digits}f}"
+        return f"**{text}**" if ours > theirs * (1 + 1e-9) else text
+
+    for name, pair in record["pairs"].items():
+        ours, theirs = pair["ours"], pair["reference"]
+        rows = [
+            cell(ours["kernels"], theirs["kernels"], 0),
+            cell(ours["bytes_gib"], theirs["bytes_gib"], 1),
+            cell(ours["host_syncs"], theirs["host_syncs"], 0),
+            cell(ours["matmul_tflops"].get("float32", 0.0), theirs["matmul_tflops"].get("float32", 0.0), 2),
+            cell(sum(ours["matmul_tflops"].values()), sum(theirs["matmul_tflops"].values()), 2),
+        ]
+        lines.append(f"| {name} | " + " | ".join(rows) + " |")
+    return [*lines, ""]
+
+
 def build(results: Path = RESULTS, report: Path = REPORT) -> str:
     charts = report.parent / "charts"
     lines = [
@@ -471,6 +502,9 @@ def build(results: Path = RESULTS, report: Path = REPORT) -> str:
             lines += [f"## Speed and memory: {profile} profile", "", "Not measured yet: no results file.", ""]
             continue
         lines += speed_section(records[profile], source, charts, report)
+    source = latest("trace-gpu", results)
+    if source is not None:
+        lines += trace_section(json.loads(source.read_text()), source)
     source = latest("beyond-cpu", results)
     lines += beyond_section(json.loads(source.read_text()) if source else None, source)
     source = latest("profile-cpu", results)

@@ -21,7 +21,9 @@ from benchmarks.measure import (
     alternating_medians,
     forward_work,
     generate_work,
+    kernel_table,
     peak_bytes,
+    ran_compiled,
     train_step_work,
     training_batch,
 )
@@ -66,7 +68,19 @@ def memory_row(measure: str, work: dict, device) -> dict:
 
 
 def maybe_compiled(models: dict, compiled: bool) -> dict:
+    """The models, each through torch.compile when `compiled`, with dynamo's caches emptied first: pairs share code
+    objects (transformers' and hf_tfm's modules), and one that passes dynamo's recompile limit in an earlier pair
+    silently runs eagerly in the later ones."""
+    if compiled:
+        torch._dynamo.reset()
     return {name: torch.compile(model) if compiled else model for name, model in models.items()}
+
+
+def require_compiled(work: dict, device) -> None:
+    """Fails loudly when a compiled row would time eager code (after its warm-up calls, which compiled it)."""
+    for name, call in work.items():
+        if not ran_compiled(call, device):
+            raise RuntimeError(f"the compiled {name} model ran eagerly: dynamo did not compile it (recompile limit?)")
 
 
 def inference_rows(name: str, spec: dict, profile: dict, device, dtype, errors: list[str]) -> list[dict]:
@@ -81,6 +95,10 @@ def inference_rows(name: str, spec: dict, profile: dict, device, dtype, errors: 
         work = {
             key: forward_work(model, inputs) for key, model in maybe_compiled(models, variant == "compiled").items()
         }
+        if variant == "compiled":
+            for call in work.values():  # compiles, outside the timed repeats
+                call()
+            require_compiled(work, device)
         rows.append(timed_row("forward latency", work, profile, device, variant, tokens_per_call=None))
         if variant == "eager":
             rows.append(memory_row("forward peak memory", work, device))
@@ -137,7 +155,9 @@ def error_line(part: str, error: Exception) -> str:
     return f"{part}: {type(error).__name__}: {error}".splitlines()[0][:500]
 
 
-def training_rows(name: str, spec: dict, profile: dict, device, autocast_dtype) -> tuple[list[dict], dict]:
+def training_rows(
+    name: str, spec: dict, profile: dict, device, autocast_dtype, compiled: bool, with_kernels: bool
+) -> tuple[list[dict], dict]:
     task = KINDS[name].task
     reference, ours = build_pair(name, spec["config"])
     # fp32 weights under autocast, except where a pair trains in its low-precision dtype: grouped_mm is not covered
@@ -152,17 +172,26 @@ def training_rows(name: str, spec: dict, profile: dict, device, autocast_dtype) 
     fused = {"fused": True} if device.type == "cuda" else {}
     optimizers = {key: torch.optim.AdamW(model.parameters(), lr=1e-4, **fused) for key, model in models.items()}
     rows = []
-    for variant in ("eager", "compiled") if profile["compile"] else ("eager",):
+    kernels = {}
+    for variant in ("eager", "compiled") if compiled else ("eager",):
         runnable = maybe_compiled(models, variant == "compiled")
         work = {key: train_step_work(runnable[key], inputs, optimizers[key], autocast_dtype) for key in models}
+        if variant == "compiled":
+            for call in work.values():  # compiles, outside the timed repeats
+                call()
+            require_compiled(work, device)
         rows.append(timed_row("train", work, profile, device, variant, tokens_per_call=tokens))
         if variant == "eager":
             rows.append(memory_row("train peak memory", work, device))
+        if with_kernels:
+            kernels[variant] = {key: kernel_table(call, device) for key, call in work.items()}
     facts = {
         "active_parameters": {key: parameter_count(model) for key, model in models.items()},
         "attn_implementation": {key: model.config._attn_implementation for key, model in models.items()},
         "train_tokens_per_step": tokens,
     }
+    if kernels:
+        facts["train_kernels"] = kernels
     peak = peak_flops(device)
     if peak and task != "seq2seq":
         flops = train_flops_per_token(models["ours"], spec["length"])
@@ -172,16 +201,22 @@ def training_rows(name: str, spec: dict, profile: dict, device, autocast_dtype) 
     return rows, facts
 
 
-def run_pair(name: str, profile: dict, device) -> dict:
+def run_pair(name: str, profile: dict, device, options: dict) -> dict:
+    """Every row of one pair. `options`: `train_only` (no inference rows), `compiled` (whether this pair gets compiled
+    rows), `kernels` (a profiler kernel table of each training variant)."""
     spec = profile["pairs"][name]
     dtype = getattr(torch, profile["dtype"])
     result = {"reference": KINDS[name].reference, "shape": spec, "rows": [], "errors": []}
-    for part in ("inference", "training"):
+    parts = ("training",) if options["train_only"] else ("inference", "training")
+    for part in parts:
         try:
             if part == "inference":
                 result["rows"] += inference_rows(name, spec, profile, device, dtype, result["errors"])
             else:
-                rows, facts = training_rows(name, spec, profile, device, dtype if dtype != torch.float32 else None)
+                autocast = dtype if dtype != torch.float32 else None
+                rows, facts = training_rows(
+                    name, spec, profile, device, autocast, options["compiled"], options["kernels"]
+                )
                 result["rows"] += rows
                 result.update(facts)
         except Exception as error:  # a reference that crashes (e.g. under compile) is a result, not the end of the run
@@ -192,22 +227,31 @@ def run_pair(name: str, profile: dict, device) -> dict:
 
 
 def run(
-    profile_name: str, pairs: list[str] | None = None, output: Path | None = None, command: str | None = None
+    profile_name: str,
+    pairs: list[str] | None = None,
+    output: Path | None = None,
+    command: str | None = None,
+    train_only: bool = False,
+    compiled_pairs: list[str] | None = None,
+    kernels: bool = False,
 ) -> dict:
+    """Measures `pairs` (default: all of the profile's) and writes after each. `compiled_pairs` names the pairs that
+    get compiled rows (default: every pair, when the profile compiles)."""
     profile = PROFILES[profile_name]
     device = torch.device(profile["device"])
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     command = command or f"python -m benchmarks.speed --profile {profile_name}"
-    record = {
-        **header(profile_name, command, device),
-        "settings": {key: value for key, value in profile.items() if key != "pairs"},
-        "pairs": {},
-    }
+    settings = {key: value for key, value in profile.items() if key != "pairs"}
+    if compiled_pairs is not None:
+        settings["compiled_pairs"] = sorted(compiled_pairs)
+    record = {**header(profile_name, command, device), "settings": settings, "pairs": {}}
     path = results_path(record, output)
     for name in pairs or list(profile["pairs"]):
-        record["pairs"][name] = run_pair(name, profile, device)
+        compiled = profile["compile"] if compiled_pairs is None else name in compiled_pairs
+        options = {"train_only": train_only, "compiled": compiled, "kernels": kernels}
+        record["pairs"][name] = run_pair(name, profile, device, options)
         for row in record["pairs"][name]["rows"]:
             ratio = row.get("time_ratio", row.get("memory_ratio", float("nan")))
             print(
@@ -215,6 +259,8 @@ def run(
                 f"ours {row['ours']:10.4g} {row['unit']:9s} ratio {ratio:.3f}",
                 flush=True,
             )
+        for error in record["pairs"][name]["errors"]:
+            print(f"{name:8s} error: {error}", flush=True)
         record = merge_and_write(record, path)  # after every pair: a call killed at its time limit keeps the rest
     return record
 
@@ -258,10 +304,26 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile", choices=sorted(PROFILES), default="cpu")
     parser.add_argument("--pairs", nargs="+", choices=sorted(KINDS), help="default: every pair of the profile")
     parser.add_argument("--output", type=Path, help="default: benchmarks/results/<profile>-<date>.json")
+    parser.add_argument("--train-only", action="store_true", help="training rows only (no forward or generation)")
+    parser.add_argument(
+        "--compiled-pairs",
+        nargs="*",
+        choices=sorted(KINDS),
+        help="the pairs that get compiled rows (default: the profile's)",
+    )
+    parser.add_argument("--kernels", action="store_true", help="a profiler kernel table of each training variant")
     args = parser.parse_args(argv)
     if PROFILES[args.profile]["device"] == "cuda" and not torch.cuda.is_available():
         raise SystemExit(f"error: profile {args.profile!r} needs a CUDA device and none is visible")
-    run(args.profile, args.pairs, args.output, command="python -m benchmarks.speed " + " ".join(argv or sys.argv[1:]))
+    run(
+        args.profile,
+        args.pairs,
+        args.output,
+        command="python -m benchmarks.speed " + " ".join(argv or sys.argv[1:]),
+        train_only=args.train_only,
+        compiled_pairs=args.compiled_pairs,
+        kernels=args.kernels,
+    )
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ No test looks at a time."""
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 from transformers import GPT2Config, GPT2LMHeadModel
@@ -213,3 +214,37 @@ def test_beyond_packing_smoke():
             assert 0 <= tokens["packed"]["padding_fraction"] <= tokens["padded"]["padding_fraction"] < 1
     for row in rows:
         assert row["technique"] == "packing" and row["speedup"] > 0 and math.isfinite(row["speedup"])
+
+
+def test_bench_gpu_runs_its_arguments_on_the_cpu(tmp_path):
+    """`make bench-gpu`'s arguments (the Makefile's BENCH_GPU_ARGS) at the smoke shapes on the CPU, one pair with a
+    compiled row: the training rows, the check that the compiled row really ran compiled code, and a kernel table per
+    variant and side, so that the command cannot fail on its first GPU run for a reason a CPU can show."""
+    makefile = (Path(__file__).parent.parent / "Makefile").read_text()
+    arguments = next(line for line in makefile.splitlines() if line.startswith("BENCH_GPU_ARGS :=")).split(":=")[1]
+    arguments = arguments.split()
+    assert arguments[:2] == ["--train-only", "--pairs"] and "--kernels" in arguments
+    compiled = arguments[arguments.index("--compiled-pairs") + 1 : arguments.index("--kernels")]
+    assert compiled == ["gpt2", "llama"]
+    output = tmp_path / "gpu.json"
+    speed.main(
+        ["--profile", "smoke", "--train-only", "--pairs", "gpt2", "--compiled-pairs", "gpt2", "--kernels"]
+        + ["--output", str(output)]
+    )
+    pair = json.loads(output.read_text())["pairs"]["gpt2"]
+    assert pair["errors"] == []
+    assert {(row["measure"], row.get("variant")) for row in pair["rows"]} == {
+        ("train", "eager"),
+        ("train peak memory", None),
+        ("train", "compiled"),
+    }
+    for variant in ("eager", "compiled"):
+        for side in ("reference", "ours"):
+            table = pair["train_kernels"][variant][side]
+            assert table["kernels"] > 0 and table["top"], (variant, side)
+
+
+def test_a_compiled_row_that_ran_eagerly_fails_loudly(monkeypatch):
+    monkeypatch.setattr(speed, "ran_compiled", lambda work, device: False)
+    with pytest.raises(RuntimeError, match="ran eagerly"):
+        speed.require_compiled({"ours": lambda: None}, speed.torch.device("cpu"))
