@@ -15,7 +15,7 @@ MODEL_TESTS := tests/test_compat.py tests/test_config.py tests/test_modeling.py 
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup run test lint test-lean test-min test-matrix test-vllm bench-gpu
+.PHONY: setup run test lint test-lean test-min test-matrix test-vllm test-llama-cpp test-torch bench-gpu
 
 $(BIN)/hf-tfm: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -81,3 +81,25 @@ test-vllm:
 BENCH_GPU_ARGS := --train-only --pairs gpt2 llama bert t5 bart mixtral --compiled-pairs gpt2 llama --kernels
 bench-gpu:
 	PYTHONPATH=. PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 timeout 480 python3 -m benchmarks.speed --profile gpu $(BENCH_GPU_ARGS) $(BENCH_ARGS)
+
+# llama.cpp itself running hf_tfm's GGUF files (tests/llama_cpp_running.py), through llama-cpp-python in its own venv:
+# PyPI has it as source only, so pip builds llama.cpp (about 14 minutes on 2 cores, once: the venv is kept). Not run by
+# CI for that build time.
+LLAMA_CPP := llama-cpp-python==0.3.36
+test-llama-cpp:
+	test -x build/venv-llama-cpp/bin/python || $(PYTHON) -m venv build/venv-llama-cpp
+	build/venv-llama-cpp/bin/pip install -q $(TORCH)
+	build/venv-llama-cpp/bin/pip install -q -e ".[train,export]" pytest
+	build/venv-llama-cpp/bin/python -c "import llama_cpp" 2>/dev/null || build/venv-llama-cpp/bin/pip install -q $(LLAMA_CPP)
+	HF_HUB_OFFLINE=1 build/venv-llama-cpp/bin/python -m pytest -q -s -p no:cacheprovider tests/llama_cpp_running.py
+
+# The whole suite on another torch release, in its own venv: `make test-torch TORCH_UNDER_TEST=torch==2.15.0` (PyPI's
+# build: several GB for a CUDA wheel)
+TORCH_UNDER_TEST ?= $(TORCH)
+test-torch:
+	rm -rf build/venv-torch
+	$(PYTHON) -m venv build/venv-torch
+	build/venv-torch/bin/pip install -q "$(TORCH_UNDER_TEST)"
+	build/venv-torch/bin/pip install -q -e ".[dev]"
+	build/venv-torch/bin/python -c "import torch; print('torch', torch.__version__)"
+	build/venv-torch/bin/python -m pytest -n 2 -q -p no:cacheprovider tests

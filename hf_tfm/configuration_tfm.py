@@ -169,8 +169,9 @@ class TfmConfig(PreTrainedConfig):
         use_pooler (`bool`): encoders get a pooler (dense + tanh on the first token, BERT's) for sentence-level heads.
         loss_chunk_size (`int` or `None`): language-model heads training with labels project this many tokens at a
             time and return the loss without logits, never holding the `[tokens, vocab]` logits or their gradient
-            whole (`modeling_tfm_loss.py`); None (the default) sizes the chunks so that each one's float32 logits
-            take at most 1 GiB (few, large chunks: `python -m benchmarks.trace` counts what each one costs on a GPU).
+            whole (`modeling_tfm_loss.py`); None (the default) sizes the chunks so that each one's logits hold no
+            more values than the layers' hidden states of the batch (few, large chunks where the layers outweigh the
+            vocabulary; `python -m benchmarks.trace` counts what each one costs on a GPU), at least 256 tokens.
             In eval mode, and with 0, they compute the full logits as transformers does.
         check_input_values (`bool`): read the inputs' values to name a bad one (a token id outside the vocabulary, a
             token type outside `type_vocab_size`, a position outside the position table) in a `ValueError`. Reading a
@@ -592,6 +593,13 @@ class TfmConfig(PreTrainedConfig):
         # vLLM's Transformers backend: its own paged attention, and its fused MoE in place of the experts
         if self.is_encoder_decoder:
             return "model_type='tfm_encoder_decoder': vLLM serves decoder-only and encoder-only models; use generate()"
+        classifiers = [name for name in self.architectures or () if name.endswith("ForSequenceClassification")]
+        if classifiers:
+            return (
+                f"architectures={classifiers}: vLLM's pooling runner scores sequences with a pooler and classifier "
+                "of its own (it skips the BERT pooler's dense + tanh and is unproved against hf_tfm's heads), so it "
+                "would not give this head's logits; serve the base model for embeddings, or classify with the model"
+            )
         if self.kv_lora_rank is not None and not vllm_mla_disabled():
             return (
                 f"kv_lora_rank={self.kv_lora_rank} (latent attention): vLLM sizes its MLA cache only for DeepSeek's "

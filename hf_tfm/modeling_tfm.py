@@ -224,6 +224,7 @@ class TfmHead(TfmPreTrainedModel):
                 scale=config.hidden_size**-0.5 if config.scale_lm_head_input else 1.0,
                 softcap=config.final_logit_softcapping,
                 select_scored=select_scored,
+                activation_width=config.num_hidden_layers * config.hidden_size,
                 **kwargs,
             )
             return {"logits": None, "loss": loss}

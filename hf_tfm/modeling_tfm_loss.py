@@ -11,18 +11,18 @@ import math
 
 import torch
 
-# The float32 logits one chunk may hold when `loss_chunk_size` is None: few, large chunks. Each chunk adds one pass
-# over the float32 [vocab, hidden] weight gradient, which at 1 GiB is under a tenth of the chunk's own traffic at
-# GPT-2's and Llama's shapes (benchmarks/trace.py), while the full logits of a 16 x 1024 GPT-2 batch take 3.1 GiB.
-LOSS_CHUNK_BYTES = 2**30
 
-
-def chunk_rows(rows: int, vocab: int, chunk_size: int | None) -> int:
-    """Tokens per chunk: `chunk_size`, or (None) as many as fit LOSS_CHUNK_BYTES of float32 logits, evened out over
-    the chunks that takes so that the last is not a sliver."""
+def chunk_rows(rows: int, vocab: int, chunk_size: int | None, activation_width: int, min_rows: int) -> int:
+    """Tokens per chunk: `chunk_size`, or (None) sized by the memory the model already holds for its backward: a
+    chunk's logits hold no more values than the batch's hidden states of every layer (`activation_width` = layers x
+    hidden per token), so the loss never dominates the step's memory, and a model whose layers outweigh its vocabulary
+    projects everything at once. At least `min_rows` tokens a chunk (twice the hidden size: each chunk reads and writes
+    the float32 [vocab, hidden] weight gradient once, which then stays under about a tenth of the chunk's own passes
+    over its logits), evened out over the chunks it takes. GPT-2 124M at 16 x 1024 tokens: 6 chunks (the full float32
+    logits would take 3.1 GiB)."""
     if chunk_size:
         return chunk_size
-    most = max(1, LOSS_CHUNK_BYTES // (4 * vocab))
+    most = max(min_rows, rows * activation_width // vocab)
     return math.ceil(rows / math.ceil(rows / most)) if rows else 1
 
 
@@ -49,49 +49,58 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, bias, labels, scale, softcap, chunk: int, ignore_index: int, vocab_size, dtype):
         wants = any(ctx.needs_input_grad[:3])  # autograd will ask for a gradient
-        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
-        grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
+        # cast once, not once per chunk; the input gradient is kept in the matmul's dtype (autograd casts it to the
+        # input's once)
+        weight_c, bias_c = weight.to(dtype), None if bias is None else bias.to(dtype)
+        inputs_all = (hidden * scale if scale != 1.0 else hidden).to(dtype)
+        grad_hidden = torch.empty_like(inputs_all) if ctx.needs_input_grad[0] else None
+        grad_weight = None  # the first chunk's product, then a sum in place: no [vocab, hidden] temporary per chunk
+        summed = torch.promote_types(weight.dtype, torch.float32)  # chunks add up in float32 even for bf16 weights
         grad_bias = torch.zeros_like(bias) if bias is not None and ctx.needs_input_grad[2] else None
-        weight_c = weight.to(dtype)  # cast once, not once per chunk
-        bias_c = None if bias is None else bias.to(dtype)
-        # per token, once for all chunks: whether it is scored, its target (0 where not), and what its gradient row
-        # subtracts at the target (1, or 0 where not scored)
+        # per token, once for all chunks: whether it is scored, its target (0 where not), what its normaliser gets
+        # added (+inf where not scored: its softmax is then 0, a zero gradient row without a mask pass) and what its
+        # gradient row subtracts at the target (1, or 0 where not scored)
         scored = labels != ignore_index
         target = torch.where(scored, labels, 0)[:, None]
-        hit = scored[:, None].to(torch.float32)
+        unscored = torch.where(scored, 0.0, torch.inf)[:, None]
+        minus_hit = scored[:, None].to(torch.float32).neg_()
         token_loss = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
         for start in range(0, hidden.shape[0], chunk):
             rows = slice(start, start + chunk)
-            inputs = (hidden[rows] * scale if scale != 1.0 else hidden[rows]).to(dtype)
-            padded = torch.nn.functional.linear(inputs, weight_c, bias_c).float()
+            inputs = inputs_all[rows]
+            projected = torch.nn.functional.linear(inputs, weight_c, bias_c)
+            if softcap is not None:  # in the projection's dtype, as transformers' heads cap their logits
+                capped = torch.tanh(projected / softcap)
+                projected = capped * softcap
+            padded = projected.float()
             logits = padded[:, :vocab_size] if vocab_size < padded.shape[-1] else padded
-            if softcap is not None:
-                capped = torch.tanh(logits / softcap)
-                logits = capped * softcap
             log_normaliser = torch.logsumexp(logits, dim=-1)
             torch.sub(log_normaliser, logits.gather(-1, target[rows]).squeeze(-1), out=token_loss[rows])
             if not wants:
                 continue
-            # d(loss)/d(logits) = softmax - one_hot(target), written over the logits; an unscored row's normaliser
-            # is +inf, so its softmax is 0 and it subtracts nothing: a zero row without a mask pass
-            log_normaliser = torch.where(scored[rows], log_normaliser, torch.inf)
-            grad_logits = logits.sub_(log_normaliser[:, None]).exp_()
-            grad_logits.scatter_add_(-1, target[rows], hit[rows].neg())
+            # d(loss)/d(logits) = softmax - one_hot(target), written over the logits
+            grad_logits = logits.sub_(log_normaliser[:, None] + unscored[rows]).exp_()
+            grad_logits.scatter_add_(-1, target[rows], minus_hit[rows])
             if softcap is not None:  # through the cap's 1 - tanh^2
-                grad_logits.mul_(1.0 - capped * capped)
-            if vocab_size < padded.shape[-1]:  # back to the padded width, the padding's gradient 0
-                if softcap is not None:  # else grad_logits was written over `padded` already
-                    padded[:, :vocab_size] = grad_logits
+                grad_logits.mul_(1.0 - capped[:, :vocab_size] * capped[:, :vocab_size])
+            if vocab_size < padded.shape[-1]:  # back to the padded width (grad_logits is its view), the padding's 0
                 padded[:, vocab_size:] = 0.0
-                grad_logits = padded
-            grad_logits = grad_logits.to(dtype)
+            grad_logits = padded.to(dtype)
             if grad_hidden is not None:
-                chunk_grad = grad_logits @ weight_c
-                grad_hidden[rows] = chunk_grad * scale if scale != 1.0 else chunk_grad
-            if grad_weight is not None:
-                grad_weight += grad_logits.t() @ inputs
+                torch.mm(grad_logits, weight_c, out=grad_hidden[rows])
+            if ctx.needs_input_grad[1]:
+                if grad_weight is None:
+                    grad_weight = (grad_logits.t() @ inputs).to(summed)
+                elif dtype == summed:
+                    grad_weight.addmm_(grad_logits.t(), inputs)
+                else:  # a low-precision product summed in float32
+                    grad_weight += grad_logits.t() @ inputs
             if grad_bias is not None:
                 grad_bias += grad_logits.sum(dim=0)
+        if grad_hidden is not None and scale != 1.0:
+            grad_hidden.mul_(scale)
+        if grad_weight is not None:
+            grad_weight = grad_weight.to(weight.dtype)
         ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
         return torch.where(scored, token_loss, 0.0).sum()
 
@@ -113,11 +122,13 @@ def linear_cross_entropy(
     scale: float = 1.0,
     softcap: float | None = None,
     select_scored: bool = False,
+    activation_width: int = 0,
     **kwargs,
 ) -> torch.Tensor:
     """transformers' `fixed_cross_entropy` of the projected `hidden` ([..., hidden]) against `labels` ([...]): the
     mean over scored labels, or their sum over Trainer's `num_items_in_batch`; 0 (with zero gradients) when no
-    label is scored. `chunk_size` tokens are projected at a time (None: sized by LOSS_CHUNK_BYTES). With
+    label is scored. `chunk_size` tokens are projected at a time (None: `chunk_rows` sizes the chunks by the model's
+    `activation_width`, layers x hidden). With
     `select_scored` (a masked-LM batch, which scores about 15% of its tokens) only the scored tokens are projected,
     at the price of one host synchronisation in eager mode (their count sizes the selection); under torch.compile
     every token is. `vocab_size` (default: every row of `weight`) is the number of real tokens of a padded table."""
@@ -127,7 +138,7 @@ def linear_cross_entropy(
         rows = scored.nonzero().squeeze(-1)  # the one synchronisation; index_select's backward needs none
         hidden, labels = hidden.index_select(0, rows), labels.index_select(0, rows)
     vocab_size = weight.shape[0] if vocab_size is None else vocab_size
-    chunk = chunk_rows(hidden.shape[0], weight.shape[0], chunk_size)
+    chunk = chunk_rows(hidden.shape[0], weight.shape[0], chunk_size, activation_width, 2 * hidden.shape[-1])
     total = ChunkedLinearCrossEntropy.apply(
         hidden, weight, bias, labels, scale, softcap, chunk, ignore_index, vocab_size, compute_dtype(hidden)
     )

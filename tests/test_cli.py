@@ -328,3 +328,12 @@ def test_help_examples_parse_and_name_existing_paths(command):
     for word in shlex.split(epilog, comments=True):  # runs/... are outputs, path/to/... placeholders
         if "/" in word and word.split("/")[0] in shipped:
             assert (REPO / word).exists(), f"{command} --help names {word}, which does not exist"
+
+
+def test_the_old_module_command_line_fails_naming_the_new_one():
+    """`python -m hf_tfm.cli train ...`, README's command line before hf_tfm_cli, must not exit 0 doing nothing."""
+    result = subprocess.run(
+        [sys.executable, "-m", "hf_tfm.cli", "train", "--help"], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode != 0
+    assert "python -m hf_tfm_cli" in result.stderr and "hf-tfm" in result.stderr

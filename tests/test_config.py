@@ -345,3 +345,14 @@ def test_latent_attention_is_served_by_vllm_only_as_full_attention(monkeypatch):
     assert "kv_lora_rank=16" in refusal and "VLLM_MLA_DISABLE=1" in refusal
     monkeypatch.setenv("VLLM_MLA_DISABLE", "1")
     assert tiny_config(**latent).backend_refusal("vllm") is None
+
+
+def test_a_sequence_classifier_is_refused_by_vllm_by_name():
+    """vLLM's pooling runner would apply its own pooler and classifier: a saved sequence-classification head is
+    refused when vLLM builds it (from config.architectures), naming the architecture; a causal LM is not."""
+    classifier = tiny_config(TfmEncoderConfig, architectures=["TfmEncoderForSequenceClassification"])
+    assert "TfmEncoderForSequenceClassification" in classifier.backend_refusal("vllm")
+    assert "pooler" in classifier.backend_refusal("vllm")
+    assert tiny_config(architectures=["TfmDecoderForSequenceClassification"]).backend_refusal("vllm")
+    assert tiny_config(architectures=["TfmDecoderForCausalLM"]).backend_refusal("vllm") is None
+    assert classifier.backend_refusal("sdpa") is None

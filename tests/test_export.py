@@ -176,3 +176,54 @@ def test_gguf_written_from_a_converted_model_reads_back_and_loads_exactly(tmp_pa
         gguf_export.write_llama_gguf(model, tmp_path / "unpermuted.gguf")
         unpermuted = LlamaForCausalLM.from_pretrained(tmp_path, gguf_file="unpermuted.gguf")
         assert (unpermuted(ids).logits - expected).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("kind", ["bpe", "wordpiece", "unigram"])
+def test_gguf_carries_the_tokenizer_llama_cpp_reads(tmp_path, kind):
+    """With the model's tokenizer the file names llama.cpp's vocabulary type and holds every token in id order with
+    its special ids (llama.cpp refuses a file without `tokenizer.ggml.model`); transformers' GGUF tokenizer reader
+    rebuilds a tokenizer from it that splits text as the original does (BPE: from the merges)."""
+    gguf = pytest.importorskip("gguf", reason="gguf is in the export extras")
+    import hf_tfm
+    from hf_tfm import gguf_export
+    from hf_tfm.training.tokenizers import train_tokenizer
+
+    texts = ["the quick brown fox jumps over the lazy dog", "a stitch in time saves nine", "hello world"] * 30
+    tokenizer = train_tokenizer(texts, kind, vocab_size=300)
+    config = hf_tfm.preset_config("llama-1.3m")
+    config.vocab_size = 320  # a table larger than the tokenizer's vocabulary: placeholder tokens fill it
+    model = TfmDecoderForCausalLM(config)
+    gguf_export.write_llama_gguf(model, tmp_path / "model.gguf", tokenizer=tokenizer)
+    reader = gguf.GGUFReader(str(tmp_path / "model.gguf"))
+    field = reader.fields["tokenizer.ggml.model"]
+    assert (
+        bytes(field.parts[field.data[0]]).decode()
+        == gguf_export.VOCABULARIES[{"bpe": "BPE", "wordpiece": "WordPiece", "unigram": "Unigram"}[kind]]
+    )
+    tokens = reader.fields["tokenizer.ggml.tokens"]
+    listed = [bytes(tokens.parts[index]).decode() for index in tokens.data]
+    assert len(listed) == 320
+    vocabulary = tokenizer.get_vocab()
+    assert all(listed[index] == token for token, index in vocabulary.items())
+    keys = gguf.Keys.Tokenizer
+    for name, key in (("eos", keys.EOS_ID), ("pad", keys.PAD_ID), ("unk", keys.UNK_ID)):
+        token_id = getattr(tokenizer, f"{name}_token_id")
+        if token_id is not None:
+            field = reader.fields[key]
+            assert int(field.parts[field.data[0]][0]) == token_id, name
+    if kind == "bpe":
+        from transformers import AutoTokenizer
+
+        rebuilt = AutoTokenizer.from_pretrained(tmp_path, gguf_file="model.gguf")
+        text = "the lazy fox saves time"
+        assert rebuilt(text)["input_ids"] == tokenizer(text)["input_ids"]
+
+
+def test_gguf_without_a_tokenizer_names_the_none_vocabulary(tmp_path):
+    gguf = pytest.importorskip("gguf", reason="gguf is in the export extras")
+    import hf_tfm
+    from hf_tfm import gguf_export
+
+    gguf_export.write_llama_gguf(TfmDecoderForCausalLM(hf_tfm.preset_config("llama-1.3m")), tmp_path / "m.gguf")
+    field = gguf.GGUFReader(str(tmp_path / "m.gguf")).fields["tokenizer.ggml.model"]
+    assert bytes(field.parts[field.data[0]]).decode() == "none"
