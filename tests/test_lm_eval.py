@@ -6,6 +6,7 @@ YAML multiple-choice task gives the same accuracy."""
 import pytest
 import torch
 from conftest import perturb
+from parity_harness import TINY_DECODER
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from hf_tfm.convert import to_tfm
@@ -41,18 +42,8 @@ QUESTIONS = [
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     tokenizer = train_tokenizer(TEXTS, "bpe", vocab_size=300)
-    config = LlamaConfig(
-        vocab_size=320,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        bos_token_id=None,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
+    special = dict(bos_token_id=None, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    config = LlamaConfig(**dict(TINY_DECODER, vocab_size=320, max_position_embeddings=128, **special))
     torch.manual_seed(0)
     reference = perturb(LlamaForCausalLM(config), scale=0.3)
     ours = to_tfm(reference)

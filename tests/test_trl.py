@@ -10,6 +10,7 @@ CPU run needs is set (steps, batch, lengths, the CPU, no reporting); everything 
 import pytest
 import torch
 from conftest import perturb
+from parity_harness import TINY_DECODER
 
 trl = pytest.importorskip("trl")
 datasets = pytest.importorskip("datasets")
@@ -32,17 +33,9 @@ TEXTS = [
     "where there is smoke there is fire",
 ] * 8
 VOCAB = 320
+# the trained tokenizer's ids: end of text 0, padding 1, no start token
 SHAPE = dict(
-    vocab_size=VOCAB,
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=128,
-    bos_token_id=None,
-    eos_token_id=0,
-    pad_token_id=1,
+    TINY_DECODER, vocab_size=VOCAB, max_position_embeddings=128, bos_token_id=None, eos_token_id=0, pad_token_id=1
 )
 REFERENCES = {
     "dense": lambda: LlamaForCausalLM(LlamaConfig(**SHAPE)),
