@@ -195,6 +195,8 @@ class TfmConfig(PreTrainedConfig):
         scoring_func (`str`): router scores, `"softmax"` (Mixtral) or `"sigmoid"` (DeepSeek-V3).
         norm_topk_prob (`bool`): renormalise the top-k scores to sum to 1.
         router_jitter_noise (`float`): multiplicative noise on the router input while training.
+        router_in_float32 (`bool`): score the experts in float32 (router input and weight upcast) whatever the model's
+            dtype, as DeepSeek-V3's router does, so that a bf16 model routes as its float32 scores say.
         router_aux_loss_coef (`float`): weight of the load-balancing loss (Switch/Mixtral) added to the task loss;
             by default 0.001 with MoE layers and 0.0 without, so that a dense model looks dense to clients that read a
             non-zero coefficient as a request for router logits (TRL's trainers).
@@ -289,6 +291,7 @@ class TfmConfig(PreTrainedConfig):
     scoring_func: str = "softmax"
     norm_topk_prob: bool = True
     router_jitter_noise: float = 0.0
+    router_in_float32: bool = False
     router_aux_loss_coef: float | None = None
     router_z_loss_coef: float = 0.0
     router_bias_update_rate: float = 0.0

@@ -163,6 +163,7 @@ ROUTER_DEFAULTS = dict(
     router_z_loss_coef=0.0,
     router_bias_update_rate=0.0,
     capacity_factor=None,
+    router_in_float32=False,
 )
 # keys of released Qwen config.json files that no Qwen text model reads once its config exists
 QWEN_UNREAD = {
@@ -764,6 +765,7 @@ DEEPSEEK_V3 = llama_family(
     | dict(
         scoring_func="sigmoid",
         router_choice_bias=True,
+        router_in_float32=True,
         router_aux_loss_coef=0.0,
         mlp_bias=False,
         decoder_sparse_step=1,

@@ -640,6 +640,7 @@ class TfmRouter(nn.Module):
         self.num_experts, self.top_k = config.num_experts, config.num_experts_per_tok
         self.scoring_func, self.norm_topk_prob = config.scoring_func, config.norm_topk_prob
         self.jitter_noise, self.capacity_factor = config.router_jitter_noise, config.capacity_factor
+        self.in_float32 = config.router_in_float32
         self.weight = nn.Parameter(torch.empty(self.num_experts, config.hidden_size))
         self.bias = nn.Parameter(torch.empty(self.num_experts)) if config.router_bias else None  # GPT-OSS
         self.balancing = config.router_bias_update_rate > 0
@@ -656,7 +657,11 @@ class TfmRouter(nn.Module):
         if self.training and self.jitter_noise > 0:
             noise = torch.empty_like(hidden_states).uniform_(1.0 - self.jitter_noise, 1.0 + self.jitter_noise)
             hidden_states = hidden_states * noise
-        router_logits = nn.functional.linear(hidden_states, self.weight, self.bias)
+        if self.in_float32:  # DeepSeek-V3 scores in float32 whatever the model's dtype
+            bias = None if self.bias is None else self.bias.float()
+            router_logits = nn.functional.linear(hidden_states.float(), self.weight.float(), bias)
+        else:
+            router_logits = nn.functional.linear(hidden_states, self.weight, self.bias)
         if self.scoring_func == "softmax":
             scores = torch.softmax(router_logits.float(), dim=-1)
         else:

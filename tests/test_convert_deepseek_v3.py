@@ -163,6 +163,7 @@ def deepseek_shaped(**overrides):
         routed_scaling_factor=2.5,
         scoring_func="sigmoid",
         router_choice_bias=True,
+        router_in_float32=True,
         router_aux_loss_coef=0.0,
         shared_expert_intermediate_size=16,
         mlp_only_layers=[0],
@@ -178,6 +179,7 @@ INEXPRESSIBLE = [
     (lambda: deepseek_shaped(shared_expert_intermediate_size=0), "shared_expert_intermediate_size"),
     (lambda: deepseek_shaped(mlp_only_layers=[1]), "mlp_only_layers"),
     (lambda: deepseek_shaped(shared_expert_gate=True), "shared_expert_gate"),
+    (lambda: deepseek_shaped(router_in_float32=False), "router_in_float32"),
 ]
 
 
@@ -270,3 +272,23 @@ def test_released_deepseek_v3_config_converts():
     assert config.mlp_only_layers == [0, 1, 2] and config.shared_expert_intermediate_size == 2048
     back = config_from_tfm(config, "deepseek_v3")
     assert (back.first_k_dense_replace, back.n_shared_experts, back.n_group) == (3, 1, 8)
+
+
+def test_a_bf16_deepseek_v3_routes_as_the_reference():
+    """DeepSeek-V3's router scores in float32 whatever the model's dtype: in bf16 the converted model gives the
+    reference's router logits and logits exactly; scoring in bf16 (the control) it would not."""
+    reference = deepseek_v3()
+    ours = to_tfm(reference).to(torch.bfloat16)
+    reference = reference.to(torch.bfloat16)
+    ids = torch.randint(3, reference.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = reference(ids, output_router_logits=True)
+        actual = ours(ids, output_router_logits=True)
+        assert actual.router_logits[0].dtype == torch.float32
+        for mine, theirs in zip(actual.router_logits, expected.router_logits):
+            torch.testing.assert_close(mine, theirs, rtol=0, atol=0)
+        torch.testing.assert_close(actual.logits, expected.logits, rtol=0, atol=0)
+        for module in ours.modules():
+            if hasattr(module, "in_float32"):
+                module.in_float32 = False
+        assert (ours(ids).logits - expected.logits).abs().max() > 0
