@@ -1,18 +1,20 @@
 """GGUF (llama.cpp's file format) for hf_tfm decoders that convert exactly to Llama.
 
-The route to llama.cpp is hf_tfm's exact converter to the matching transformers family, then llama.cpp's own
-`convert_hf_to_gguf.py` on the saved folder:
+Two routes to llama.cpp. For a tokenizer llama.cpp's converter knows, hf_tfm's exact converter to the matching
+transformers family, then llama.cpp's own `convert_hf_to_gguf.py` on the saved folder:
 
     from hf_tfm.convert import from_tfm
     from_tfm(model, "llama").save_pretrained("llama-folder")      # plus the tokenizer files
     python llama.cpp/convert_hf_to_gguf.py llama-folder --outtype f32   # on a machine with llama.cpp
 
-`write_llama_gguf` writes the same file directly with the `gguf` package: the tensors, names, Q/K row order and
-metadata llama.cpp's converter writes for a Llama (f32), and the vocabulary llama.cpp needs to open a file: the
-model's tokenizer (byte-level BPE as llama.cpp's "gpt2" vocabulary with its merges, WordPiece as "bert", Unigram as
-"llama" with its scores), or without one a "none" vocabulary that takes token ids only. tests/test_export.py reads it
-back with `GGUFReader` and transformers' own GGUF loader (model and tokenizer); `make test-llama-cpp` runs it in
-llama.cpp itself (llama-cpp-python, built from source).
+For any model and tokenizer, `write_llama_gguf` writes the same file directly with the `gguf` package: the tensors,
+names, Q/K row order and metadata llama.cpp's converter writes for a Llama (f32), and the vocabulary llama.cpp needs to
+open a file: the model's tokenizer (byte-level BPE as llama.cpp's "gpt2" vocabulary with its merges, WordPiece as
+"bert", Unigram as "llama" with its scores), or without one a "none" vocabulary that takes token ids only.
+tests/test_export.py reads it back with `GGUFReader` and transformers' own GGUF loader (model and tokenizer); `make
+test-llama-cpp` runs it in llama.cpp itself (llama-cpp-python, built from source): logits within 2e-6, the same greedy
+tokens, also quantised. llama.cpp's own converter refuses the BPE tokenizers hf_tfm trains (it lists known
+pre-tokenizers by hash).
 """
 
 import json
