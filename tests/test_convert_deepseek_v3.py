@@ -285,7 +285,7 @@ def test_a_bf16_deepseek_v3_routes_as_the_reference():
         expected = reference(ids, output_router_logits=True)
         actual = ours(ids, output_router_logits=True)
         assert actual.router_logits[0].dtype == torch.float32
-        for mine, theirs in zip(actual.router_logits, expected.router_logits or ()):  # none before transformers 5.19
+        for mine, theirs in zip(actual.router_logits, getattr(expected, "router_logits", None) or ()):  # 5.19 on
             torch.testing.assert_close(mine, theirs, rtol=0, atol=0)
         torch.testing.assert_close(actual.logits, expected.logits, rtol=0, atol=0)
         for module in ours.modules():
