@@ -1,10 +1,10 @@
 """hf_tfm's own losses: cross-entropy over a vocabulary projection without the full logits, and the MoE
 load-balancing loss.
 
-The cross-entropy projects the scored tokens a chunk at a time, and each chunk's gradients are taken while its logits
-exist, so neither the `[tokens, vocab]` float32 logits nor their gradient is ever held whole (Liger-Kernel's fused
-linear cross-entropy, in plain PyTorch so that it runs on any device). Same loss and gradients as projecting
-everything and calling transformers' loss, to rounding.
+The cross-entropy projects the tokens a chunk at a time (a masked LM only its scored ones), and each chunk's gradients
+are taken while its logits exist, so neither the `[tokens, vocab]` float32 logits nor their gradient is ever held whole
+(Liger-Kernel's fused linear cross-entropy, in plain PyTorch so that it runs on any device). Same loss and gradients as
+projecting everything and calling transformers' loss, to rounding.
 """
 
 import math
@@ -43,8 +43,8 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
     The gradients are computed chunk by chunk in the forward pass (when autograd will want them) and scaled by the
     incoming gradient in backward: one pass over the vocabulary instead of a forward and a recomputation. Matmuls run
     in `dtype` (autocast's, as transformers' head would), softmax and its gradient in float32, the weight gradient
-    summed over chunks in the weight's dtype. Unscored rows take part like the others and get a zero gradient (no
-    boolean selection: no host synchronisation, one graph under torch.compile)."""
+    summed over chunks in float32 (then cast to the weight's dtype). Unscored rows take part like the others and get a
+    zero gradient (no boolean selection: no host synchronisation, one graph under torch.compile)."""
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, labels, scale, softcap, chunk: int, ignore_index: int, vocab_size, dtype):
