@@ -35,8 +35,7 @@ from benchmarks.beyond_sync import caller, waits_for_device
 from benchmarks.measure import training_batch
 from benchmarks.pairs import KINDS, PROFILES
 from benchmarks.record import RESULTS, header, write
-from hf_tfm import modeling_tfm
-from hf_tfm.convert import config_to_tfm, family_of_model
+from hf_tfm.convert import tfm_model_for
 
 # metadata and aliasing: no kernel, no bytes
 NO_KERNEL = frozenset(
@@ -167,9 +166,7 @@ def build_fake_pair(name: str, config_fields: dict) -> dict:
     do not exist, so "the same weights" is the same shapes). Call inside FakeTensorMode."""
     kind = KINDS[name]
     reference = kind.model_class(kind.config_class(**kind.defaults, **config_fields))
-    record = family_of_model(reference)  # as to_tfm builds its model, without copying (and comparing) values
-    config = config_to_tfm(reference.config, **(record.options(reference) if record.options else {}))
-    ours = getattr(modeling_tfm, record.classes[type(reference).__name__])(config)
+    ours = tfm_model_for(reference)  # to_tfm's model, without copying (and comparing) values
     for model in (reference, ours):
         if kind.experts_implementation is not None:
             model.set_experts_implementation(kind.experts_implementation)

@@ -222,13 +222,20 @@ def weights_from_tfm(weights: Weights, source: dict, target: nn.Module, heads: i
 # ----------------------------------------------------------------------------------------------------------- models
 
 
+def tfm_model_for(model: nn.Module) -> nn.Module:
+    """hf_tfm's model for a reference model (its class and configuration), with its own fresh weights: what `to_tfm`
+    fills, and what benchmarks/trace.py runs on fake weights."""
+    record = family_of_model(model)
+    config = config_to_tfm(model.config, **(record.options(model) if record.options else {}))
+    return getattr(modeling_tfm, record.classes[type(model).__name__])(config)
+
+
 def to_tfm(model: nn.Module) -> nn.Module:
     """A reference model (any class a family record lists) as hf_tfm's, with identical outputs."""
     record = family_of_model(model)
     if record.check:
         record.check(model)
-    config = config_to_tfm(model.config, **(record.options(model) if record.options else {}))
-    target = getattr(modeling_tfm, record.classes[type(model).__name__])(config)
+    target = tfm_model_for(model)
     source = model.state_dict()
     _require_copies(record.weights, source, model, target)
     state = weights_to_tfm(record.weights, source, target)

@@ -175,7 +175,8 @@ class TfmAlibiBias(nn.Module):
         self.slopes = nn.Buffer(alibi_slopes(self.num_heads), persistent=False)
 
     def forward(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
-        """[B, q] and [B, kv] positions -> additive bias [B, heads, q, kv] in float32."""
+        """[B, q] and [B, kv] positions (B = 1 for positions every row shares) -> additive bias [B, heads, q, kv] in
+        float32."""
         distance = (query_positions[:, :, None] - key_positions[:, None, :]).abs().float()
         return -self.slopes[None, :, None, None] * distance[:, None]
 
@@ -192,7 +193,8 @@ class TfmRelativePositionBias(nn.Module):
         self.relative_attention_bias = nn.Embedding(self.num_buckets, config.num_attention_heads)
 
     def forward(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
-        """[B, q] and [B, kv] positions -> additive bias [B, heads, q, kv] in float32."""
+        """[B, q] and [B, kv] positions (B = 1 for positions every row shares) -> additive bias [B, heads, q, kv] in
+        float32."""
         relative_position = key_positions[:, None, :] - query_positions[:, :, None]
         buckets = relative_position_bucket(relative_position, self.bidirectional, self.num_buckets, self.max_distance)
         return self.relative_attention_bias(buckets).permute(0, 3, 1, 2).float()
@@ -223,11 +225,11 @@ def relative_position_bucket(
 
 
 def key_positions_for_bias(position_ids: torch.Tensor, past_length, kv_length: int) -> torch.Tensor:
-    """Token position of every key slot [B, kv], for the biases that depend on query-key distance. Without cached
-    keys, the keys are the queries' own tokens. With a cache, slot j holds the token `newest slot - j` places before
-    the newest one, so positions count back from the newest token's position id, not from the slot: a left-padded
-    row (whose pads are not counted) gets its own positions in a dynamic and a static cache alike, and a static
-    cache's not yet filled slots (masked anyway) continue past it."""
+    """Token position of every key slot [B, kv] (B as `position_ids`' rows), for the biases that depend on query-key
+    distance. Without cached keys, the keys are the queries' own tokens. With a cache, slot j holds the token `newest
+    slot - j` places before the newest one, so positions count back from the newest token's position id, not from the
+    slot: a left-padded row (whose pads are not counted) gets its own positions in a dynamic and a static cache alike,
+    and a static cache's not yet filled slots (masked anyway) continue past it."""
     length = position_ids.shape[-1]
     if kv_length == length:
         return position_ids
