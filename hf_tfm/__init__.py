@@ -1,14 +1,14 @@
 """hf_tfm: Transformer models (encoder-only, decoder-only, encoder-decoder) native to the Hugging Face ecosystem.
 
 Importing the package registers every model type with the transformers Auto classes, and marks the classes for
-`register_for_auto_class` so that `save_pretrained` writes `auto_map` and copies the flat modeling code.
+`register_for_auto_class` so that `save_pretrained` writes `auto_map` and copies the flat modeling code; it changes
+nothing else of transformers.
 """
 
 import transformers
 
 from . import modeling_tfm
-from .config_json_checks import check_config_json_on_load
-from .configuration_tfm import TfmConfig, TfmDecoderConfig, TfmEncoderConfig, TfmEncoderDecoderConfig
+from .configuration_tfm import PARADIGM_CONFIGS, TfmConfig, TfmDecoderConfig, TfmEncoderConfig, TfmEncoderDecoderConfig
 from .hub import card  # noqa: F401  (loaded: the models' save_pretrained and push_to_hub write its card)
 from .modeling_tfm import *  # noqa: F403  (the model classes, listed once: modeling_tfm.__all__)
 
@@ -16,7 +16,7 @@ __version__ = "0.1.0"
 
 
 def _register() -> None:
-    for config_class in (TfmDecoderConfig, TfmEncoderConfig, TfmEncoderDecoderConfig):
+    for config_class in PARADIGM_CONFIGS:
         transformers.AutoConfig.register(config_class.model_type, config_class, exist_ok=True)
         config_class.register_for_auto_class()
         for auto_name, model_name in config_class.auto_classes.items():
@@ -26,7 +26,6 @@ def _register() -> None:
 
 
 _register()
-check_config_json_on_load()
 
 PRESET_FUNCTIONS = ("preset_config", "preset_path", "preset_names")
 

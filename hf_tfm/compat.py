@@ -130,23 +130,6 @@ def checkpointing_argument(enabled: bool) -> dict:
     return {"activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing": enabled}
 
 
-def run_before_from_pretrained(auto_class, check) -> None:
-    """Make `auto_class.from_pretrained(path, ...)` call `check(auto_class_or_subclass, path, ...)` first (once, even
-    if hf_tfm is imported again). transformers offers no pre-load hook on the Auto classes: the classmethod's
-    function is wrapped."""
-    if getattr(auto_class.from_pretrained, "runs_hf_tfm_check", False):
-        return
-    function = auto_class.from_pretrained.__func__
-
-    @functools.wraps(function)
-    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
-        check(cls, pretrained_model_name_or_path, *args, **kwargs)
-        return function(cls, pretrained_model_name_or_path, *args, **kwargs)
-
-    from_pretrained.runs_hf_tfm_check = True
-    auto_class.from_pretrained = classmethod(from_pretrained)
-
-
 def fold_layer_numbers(names) -> list[str]:
     """Weight or module names with their layer numbers folded (`model.layers.{0, 1}.mlp`), as transformers' loading
     report prints them."""
@@ -213,11 +196,8 @@ def _probe_cache_field() -> str | None:
     return _has_parameters(masking_utils.create_sliding_window_causal_mask, MASK_CACHE_ARGUMENT)
 
 
-def _probe_sdpa_dispatch() -> str | None:
-    method = getattr(PreTrainedModel, "_sdpa_can_dispatch", None)
-    if method is None:
-        return "PreTrainedModel._sdpa_can_dispatch is gone: hf_tfm's refusal of sdpa with soft-capping never runs"
-    return _has_parameters(method, "is_init_check")
+def _probe_attention_choice() -> str | None:
+    return _has_parameters(PreTrainedModel.get_correct_attn_implementation, "requested_attention", "is_init_check")
 
 
 def _probe_experts() -> str | None:
@@ -263,13 +243,6 @@ def _probe_loading_report() -> str | None:
     return None if folded == ["a.{0, 1}.b"] else f"update_key_name folds a.0.b, a.1.b into {folded}"
 
 
-def _probe_auto_from_pretrained() -> str | None:
-    from transformers import AutoModel
-
-    function = getattr(AutoModel.from_pretrained, "__func__", None)
-    return None if function is not None else "AutoModel.from_pretrained is no longer a classmethod"
-
-
 def _probe_token_dispatch() -> str | None:
     fields = DistributedConfig.__dataclass_fields__
     return None if "ep_size" in fields or "enable_expert_parallel" in fields else "no expert-parallel option"
@@ -300,11 +273,12 @@ TABLE = [
         lambda: None,
     ),
     Row(
-        "PreTrainedModel._sdpa_can_dispatch",
-        "overridden to refuse sdpa with attn_logit_softcapping (sdpa cannot cap; the default falls back to eager)",
+        "PreTrainedModel.get_correct_attn_implementation",
+        "overridden to ask the capabilities table (capabilities.py) of every backend a model is built with, loaded "
+        "with or switched to, and to default to eager where sdpa cannot run the config",
         "all",
         "a public backend-capability hook, if transformers adds one",
-        _probe_sdpa_dispatch,
+        _probe_attention_choice,
     ),
     Row(
         "PreTrainedModel._can_set_experts_implementation",
@@ -341,14 +315,6 @@ TABLE = [
         "all",
         "a local folding function",
         _probe_loading_report,
-    ),
-    Row(
-        "Auto*.from_pretrained.__func__",
-        "run_before_from_pretrained: the Auto classes' from_pretrained is wrapped to name a wrong model_type in an "
-        "hf_tfm config.json (config_json_checks)",
-        "all",
-        "a public pre-load hook of the Auto classes",
-        _probe_auto_from_pretrained,
     ),
     Row(
         "DistributedConfig expert parallelism",

@@ -16,7 +16,7 @@ from transformers.generation import GenerationConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.utils import logging
 
-from .compat import CACHE_NAMES, vllm_mla_disabled
+from .compat import CACHE_NAMES
 from .configuration_tfm_parallel import ConfigPlan, expert_parallel_plan, pipeline_parallel_plan, tensor_parallel_plan
 
 logger = logging.get_logger(__name__)
@@ -548,6 +548,24 @@ class TfmConfig(PreTrainedConfig):
         if name == "num_hidden_layers" and kinds and len(set(kinds)) == 1 and len(kinds) != value:
             super().__setattr__("layer_types", [kinds[0]] * value)
 
+    @classmethod
+    def from_dict(cls, config_dict: dict, **kwargs):
+        # a config.json's model_type names its paradigm: a misspelled one, or another paradigm's, would build this
+        # class from fields meant for another (transformers only logs a warning). Checked here, where hf_tfm's own
+        # config classes load (from_pretrained reads through from_dict, also as remote code), so importing hf_tfm
+        # changes nothing of how other models load
+        model_type = config_dict.get("model_type", cls.model_type)
+        paradigms = {config.model_type: config for config in PARADIGM_CONFIGS}
+        if cls.model_type in paradigms and model_type != cls.model_type:
+            reads = (
+                f"{paradigms[model_type].__name__} reads it" if model_type in paradigms else "it is not one of them"
+            )
+            raise ValueError(
+                f"config.json has model_type {model_type!r}: the valid hf_tfm model types are "
+                f"{', '.join(map(repr, paradigms))}; {cls.__name__} reads {cls.model_type!r} ({reads})"
+            )
+        return super().from_dict(config_dict, **kwargs)
+
     def padded_vocab_size(self) -> int:
         """Rows of the token table and the LM head: `vocab_size` rounded up to `pad_vocab_size_to_multiple_of`."""
         return round_up_to_multiple(self.vocab_size, self.pad_vocab_size_to_multiple_of)
@@ -578,56 +596,6 @@ class TfmConfig(PreTrainedConfig):
         if self.moe_layers is not None:
             return layer_idx in self.moe_layers
         return layer_idx not in self.mlp_only_layers and (layer_idx + 1) % self.decoder_sparse_step == 0
-
-    def backend_refusal(self, implementation: str | None) -> str | None:
-        """Why the attention backend `implementation` (or the engine behind it) cannot run this config, naming the
-        field and what to use instead; None when it can. Asked when a model is built or loaded, so that a serving
-        engine refuses the model before it serves a request, never with silently different numbers."""
-        if implementation is None or implementation in ("eager", "sdpa", "flex_attention"):
-            return None
-        if self.position_embedding_type in ("alibi", "relative_bias"):
-            return (
-                f"position_embedding_type={self.position_embedding_type!r} adds a bias to the attention scores, which "
-                f"attn_implementation={implementation!r} cannot take; use eager, sdpa or flex_attention, or "
-                "position_embedding_type='rope'"
-            )
-        if implementation != "vllm":
-            return None
-        # vLLM's Transformers backend: its own paged attention, and its fused MoE in place of the experts
-        if self.is_encoder_decoder:
-            return "model_type='tfm_encoder_decoder': vLLM serves decoder-only and encoder-only models; use generate()"
-        classifiers = [name for name in self.architectures or () if name.endswith("ForSequenceClassification")]
-        if classifiers:
-            return (
-                f"architectures={classifiers}: vLLM's pooling runner scores sequences with a pooler and classifier "
-                "of its own (it skips the BERT pooler's dense + tanh and is unproved against hf_tfm's heads), so it "
-                "would not give this head's logits; serve the base model for embeddings, or classify with the model"
-            )
-        if self.kv_lora_rank is not None and not vllm_mla_disabled():
-            return (
-                f"kv_lora_rank={self.kv_lora_rank} (latent attention): vLLM sizes its MLA cache only for DeepSeek's "
-                "own model types, so serving would fail at the first request; set VLLM_MLA_DISABLE=1 to serve it as "
-                "full attention over the expanded keys and values (the same tokens, a larger cache)"
-            )
-        if not self.has_moe_layers():
-            return None
-        moe_refusals = (
-            ("hidden_act", self.hidden_act != "silu", "vLLM's fused experts compute SwiGLU (silu); use 'silu'"),
-            ("scoring_func", self.scoring_func != "softmax", "vLLM's router scores with softmax"),
-            ("capacity_factor", self.capacity_factor is not None, "vLLM's experts are dropless; use None"),
-            ("router_bias_update_rate", self.router_bias_update_rate > 0, "vLLM's router adds no expert bias"),
-            ("shared_expert_intermediate_size", self.shared_expert_intermediate_size > 0, "not mapped to vLLM"),
-            ("router_bias", self.router_bias, "vLLM's router has no bias"),
-            ("expert_mlp_bias", self.expert_mlp_bias, "vLLM's fused experts have no biases"),
-            ("swiglu_limit", self.swiglu_limit is not None, "vLLM's fused experts compute the plain SwiGLU"),
-            ("router_choice_bias", self.router_choice_bias, "vLLM's router adds no expert bias"),
-            ("num_expert_groups", self.num_expert_groups > 1, "vLLM's router routes over all experts"),
-            ("routed_scaling_factor", self.routed_scaling_factor != 1.0, "vLLM's router does not scale"),
-        )
-        for field, refused, instead in moe_refusals:
-            if refused:
-                return f"{field}={getattr(self, field)!r} in an MoE model cannot be served by vLLM: {instead}"
-        return None
 
     def stacks(self) -> list[tuple[str, int, bool]]:
         """Each stack of the base model: (its name prefix there, its depth, whether it has cross-attention)."""
@@ -752,3 +720,7 @@ class TfmEncoderDecoderConfig(TfmConfig):
             self.decoder_layers = self.num_hidden_layers
         _require(self.decoder_layers > 0, "decoder_layers", f"must be a positive integer, got {self.decoder_layers}")
         super().__post_init__(**kwargs)
+
+
+# the three paradigms' config classes, by model type
+PARADIGM_CONFIGS = (TfmDecoderConfig, TfmEncoderConfig, TfmEncoderDecoderConfig)

@@ -35,7 +35,7 @@ from transformers.modeling_outputs import (
 from transformers.processing_utils import Unpack
 from transformers.utils import ModelOutput, TransformersKwargs, can_return_tuple
 
-from .compat import CACHE_NAME, accepts_legacy_cache_argument, cache_output
+from .compat import CACHE_NAME, accepts_legacy_cache_argument
 from .configuration_tfm import TfmDecoderConfig, TfmEncoderConfig, TfmEncoderDecoderConfig
 from .modeling_tfm_layers import TfmMaskedLMHead
 from .modeling_tfm_loss import linear_cross_entropy, load_balancing_loss
@@ -72,12 +72,6 @@ TfmTokenClassifierOutput = with_router_outputs(TokenClassifierOutput, "TfmTokenC
 TfmQuestionAnsweringOutput = with_router_outputs(QuestionAnsweringModelOutput, "TfmQuestionAnsweringOutput")
 
 # ---------------------------------------------------------------------------------------------- the head pattern
-
-
-def is_sharded(tensor: torch.Tensor) -> bool:
-    """A DTensor (a tensor-parallel slice). transformers' `is_dtensor` is behind an lru_cache, which torch.compile
-    warns about on every graph."""
-    return isinstance(tensor, DTensor)
 
 
 class TfmHead(TfmPreTrainedModel):
@@ -209,8 +203,9 @@ class TfmHead(TfmPreTrainedModel):
         are given. Both paths give the same loss and gradients."""
         config = self.config
         # a tensor-parallel head holds a slice of the vocabulary (a DTensor), which its module's hooks gather into
-        # logits: the chunked loss, reading the weight itself, would mix that slice with local tensors
-        chunked = config.loss_chunk_size != 0 and not is_sharded(output_layer.weight)
+        # logits: the chunked loss, reading the weight itself, would mix that slice with local tensors.
+        # (isinstance, not transformers' `is_dtensor`, which sits behind an lru_cache torch.compile warns about)
+        chunked = config.loss_chunk_size != 0 and not isinstance(output_layer.weight, DTensor)
         if labels is not None and self.training and chunked:
             if loss_function is ForCausalLMLoss:  # each token scores its successor: the labels move, not the states
                 labels = nn.functional.pad(labels, (0, 1), value=-100)[..., 1:]
@@ -635,7 +630,7 @@ class TfmEncoderDecoderModel(TfmPreTrainedModel):
         )
         return Seq2SeqMoEModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
-            **cache_output(decoder_outputs.get(CACHE_NAME)),
+            **{CACHE_NAME: decoder_outputs.get(CACHE_NAME)},
             decoder_hidden_states=decoder_outputs.hidden_states,
             decoder_attentions=decoder_outputs.attentions,
             decoder_router_logits=decoder_outputs.router_logits,

@@ -104,20 +104,18 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def rotate(query, key, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
-    """Llama's `apply_rotary_pos_emb`, the same operations in the same order (tests/test_compat.py): [B, H, L, D]
-    queries and keys, [B, L, D] tables."""
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    return (query * cos) + (rotate_half(query) * sin), (key * cos) + (rotate_half(key) * sin)
-
-
 def apply_rotary(query, key, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
-    """Llama's RoPE on the first `cos.shape[-1]` features of each head; the rest pass through (partial rotary,
-    as GPT-NeoX and Phi-3 apply it)."""
+    """Llama's `apply_rotary_pos_emb`, the same operations in the same order (tests/test_compat.py), on [B, H, L, D]
+    queries and keys with [B, L, R] tables: the first R features of each head rotate, the rest pass through (partial
+    rotary, as GPT-NeoX and Phi-3 apply it)."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
     rotary = cos.shape[-1]
-    if rotary == query.shape[-1]:
-        return rotate(query, key, cos, sin)
-    query_rot, key_rot = rotate(query[..., :rotary], key[..., :rotary], cos, sin)
+    partial = rotary < query.shape[-1]
+    query_rot, key_rot = (query[..., :rotary], key[..., :rotary]) if partial else (query, key)
+    query_rot = (query_rot * cos) + (rotate_half(query_rot) * sin)
+    key_rot = (key_rot * cos) + (rotate_half(key_rot) * sin)
+    if not partial:
+        return query_rot, key_rot
     return torch.cat((query_rot, query[..., rotary:]), dim=-1), torch.cat((key_rot, key[..., rotary:]), dim=-1)
 
 
@@ -393,12 +391,12 @@ class TfmAttention(AttentionModule):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         input_shape = hidden_states.shape[:-1]
         if self.is_cross_attention:
-            query_states = self._heads(self.q_proj(hidden_states), self.q_norm)
-            key_states, value_states = self._cross_key_values(key_value_states, cache)
+            query_states = self.heads(self.q_proj(hidden_states), self.q_norm)
+            key_states, value_states = self.cross_key_values(key_value_states, cache)
         else:
             query, key, value = joint_projections(hidden_states, [self.q_proj, self.k_proj, self.v_proj])
-            query_states, key_states = self._heads(query, self.q_norm), self._heads(key, self.k_norm)
-            value_states = self._heads(value, None)
+            query_states, key_states = self.heads(query, self.q_norm), self.heads(key, self.k_norm)
+            value_states = self.heads(value, None)
             if position_embeddings is not None:
                 cos, sin = position_embeddings
                 query_states, key_states = apply_rotary(query_states, key_states, cos, sin)
@@ -407,23 +405,15 @@ class TfmAttention(AttentionModule):
             if cache is not None:
                 key_states, value_states = cache.update(key_states, value_states, self.layer_idx)
 
-        implementation = self.config._attn_implementation
-        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(implementation, eager_attention_forward)
+        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, eager_attention_forward
+        )
         if self.sliding_window is not None:
             kwargs["sliding_window"] = self.sliding_window  # the mask already has it; flash attention reads this
         if self.softcap is not None:
-            if implementation == "sdpa":  # transformers 5.17's sdpa would drop it silently
-                raise ValueError(
-                    f"attn_logit_softcapping={self.softcap} needs eager, flex or flash attention; sdpa cannot cap"
-                )
             kwargs["softcap"] = self.softcap
-        if self.sinks is not None and implementation == "sdpa":
-            raise ValueError("attention_sinks=True needs eager, flex or flash attention; sdpa has no sinks")
-        if position_bias is not None:  # the stack adds it to eager's and sdpa's mask; flex adds it to the scores
-            if implementation != "flex_attention":  # refused when the model is built; reached after a switch
-                raise ValueError(self.config.backend_refusal(implementation))
+        if position_bias is not None:  # flex adds it to the scores (eager's and sdpa's mask already holds it)
             kwargs["position_bias"] = position_bias
-
         attn_output, attn_weights = attention_interface(
             self,
             query_states,
@@ -440,7 +430,7 @@ class TfmAttention(AttentionModule):
         attn_output = attn_output.reshape(*input_shape, -1).contiguous()
         return self.o_proj(attn_output), attn_weights
 
-    def _heads(self, projected: torch.Tensor, norm: nn.Module | None) -> torch.Tensor:
+    def heads(self, projected: torch.Tensor, norm: nn.Module | None) -> torch.Tensor:
         """[B, L, heads * head_dim] -> [B, heads, L, head_dim], through the QK-norm if any (over the whole
         projection before the split into heads, or over each head after it)."""
         if norm is not None and not self.qk_norm_per_head:
@@ -450,12 +440,14 @@ class TfmAttention(AttentionModule):
             heads = norm(heads)
         return heads.transpose(1, 2)
 
-    def _cross_key_values(self, encoder_states, cache: EncoderDecoderCache | None):
+    def cross_key_values(self, encoder_states, cache: EncoderDecoderCache | None):
+        """Cross-attention's keys and values from the encoder's output: computed at the first step of a generation,
+        read from the cache at the others."""
         if cache is not None and cache.is_updated.get(self.layer_idx):
             layer = cache.cross_attention_cache.layers[self.layer_idx]
             return layer.keys, layer.values
-        key_states = self._heads(self.k_proj(encoder_states), self.k_norm)
-        value_states = self._heads(self.v_proj(encoder_states), None)
+        key_states = self.heads(self.k_proj(encoder_states), self.k_norm)
+        value_states = self.heads(self.v_proj(encoder_states), None)
         if cache is not None:
             key_states, value_states = cache.cross_attention_cache.update(key_states, value_states, self.layer_idx)
             cache.is_updated[self.layer_idx] = True
@@ -535,7 +527,7 @@ class TfmLatentAttention(AttentionModule):
         latent = self.kv_a_norm(latent).view(batch, 1, length, self.latent_dim)  # one "head": any cache holds it
         key_rot = key_rot.view(batch, 1, length, self.rope_dim)
         cos, sin = position_embeddings
-        query_rot, key_rot = (rotate_interleaved if self.interleaved else rotate)(query_rot, key_rot, cos, sin)
+        query_rot, key_rot = (rotate_interleaved if self.interleaved else apply_rotary)(query_rot, key_rot, cos, sin)
         if cache is not None:
             latent, key_rot = cache.update(latent, key_rot, self.layer_idx)
         query_states = torch.cat((query_pass, query_rot), dim=-1)

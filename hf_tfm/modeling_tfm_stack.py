@@ -25,12 +25,13 @@ from transformers.utils import TransformersKwargs
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs, maybe_install_capturing_hooks
 
+from .capabilities import backend_refusal
 from .compat import (
+    CACHE_NAME,
     CACHE_NAMES,
+    MASK_CACHE_ARGUMENT,
     accepts_legacy_cache_argument,
-    cache_output,
     experts_settable,
-    mask_cache,
     slice_logits_to_keep,
 )
 from .configuration_tfm import TfmConfig, round_up_to_multiple
@@ -67,64 +68,29 @@ class TfmModelOutput(BaseModelOutputWithPoolingAndCrossAttentions):
     router_logits: tuple[torch.FloatTensor, ...] | None = None
 
 
-def maybe_dropout(dropout: nn.Dropout, hidden_states: torch.Tensor) -> torch.Tensor:
-    """`dropout(hidden_states)`, minus the module call when it cannot drop anything (eval, or p = 0): in batch-1
-    decoding the no-op calls are measurable."""
-    return dropout(hidden_states) if dropout.training and dropout.p > 0 else hidden_states
-
-
 class TfmBlock(GradientCheckpointingLayer):
-    """Self-attention, optional cross-attention over an encoder's output, then feed-forward (dense or MoE); each
-    sublayer in a residual branch whose norms sit where `norm_position` says (pre, post, sandwich, output), or
-    attention and feed-forward side by side on the block input (`parallel_residual`)."""
+    """Self-attention, optional cross-attention over an encoder's output, then feed-forward (dense or MoE), each in a
+    residual branch. `norm_position` places the norms: before each sublayer (pre: GPT-2, Llama), on the residual sum
+    after it (post: BERT, BART), on both sides of it (sandwich: Gemma 2) or on its output only (output: OLMo 2). With
+    `parallel_residual` attention and feed-forward both read the block input (GPT-NeoX). A norm a placement does not
+    have is None."""
 
     def __init__(self, config: TfmConfig, layer_idx: int, is_causal: bool = True, cross_attention: bool = False):
         super().__init__()
-        self.norm_position = config.norm_position
+        self.post_norm = config.norm_position == "post"  # the first norm of each sublayer takes the residual sum
         self.parallel_residual = config.parallel_residual
+        self.hidden_dropout = config.hidden_dropout
         attention = TfmAttention if config.kv_lora_rank is None else TfmLatentAttention
         self.self_attn = attention(config, layer_idx, is_causal=is_causal)
-        # absent parts are None, not missing: a failed hasattr on a Module costs an exception per call
-        self.attn_norm, self.post_attn_norm = self._norms(config)
+        self.attn_norm, self.post_attn_norm = block_norms(config)
         if layer_idx == 0 and not config.first_layer_attn_norm:
             self.attn_norm = None
         self.cross_attn = self.cross_attn_norm = self.post_cross_attn_norm = None
         if cross_attention:
             self.cross_attn = TfmAttention(config, layer_idx, is_cross_attention=True)
-            self.cross_attn_norm, self.post_cross_attn_norm = self._norms(config)
+            self.cross_attn_norm, self.post_cross_attn_norm = block_norms(config)
         self.mlp = TfmMoE(config) if config.is_moe_layer(layer_idx) else TfmFeedForward(config)
-        self.ffn_norm, self.post_ffn_norm = self._norms(config)
-        self.dropout = nn.Dropout(config.hidden_dropout)
-        # Llama's block (a norm before each sublayer and nothing else) runs without the general residual helpers:
-        # two fewer Python frames per sublayer in every decode step
-        self.plain_pre_norm = (
-            self.norm_position == "pre"
-            and not self.parallel_residual
-            and self.attn_norm is not None
-            and self.cross_attn is None
-        )
-
-    def _norms(self, config: TfmConfig) -> tuple[nn.Module | None, nn.Module | None]:
-        """A sublayer's (input or residual-sum norm, output norm): both for sandwich, only the output norm for
-        output, only the first for pre and post (post applies it to the residual sum)."""
-        first = make_norm(config) if self.norm_position != "output" else None
-        second = make_norm(config) if self.norm_position in ("sandwich", "output") else None
-        return first, second
-
-    def _branch(self, hidden_states, norm, post_norm, sublayer, **kwargs) -> torch.Tensor:
-        """One sublayer's output as it joins the residual stream: norm on the way in, unless post-norm."""
-        if norm is not None and self.norm_position != "post":
-            hidden_states = norm(hidden_states)
-        branch = sublayer(hidden_states, **kwargs)
-        if isinstance(branch, tuple):  # attention returns (output, weights); weights are captured by hooks
-            branch = branch[0]
-        if post_norm is not None:
-            branch = post_norm(branch)
-        return maybe_dropout(self.dropout, branch)
-
-    def _residual(self, hidden_states, norm, post_norm, sublayer, **kwargs) -> torch.Tensor:
-        hidden_states = hidden_states + self._branch(hidden_states, norm, post_norm, sublayer, **kwargs)
-        return norm(hidden_states) if self.norm_position == "post" else hidden_states
+        self.ffn_norm, self.post_ffn_norm = block_norms(config)
 
     def forward(
         self,
@@ -138,34 +104,65 @@ class TfmBlock(GradientCheckpointingLayer):
         encoder_attention_mask: torch.Tensor | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> torch.Tensor:
-        attention = dict(
+        residual = hidden_states
+        if self.attn_norm is not None and not self.post_norm:
+            hidden_states = self.attn_norm(hidden_states)
+        hidden_states, _ = self.self_attn(
+            hidden_states,
             attention_mask=attention_mask,
             position_embeddings=position_embeddings,
             position_bias=position_bias,
             cache=cache,
             **kwargs,
         )
-        if self.plain_pre_norm:
-            attn = self.self_attn(self.attn_norm(hidden_states), **attention)[0]
-            hidden_states = hidden_states + maybe_dropout(self.dropout, attn)
-            return hidden_states + maybe_dropout(self.dropout, self.mlp(self.ffn_norm(hidden_states)))
-        if self.parallel_residual:  # GPT-NeoX: both branches read the block input
-            attn = self._branch(hidden_states, self.attn_norm, self.post_attn_norm, self.self_attn, **attention)
-            mlp = self._branch(hidden_states, self.ffn_norm, self.post_ffn_norm, self.mlp)
-            return mlp + attn + hidden_states  # GPT-NeoX's order of the sum, so that parity is bit-exact
-        hidden_states = self._residual(hidden_states, self.attn_norm, self.post_attn_norm, self.self_attn, **attention)
+        if self.post_attn_norm is not None:
+            hidden_states = self.post_attn_norm(hidden_states)
+        hidden_states = nn.functional.dropout(hidden_states, p=self.hidden_dropout, training=self.training)
+        if self.parallel_residual:  # GPT-NeoX: the feed-forward reads the block input too (and its order of the sum)
+            mlp_output = self.mlp(self.ffn_norm(residual))
+            mlp_output = nn.functional.dropout(mlp_output, p=self.hidden_dropout, training=self.training)
+            return mlp_output + hidden_states + residual
+        hidden_states = residual + hidden_states
+        if self.post_norm:
+            hidden_states = self.attn_norm(hidden_states)
+
         if self.cross_attn is not None:
-            hidden_states = self._residual(
+            residual = hidden_states
+            if self.cross_attn_norm is not None and not self.post_norm:
+                hidden_states = self.cross_attn_norm(hidden_states)
+            hidden_states, _ = self.cross_attn(
                 hidden_states,
-                self.cross_attn_norm,
-                self.post_cross_attn_norm,
-                self.cross_attn,
                 attention_mask=encoder_attention_mask,
                 key_value_states=encoder_hidden_states,
                 cache=cache,
                 **kwargs,
             )
-        return self._residual(hidden_states, self.ffn_norm, self.post_ffn_norm, self.mlp)
+            if self.post_cross_attn_norm is not None:
+                hidden_states = self.post_cross_attn_norm(hidden_states)
+            hidden_states = residual + nn.functional.dropout(
+                hidden_states, p=self.hidden_dropout, training=self.training
+            )
+            if self.post_norm:
+                hidden_states = self.cross_attn_norm(hidden_states)
+
+        residual = hidden_states
+        if self.ffn_norm is not None and not self.post_norm:
+            hidden_states = self.ffn_norm(hidden_states)
+        hidden_states = self.mlp(hidden_states)
+        if self.post_ffn_norm is not None:
+            hidden_states = self.post_ffn_norm(hidden_states)
+        hidden_states = residual + nn.functional.dropout(hidden_states, p=self.hidden_dropout, training=self.training)
+        if self.post_norm:
+            hidden_states = self.ffn_norm(hidden_states)
+        return hidden_states
+
+
+def block_norms(config: TfmConfig) -> tuple[nn.Module | None, nn.Module | None]:
+    """A sublayer's (first norm, output norm): pre and post have only the first (on the input, or on the residual
+    sum), sandwich both, output only the output norm."""
+    first = make_norm(config) if config.norm_position != "output" else None
+    second = make_norm(config) if config.norm_position in ("sandwich", "output") else None
+    return first, second
 
 
 class TfmPreTrainedModel(TfmSavingMixin, TfmParallelMixin, PreTrainedModel):
@@ -197,26 +194,22 @@ class TfmPreTrainedModel(TfmSavingMixin, TfmParallelMixin, PreTrainedModel):
         return self.config.has_moe_layers()
 
     def post_init(self):
-        # an attention backend or serving engine that cannot run this config is refused now, when the model is
-        # built or loaded (vLLM builds it with attn_implementation="vllm"), not at its first request
-        if refusal := self.config.backend_refusal(self.config._attn_implementation):
+        # a backend set by name at build or load time that transformers does not route through
+        # get_correct_attn_implementation (a kernel from the Hub) is asked here
+        if refusal := backend_refusal(self.config, self.config._attn_implementation):
             raise ValueError(refusal)
         super().post_init()
 
-    def _sdpa_can_dispatch(self, is_init_check: bool = False) -> bool:
-        # sdpa cannot soft-cap attention scores nor add sinks: refused when asked for, and the default falls back to
-        # eager
-        if self.config.attn_logit_softcapping is not None:
-            raise ValueError(
-                f"attn_implementation='sdpa' cannot apply attn_logit_softcapping={self.config.attn_logit_softcapping}"
-                "; use eager, flex_attention or a flash attention kernel that caps"
-            )
-        if self.config.attention_sinks:
-            raise ValueError(
-                "attn_implementation='sdpa' cannot add attention_sinks; use eager, flex_attention or a flash "
-                "attention kernel with sinks"
-            )
-        return super()._sdpa_can_dispatch(is_init_check)
+    def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
+        # every attention backend a model is built with, loaded with or switched to passes here: one that cannot run
+        # this config is refused by the capabilities table, naming the field; the default (None, sdpa where it can)
+        # is eager when sdpa cannot run it, as transformers falls back when sdpa is unavailable
+        if requested_attention is None and backend_refusal(self.config, "sdpa"):
+            requested_attention = "eager"
+        implementation = super().get_correct_attn_implementation(requested_attention, is_init_check)
+        if refusal := backend_refusal(self.config, implementation):
+            raise ValueError(refusal)
+        return implementation
 
     def get_correct_experts_implementation(self, requested_experts: str | None) -> str:
         # transformers accepts any experts backend on a model without experts as a silent no-op
@@ -300,30 +293,35 @@ class TfmGenerationMixin(GenerationMixin):
         return stack.build_masks(inputs_embeds, attention_mask, cache)
 
 
-def reads_input_values(
-    config: TfmConfig, past_length: int | torch.Tensor, length: int, first_training_step: bool = True
-) -> bool:
-    """Whether a forward reads its inputs' values to check them, which is a host-device synchronisation on an
-    accelerator: on a forward that starts a sequence (nothing cached: evaluation, generate()'s prompt) or feeds
-    several tokens (a prompt continued on a cache, assisted decoding's candidates), never on a decode step's single
-    token, which the model sampled from its own vocabulary. A static cache counts its tokens in a device tensor:
-    unknown on the host, so one token on an initialised static cache counts as a decode step. In training, on the
-    first step only (`first_training_step`): a training step must not wait for the device, and a later batch comes
-    from the same tokenizer and collator (an id outside a table still stops at the embedding's own bounds check)."""
-    starts = length > 1 or (isinstance(past_length, int) and past_length == 0)
-    return starts and first_training_step and config.check_input_values  # a decode step reads no config
-
-
 def read_bounds(tensors: list[torch.Tensor]) -> list[list[int]]:
     """Each tensor's [min, max], brought to the host together: one device synchronisation however many tensors."""
     device = tensors[0].device
     return torch.stack([torch.stack(torch.aminmax(tensor)).to(device, torch.long) for tensor in tensors]).tolist()
 
 
-def check_input_shapes(config: TfmConfig, input_ids, inputs_embeds, prefix: str = "") -> None:
-    """The token inputs' shapes, before anything reads them: a torch error from a reshape deep inside names neither
-    the argument nor the shape it wanted. Shapes only (no device sync); skipped under torch.compile like
-    `check_inputs`."""
+def check_inputs(
+    config: TfmConfig,
+    input_ids,
+    inputs_embeds,
+    attention_mask,
+    position_ids,
+    token_type_ids,
+    past_length: int | torch.Tensor,
+    prefix: str = "",
+    first_training_step: bool = True,
+) -> None:
+    """Turn bad input into an error that names it, instead of an index error deep in an embedding (or a silent wrong
+    answer). `prefix` is how the caller spells the arguments ("decoder_" for an encoder-decoder's decoder). Skipped
+    under torch.compile (but for the choice of input), where data-dependent checks would break the graph.
+
+    Shapes are checked on every forward. Values (ids, token types, given absolute positions) are read, all in one
+    host-device synchronisation, only by a forward that starts a sequence (nothing cached: evaluation, generate()'s
+    prompt) or feeds several tokens (a prompt continued on a cache, assisted decoding's candidates): never by a decode
+    step's single token, which the model sampled from its own vocabulary, nor by a training step after the first
+    (`first_training_step`: a step must not wait for the device, and a later batch comes from the same tokenizer and
+    collator; an id outside a table still stops at the embedding's own bounds check). A static cache counts its
+    tokens in a device tensor: unknown on the host, so one token on an initialised static cache counts as a decode
+    step."""
     if (input_ids is None) == (inputs_embeds is None):
         raise ValueError(f"You must specify exactly one of {prefix}input_ids or {prefix}inputs_embeds")
     if torch.compiler.is_compiling():
@@ -339,30 +337,10 @@ def check_input_shapes(config: TfmConfig, input_ids, inputs_embeds, prefix: str 
             f"(batch, sequence length, hidden_size={config.hidden_size})"
         )
     tokens = input_ids if input_ids is not None else inputs_embeds
-    if tokens.shape[1] == 0:
+    batch, length = tokens.shape[:2]
+    if length == 0:
         name = f"{prefix}input_ids" if input_ids is not None else f"{prefix}inputs_embeds"
         raise ValueError(f"{name} has shape {tuple(tokens.shape)}: an empty sequence, give at least one token")
-
-
-def check_inputs(
-    config: TfmConfig,
-    input_ids,
-    attention_mask,
-    position_ids,
-    token_type_ids,
-    past_length: int | torch.Tensor,
-    batch: int,
-    length: int,
-    prefix: str = "",
-    first_training_step: bool = True,
-):
-    """Turn bad input into an error that names it, instead of an index error deep in an embedding (or a silent
-    wrong answer). `prefix` is how the caller spells the arguments ("decoder_" for an encoder-decoder's decoder).
-    Shapes are checked on every forward; values (ids, token types, absolute positions) where `reads_input_values`
-    says, all read in one synchronisation. Skipped under torch.compile, where data-dependent checks would break the
-    graph."""
-    if torch.compiler.is_compiling():
-        return
     if token_type_ids is not None:
         if config.type_vocab_size == 0:
             raise ValueError(
@@ -384,40 +362,49 @@ def check_inputs(
                 f"{prefix}attention_mask has shape {tuple(attention_mask.shape)}, expected {expected}, "
                 "or a prepared 4D mask"
             )
-    if position_ids.dim() != 2 or position_ids.shape[0] not in (1, batch) or position_ids.shape[1] != length:
+    if position_ids is not None and (
+        position_ids.dim() != 2 or position_ids.shape[0] not in (1, batch) or position_ids.shape[1] != length
+    ):
         raise ValueError(
             f"{prefix}position_ids has shape {tuple(position_ids.shape)}, expected {(batch, length)} or {(1, length)}"
         )
-
-    read_values = reads_input_values(config, past_length, length, first_training_step)
-    ids = {}  # argument -> (ids, how many values it has, what they index)
-    if read_values:
-        ids[f"{prefix}input_ids"] = (input_ids, config.vocab_size, "the vocabulary")
-        ids["token_type_ids"] = (token_type_ids, config.type_vocab_size, "the token types (type_vocab_size)")
-    ids = {name: entry for name, entry in ids.items() if entry[0] is not None and entry[0].numel() > 0}
-    tensors = [entry[0] for entry in ids.values()]
-    # a decode step's positions count the tokens so far (generate()'s and the default ones alike), so they pass the
-    # table only once the host-known length does: that step still gets its error, without a sync on the others
-    if config.position_embedding_type in ("learned", "sinusoidal") and position_ids.numel() > 0:  # a table to index
-        beyond = isinstance(past_length, int) and past_length + length > config.max_position_embeddings
-        if read_values or (config.check_input_values and beyond):
-            tensors.append(position_ids)
-    if not tensors:
+    if not config.check_input_values or batch == 0:  # nothing to read in an empty batch
         return
-    bounds = read_bounds(tensors)
-    for (name, (_, limit, what)), (low, high) in zip(ids.items(), bounds):
-        if low < 0 or high >= limit:
-            raise ValueError(f"{name} contains id {low if low < 0 else high}, outside {what} [0, {limit})")
-    if len(bounds) > len(ids):
-        low, high = bounds[-1]
-        lowest = -1 if config.position_ids_from_padding else 0  # -1: padding, which reads the padding row
-        if low < lowest:
-            raise ValueError(f"{prefix}position_ids contains position {low}: positions must be >= {lowest}")
-        if high >= config.max_position_embeddings:
+
+    starts = length > 1 or (isinstance(past_length, int) and past_length == 0)
+    read_values = starts and first_training_step
+    checked = []  # (argument, tensor, the first value past its table, what the table holds)
+    if read_values and input_ids is not None:
+        checked.append((f"{prefix}input_ids", input_ids, config.vocab_size, "the vocabulary"))
+    if read_values and token_type_ids is not None:
+        checked.append(("token_type_ids", token_type_ids, config.type_vocab_size, "the token types (type_vocab_size)"))
+    # positions index a table only for learned and sinusoidal embeddings. The stack's own count the tokens so far and
+    # pass the table exactly when the host-known length does; given ones are read with the ids, and on a decode step
+    # only once that length is past the table, so that the step still gets its error without a sync on the others
+    table = config.max_position_embeddings
+    beyond = isinstance(past_length, int) and past_length + length > table
+    if config.position_embedding_type in ("learned", "sinusoidal"):
+        if position_ids is None and beyond:
             raise ValueError(
-                f"{prefix}position_ids reach position {high}, beyond the {config.position_embedding_type} position "
-                f"table (max_position_embeddings={config.max_position_embeddings}); shorten the input"
+                f"{prefix}position_ids reach position {past_length + length - 1}, beyond the "
+                f"{config.position_embedding_type} position table (max_position_embeddings={table}); shorten the input"
             )
+        if position_ids is not None and (read_values or beyond):
+            checked.append((f"{prefix}position_ids", position_ids, table, "positions"))
+    if not checked:
+        return
+    for (name, _, limit, what), (low, high) in zip(checked, read_bounds([entry[1] for entry in checked])):
+        if name.endswith("position_ids"):
+            lowest = -1 if config.position_ids_from_padding else 0  # -1: padding, which reads the padding row
+            if low < lowest:
+                raise ValueError(f"{name} contains position {low}: positions must be >= {lowest}")
+            if high >= limit:
+                raise ValueError(
+                    f"{name} reach position {high}, beyond the {config.position_embedding_type} position table "
+                    f"(max_position_embeddings={limit}); shorten the input"
+                )
+        elif low < 0 or high >= limit:
+            raise ValueError(f"{name} contains id {low if low < 0 else high}, outside {what} [0, {limit})")
 
 
 def check_labels(labels, input_ids, inputs_embeds, inputs_name: str = "input_ids") -> None:
@@ -519,21 +506,6 @@ class TfmStack(TfmPreTrainedModel):
             # prefix: transformers would give each stack the body's plans again, and a rule for the table it shares
             self._tp_plan, self._ep_plan, self._pp_plan = {}, {}, {}
 
-    def embed(self, input_ids, inputs_embeds, position_ids, token_type_ids) -> torch.Tensor:
-        if inputs_embeds is None:
-            inputs_embeds = self.embed_tokens(input_ids)
-        hidden_states = inputs_embeds * self.embed_scale if self.embed_scale != 1.0 else inputs_embeds
-        if self.embed_token_types is not None:  # before positions: BERT's summation order, so parity is bit-exact
-            if token_type_ids is None:
-                token_type_ids = torch.zeros_like(position_ids)
-            hidden_states = hidden_states + self.embed_token_types(token_type_ids)
-        if self.embed_positions is not None:
-            positions = position_ids + self.config.position_offset if self.config.position_offset else position_ids
-            hidden_states = hidden_states + self.embed_positions(positions).to(hidden_states.dtype)
-        if self.embed_norm is not None:
-            hidden_states = self.embed_norm(hidden_states)
-        return maybe_dropout(self.embed_dropout, hidden_states)
-
     def packed_sequence_ids(self, position_ids, attention_mask, cache, batch: int) -> torch.Tensor | None:
         """Which example each token belongs to [batch, length] when rows hold several examples back to back, as
         DataCollatorWithFlattening lays them out: position_ids given by the caller that restart (fall back) inside
@@ -544,8 +516,6 @@ class TfmStack(TfmPreTrainedModel):
         compiling = torch.compiler.is_compiling()  # traced, the detection cannot answer "not packed"
         if position_ids is None or attention_mask is not None:
             return None
-        if position_ids.dim() != 2 or position_ids.shape[0] not in (1, batch):
-            return None  # check_inputs names the wrong shape
         if position_ids.shape[1] == 1:  # one token is one example (and a decode step: a static cache's length below
             return None  # is a device tensor, comparing it would be a host sync per step)
         if cache is not None and (compiling or cache.get_seq_length() > 0):
@@ -587,35 +557,13 @@ class TfmStack(TfmPreTrainedModel):
             options["and_mask_function"] = packed_sequence_mask_function(sequence_ids)
         if self.is_causal:
             # an additive position bias needs the full causal mask to add to; sdpa would otherwise get None
-            options |= {**mask_cache(cache), "allow_is_causal_skip": self.position_bias is None}
-        masks = {}  # a loop, not a comprehension: one Python call fewer per decode step (tests/test_step_budget.py)
-        for kind in self.layer_kinds:
-            masks[kind] = MASK_HELPERS[self.is_causal, kind](
+            options |= {MASK_CACHE_ARGUMENT: cache, "allow_is_causal_skip": self.position_bias is None}
+        return {
+            kind: MASK_HELPERS[self.is_causal, kind](
                 config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask, **options
             )
-        return masks
-
-    def rotary_tables(self, hidden_states, position_ids) -> dict:
-        """RoPE's (cos, sin) for each layer type (one shared pair unless the config nests RoPE per layer type)."""
-        if self.rotary_emb is None:
-            return {}
-        if isinstance(self.rotary_emb, nn.ModuleDict):
-            return {kind: rotary(hidden_states, position_ids) for kind, rotary in self.rotary_emb.items()}
-        table = self.rotary_emb(hidden_states, position_ids)
-        return dict.fromkeys(self.layer_kinds, table)
-
-    def padding_aware_positions(self, input_ids, past_length: int) -> torch.Tensor | None:
-        """RoBERTa's positions: counted over non-padding tokens, -1 for padding (row `position_offset - 1`)."""
-        if not self.config.position_ids_from_padding or input_ids is None:
-            return None
-        real = (input_ids != self.config.pad_token_id).long()
-        return (real.cumsum(-1) + past_length) * real - 1
-
-    def new_cache(self) -> Cache:
-        cache = DynamicCache(config=self.config)
-        if self.cross_attention:
-            return EncoderDecoderCache(cache, DynamicCache(config=self.config))
-        return cache
+            for kind in self.layer_kinds
+        }
 
     def train(self, mode: bool = True):
         # An MoE stack's router logits are recorded by transformers' output-capturing hooks, at every training step.
@@ -641,49 +589,68 @@ class TfmStack(TfmPreTrainedModel):
         use_cache: bool | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> TfmModelOutput:
-        prefix = "decoder_" if self.cross_attention else ""  # how the user spelled this stack's arguments
-        check_input_shapes(self.config, input_ids, inputs_embeds, prefix)
-        batch, length = (input_ids if input_ids is not None else inputs_embeds).shape[:2]
+        config = self.config
         if not self.is_causal:
             use_cache = False  # an encoder sees its whole input at once: nothing to cache
-        if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+        training_step = self.training and torch.is_grad_enabled()
+        if self.gradient_checkpointing and training_step:
             # the backward pass re-runs each block: a cache would take its keys twice. transformers' checkpointing
             # layer drops it by keyword, whose name differs between releases: dropped here for all of them
             use_cache, cache = False, None
-        sequence_ids = self.packed_sequence_ids(position_ids, attention_mask, cache, batch)
-        if sequence_ids is not None:
-            use_cache = False  # packed rows are trained on or scored, never continued
-        if use_cache and cache is None:
-            cache = self.new_cache()
         self_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
         past_length = self_cache.get_seq_length() if self_cache is not None else 0
-        device = (input_ids if input_ids is not None else inputs_embeds).device
-        if position_ids is None:
-            position_ids = self.padding_aware_positions(input_ids, past_length)
-        if position_ids is None:
-            # one row that broadcasts over the batch, as in Llama: RoPE's cos/sin are then [1, L, D], not [B, L, D]
-            position_ids = (torch.arange(length, device=device) + past_length).unsqueeze(0)
-        training_step = self.training and torch.is_grad_enabled()
+        if position_ids is None and config.position_ids_from_padding and input_ids is not None:
+            # RoBERTa's positions: counted over non-padding tokens, -1 for padding (row `position_offset - 1`)
+            real = (input_ids != config.pad_token_id).long()
+            position_ids = (real.cumsum(-1) + past_length) * real - 1
         check_inputs(
-            self.config,
+            config,
             input_ids,
+            inputs_embeds,
             attention_mask,
             position_ids,
             token_type_ids,
             past_length,
-            batch,
-            length,
-            prefix,
+            prefix="decoder_" if self.cross_attention else "",  # how the user spelled this stack's arguments
             first_training_step=not (training_step and self.trained_a_step),
         )
         if training_step and not torch.compiler.is_compiling():  # a compiled graph checks nothing (check_inputs)
             self.trained_a_step = True
+        tokens = input_ids if input_ids is not None else inputs_embeds
+        batch, length = tokens.shape[:2]
+        sequence_ids = self.packed_sequence_ids(position_ids, attention_mask, cache, batch)
+        if sequence_ids is not None:
+            use_cache = False  # packed rows are trained on or scored, never continued
+        if use_cache and cache is None:
+            self_cache = cache = DynamicCache(config=config)
+            if self.cross_attention:
+                cache = EncoderDecoderCache(self_cache, DynamicCache(config=config))
+        if position_ids is None:
+            # one row that broadcasts over the batch, as in Llama: RoPE's cos/sin are then [1, L, D], not [B, L, D]
+            position_ids = (torch.arange(length, device=tokens.device) + past_length).unsqueeze(0)
 
-        hidden_states = self.embed(input_ids, inputs_embeds, position_ids, token_type_ids)
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)
+        hidden_states = inputs_embeds * self.embed_scale if self.embed_scale != 1.0 else inputs_embeds
+        if self.embed_token_types is not None:  # before positions: BERT's summation order, so parity is bit-exact
+            if token_type_ids is None:
+                token_type_ids = torch.zeros_like(position_ids)
+            hidden_states = hidden_states + self.embed_token_types(token_type_ids)
+        if self.embed_positions is not None:
+            positions = position_ids + config.position_offset if config.position_offset else position_ids
+            hidden_states = hidden_states + self.embed_positions(positions).to(hidden_states.dtype)
+        if self.embed_norm is not None:
+            hidden_states = self.embed_norm(hidden_states)
+        hidden_states = self.embed_dropout(hidden_states)
+
         masks = attention_mask  # generate() may have prepared each layer type's mask already
         if not isinstance(masks, dict):
             masks = self.build_masks(hidden_states, attention_mask, self_cache, sequence_ids)
-        rotary = self.rotary_tables(hidden_states, position_ids)
+        rotary = {}  # RoPE's (cos, sin) for each layer type
+        if isinstance(self.rotary_emb, nn.ModuleDict):  # a table per layer type (local and global theta)
+            rotary = {kind: table(hidden_states, position_ids) for kind, table in self.rotary_emb.items()}
+        elif self.rotary_emb is not None:
+            rotary = dict.fromkeys(self.layer_kinds, self.rotary_emb(hidden_states, position_ids))
         position_bias = None
         if self.position_bias is not None:  # never with sliding layers (the config refuses it): one mask
             mask = masks["full_attention"]
@@ -691,7 +658,7 @@ class TfmStack(TfmPreTrainedModel):
             # [1, L] positions (shared by every row) give one [1, heads, q, kv] bias, as T5's reference builds it
             key_positions = key_positions_for_bias(position_ids, past_length, kv_length)
             position_bias = self.position_bias(position_ids, key_positions)
-            if self.config._attn_implementation in ("eager", "sdpa"):  # added to the mask once, not in every layer
+            if config._attn_implementation in ("eager", "sdpa"):  # added to the mask once, not in every layer
                 merged = merge_position_bias(mask, position_bias, compute_dtype(hidden_states))
                 masks, position_bias = {**masks, "full_attention": merged}, None
             else:  # flex reads it per batch row: a view over the shared row, no copy
@@ -719,7 +686,7 @@ class TfmStack(TfmPreTrainedModel):
         return TfmModelOutput(
             last_hidden_state=hidden_states,
             pooler_output=self.pooler(hidden_states) if self.pooler is not None else None,
-            **cache_output(cache),
+            **{CACHE_NAME: cache},
         )
 
     def cross_attention_mask(self, hidden_states, encoder_hidden_states, encoder_attention_mask):

@@ -23,7 +23,7 @@ from hf_tfm import (
     compat,
 )
 from hf_tfm.modeling_tfm import shift_tokens_right
-from hf_tfm.modeling_tfm_layers import eager_attention_forward, relative_position_bucket, rotate
+from hf_tfm.modeling_tfm_layers import apply_rotary, eager_attention_forward, relative_position_bucket
 from hf_tfm.modeling_tfm_loss import load_balancing_loss
 
 # ------------------------------------------------------------------------------------------------------ the table
@@ -97,7 +97,7 @@ def test_rotation_matches_llama():
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
     query, key, cos, sin = torch.randn(2, 4, 5, 8), torch.randn(2, 2, 5, 8), torch.randn(2, 5, 8), torch.randn(2, 5, 8)
-    for mine, theirs in zip(rotate(query, key, cos, sin), apply_rotary_pos_emb(query, key, cos, sin)):
+    for mine, theirs in zip(apply_rotary(query, key, cos, sin), apply_rotary_pos_emb(query, key, cos, sin)):
         assert torch.equal(mine, theirs)
 
 

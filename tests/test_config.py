@@ -4,20 +4,24 @@ model types a config.json gets wrong."""
 import json
 import logging
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
 from conftest import POSITION_TYPES, VOCAB, tiny_config, tiny_model
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, GenerationConfig
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, GenerationConfig
 
 import hf_tfm  # noqa: F401  (registers the tfm model types with the Auto classes)
 from hf_tfm import (
     TfmDecoderConfig,
+    TfmDecoderForCausalLM,
     TfmDecoderForSequenceClassification,
     TfmEncoderConfig,
     TfmEncoderDecoderConfig,
     TfmEncoderDecoderForConditionalGeneration,
     TfmEncoderForTokenClassification,
+    capabilities,
 )
 
 ROPE = dict(position_embedding_type="rope")
@@ -229,44 +233,56 @@ def test_clean_round_trip_warns_nothing(paradigm, tmp_path, caplog):
 
 # --------------------------------------------------------------------------------------- config.json mistakes
 
-# case -> (Auto class, model_type written (None: no key), what the error must say)
+# case -> (how the folder is loaded, model_type written, what the error must say)
 CONFIG_JSON_MISTAKES = {
     "misspelled-model-type": (
-        AutoConfig,
+        lambda path: AutoConfig.from_pretrained(path, trust_remote_code=True),
         "tfm_decodr",
         r"config\.json has model_type 'tfm_decodr': the valid hf_tfm model types are 'tfm_decoder', 'tfm_encoder', "
-        r"'tfm_encoder_decoder' \(its auto_map names TfmDecoderConfig",
+        r"'tfm_encoder_decoder'; TfmDecoderConfig reads 'tfm_decoder' \(it is not one of them\)",
     ),
-    "missing-model-type": (
-        AutoModelForCausalLM,
-        None,
-        r"config\.json has no model_type: the valid hf_tfm model types are 'tfm_decoder'",
+    "misspelled-model-type-model-class": (
+        lambda path: TfmDecoderForCausalLM.from_pretrained(path),
+        "tfm_decodr",
+        r"config\.json has model_type 'tfm_decodr'",
     ),
     "other-paradigm": (
-        AutoModelForMaskedLM,
+        lambda path: TfmEncoderConfig.from_pretrained(path),
         "tfm_decoder",
-        r"config\.json holds model_type 'tfm_decoder', which AutoModelForMaskedLM cannot load; model_type "
-        r"'tfm_decoder' loads with AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification, "
-        r"AutoModelForTokenClassification, AutoModelForQuestionAnswering$",
+        r"config\.json has model_type 'tfm_decoder': .*TfmEncoderConfig reads 'tfm_encoder' "
+        r"\(TfmDecoderConfig reads it\)",
     ),
 }
 
 
 @pytest.mark.parametrize("case", CONFIG_JSON_MISTAKES)
 def test_config_json_mistake_is_named(case, tmp_path):
-    """A misspelled or missing model_type, or an Auto class of another paradigm, in a saved hf_tfm folder is a
-    ValueError naming model_type and the valid choices, not transformers' "pass trust_remote_code=True" (every
-    hf_tfm config carries auto_map) nor its list of every model type it knows."""
-    auto_class, model_type, match = CONFIG_JSON_MISTAKES[case]
+    """A misspelled model_type, or another paradigm's, in a saved hf_tfm folder is a ValueError naming model_type and
+    the valid choices when hf_tfm's config class reads it (a warning in transformers), also as remote code."""
+    load, model_type, match = CONFIG_JSON_MISTAKES[case]
     tiny_model().save_pretrained(tmp_path)
     path = tmp_path / "config.json"
     config = json.loads(path.read_text())
     config["model_type"] = model_type
-    if model_type is None:
-        del config["model_type"]
     path.write_text(json.dumps(config))
     with pytest.raises(ValueError, match=match):
-        auto_class.from_pretrained(tmp_path)
+        load(tmp_path)
+
+
+def test_importing_hf_tfm_changes_nothing_of_transformers():
+    """`import hf_tfm` registers the Auto classes and nothing else: every Auto class's from_pretrained is still
+    transformers' own function (checked in a fresh interpreter, before and after the import)."""
+    script = """
+import transformers
+names = [n for n in dir(transformers) if n.startswith("AutoModel") or n in ("AutoConfig", "AutoTokenizer")]
+before = {n: getattr(getattr(transformers, n), "from_pretrained", None) for n in names}
+import hf_tfm
+changed = [n for n in names if getattr(getattr(transformers, n), "from_pretrained", None) != before[n]]
+print("changed", changed)
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "changed []" in result.stdout
 
 
 def test_other_folders_keep_transformers_messages(tmp_path):
@@ -297,7 +313,7 @@ def test_other_folders_keep_transformers_messages(tmp_path):
     ],
 )
 def test_what_vllm_cannot_express_is_named(overrides, field):
-    assert field in tiny_config(**overrides).backend_refusal("vllm")
+    assert field in capabilities.backend_refusal(tiny_config(**overrides), "vllm")
 
 
 def test_what_vllm_can_express_passes():
@@ -308,24 +324,29 @@ def test_what_vllm_can_express_passes():
         dict(attention_sinks=True),
     )
     for overrides in expressible:
-        assert tiny_config(position_embedding_type="rope", **overrides).backend_refusal("vllm") is None
-    assert tiny_config(TfmEncoderDecoderConfig).backend_refusal("vllm").startswith("model_type")
+        assert capabilities.backend_refusal(tiny_config(position_embedding_type="rope", **overrides), "vllm") is None
+    assert capabilities.backend_refusal(tiny_config(TfmEncoderDecoderConfig), "vllm").startswith("model_type")
     for implementation in ("eager", "sdpa", "flex_attention", None):
-        assert tiny_config(position_embedding_type="alibi").backend_refusal(implementation) is None
+        assert capabilities.backend_refusal(tiny_config(position_embedding_type="alibi"), implementation) is None
 
 
 def test_a_backend_that_cannot_add_a_bias_is_refused_when_the_model_is_built():
     """Not at the first forward (a serving engine would already be serving): when the model is built or loaded."""
-    from transformers import AutoModelForCausalLM
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     ALL_ATTENTION_FUNCTIONS.register("engine_without_bias", ALL_ATTENTION_FUNCTIONS["sdpa"])
-    with pytest.raises(ValueError, match="position_embedding_type='alibi' adds a bias"):
+    refused = "position_embedding_type='alibi' cannot run with attn_implementation='engine_without_bias'"
+    with pytest.raises(ValueError, match=refused):
         AutoModelForCausalLM.from_config(
             tiny_config(position_embedding_type="alibi"), attn_implementation="engine_without_bias"
         )
     model = AutoModelForCausalLM.from_config(tiny_config(), attn_implementation="engine_without_bias")
     assert model.config._attn_implementation == "engine_without_bias"
+    # switched to after it was built: refused by the same table, and the model keeps the backend it had
+    alibi = AutoModelForCausalLM.from_config(tiny_config(position_embedding_type="alibi"), attn_implementation="eager")
+    with pytest.raises(ValueError, match=refused):
+        alibi.set_attn_implementation("engine_without_bias")
+    assert alibi.config._attn_implementation == "eager"
 
 
 def test_every_position_scheme_builds_its_module():
@@ -341,18 +362,18 @@ def test_latent_attention_is_served_by_vllm_only_as_full_attention(monkeypatch):
     a latent-attention model is refused at load, naming the field and the setting that serves it."""
     latent = dict(position_embedding_type="rope", kv_lora_rank=16, qk_nope_head_dim=8, v_head_dim=8, head_dim=4)
     monkeypatch.delenv("VLLM_MLA_DISABLE", raising=False)
-    refusal = tiny_config(**latent).backend_refusal("vllm")
+    refusal = capabilities.backend_refusal(tiny_config(**latent), "vllm")
     assert "kv_lora_rank=16" in refusal and "VLLM_MLA_DISABLE=1" in refusal
     monkeypatch.setenv("VLLM_MLA_DISABLE", "1")
-    assert tiny_config(**latent).backend_refusal("vllm") is None
+    assert capabilities.backend_refusal(tiny_config(**latent), "vllm") is None
 
 
 def test_a_sequence_classifier_is_refused_by_vllm_by_name():
     """vLLM's pooling runner would apply its own pooler and classifier: a saved sequence-classification head is
     refused when vLLM builds it (from config.architectures), naming the architecture; a causal LM is not."""
     classifier = tiny_config(TfmEncoderConfig, architectures=["TfmEncoderForSequenceClassification"])
-    assert "TfmEncoderForSequenceClassification" in classifier.backend_refusal("vllm")
-    assert "pooler" in classifier.backend_refusal("vllm")
-    assert tiny_config(architectures=["TfmDecoderForSequenceClassification"]).backend_refusal("vllm")
-    assert tiny_config(architectures=["TfmDecoderForCausalLM"]).backend_refusal("vllm") is None
-    assert classifier.backend_refusal("sdpa") is None
+    assert "TfmEncoderForSequenceClassification" in capabilities.backend_refusal(classifier, "vllm")
+    assert "pooler" in capabilities.backend_refusal(classifier, "vllm")
+    assert capabilities.backend_refusal(tiny_config(architectures=["TfmDecoderForSequenceClassification"]), "vllm")
+    assert capabilities.backend_refusal(tiny_config(architectures=["TfmDecoderForCausalLM"]), "vllm") is None
+    assert capabilities.backend_refusal(classifier, "sdpa") is None

@@ -22,7 +22,7 @@ from parity_harness import (
 )
 from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, DistributedConfig
 
-from hf_tfm import TfmDecoderConfig
+from hf_tfm import TfmDecoderConfig, capabilities
 from hf_tfm.configuration_tfm_parallel import check_parallel_layout
 from hf_tfm.convert import config_from_tfm, config_to_tfm, from_tfm, to_tfm
 
@@ -213,7 +213,7 @@ def test_latent_attention_refuses_tensor_parallelism():
     config = config_to_tfm(deepseek_v3().config)
     with pytest.raises(ValueError, match="kv_lora_rank"):
         check_parallel_layout(config, DistributedConfig(tp_size=2))
-    assert "kv_lora_rank" in config.backend_refusal("vllm")
+    assert "kv_lora_rank" in capabilities.backend_refusal(config, "vllm")
 
 
 # DeepSeek-V3's config.json as released (quantization_config left out: its FP8 weights load dequantised)

@@ -22,7 +22,7 @@ from parity_harness import (
 )
 from transformers import DistributedConfig, GptOssConfig, GptOssForCausalLM
 
-from hf_tfm import TfmDecoderForCausalLM
+from hf_tfm import TfmDecoderForCausalLM, capabilities
 from hf_tfm.compat import gpt_oss_declares_swiglu
 from hf_tfm.configuration_tfm_parallel import check_parallel_layout
 from hf_tfm.convert import config_from_tfm, config_to_tfm, from_tfm, to_tfm
@@ -127,8 +127,8 @@ def test_sinks_refuse_sdpa_and_the_unsharded_parts_refuse_tensor_parallelism():
     with pytest.raises(ValueError, match="attention_sinks"):
         check_parallel_layout(config, DistributedConfig(tp_size=2))
     # vLLM's attention takes the sinks (tests/vllm_serving.py); its fused experts have no router bias
-    assert config_with(config, num_experts=0).backend_refusal("vllm") is None
-    assert "router_bias" in config.backend_refusal("vllm")
+    assert capabilities.backend_refusal(config_with(config, num_experts=0), "vllm") is None
+    assert "router_bias" in capabilities.backend_refusal(config, "vllm")
 
 
 def gpt_oss_shaped(**overrides):

@@ -44,6 +44,7 @@ CODE_FILES = {
     "modeling_tfm_loss.py",
     "modeling_tfm_quantization.py",
     "configuration_tfm_parallel.py",
+    "capabilities.py",
     "compat.py",
 }
 TOKENIZER_FILES = {"tokenizer.json", "tokenizer_config.json"}
