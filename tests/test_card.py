@@ -6,8 +6,8 @@ import json
 import pytest
 import torch
 from conftest import tiny_config, tiny_model
-from hub_server import metadata_errors
 from huggingface_hub import ModelCard, ModelCardData
+from support.hub_server import metadata_errors
 
 from hf_tfm import (
     TfmDecoderConfig,
@@ -43,7 +43,8 @@ RECORD = {
 
 
 def check_metadata(card: ModelCard) -> dict:
-    """The card's YAML parses back into ModelCardData and passes the Hub's metadata checks (tests/hub_server.py)."""
+    """The card's YAML parses back into ModelCardData and passes the Hub's metadata checks
+    (tests/support/hub_server.py)."""
     data = card.data.to_dict()
     assert metadata_errors(data) == []
     assert ModelCardData(**data).to_dict() == data

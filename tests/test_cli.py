@@ -23,7 +23,7 @@ from transformers import (
 
 from hf_tfm import TfmDecoderForCausalLM, preset_config, preset_names
 from hf_tfm.convert import config_from_tfm
-from hf_tfm.families import FAMILIES, PARADIGMS, families_table
+from hf_tfm.convert.families import FAMILIES, PARADIGMS, families_table
 from hf_tfm.training.checkpoints import load_saved
 from hf_tfm.training.corpus import stdlib_docstrings
 from hf_tfm_cli import EXAMPLES, FAMILY_NAMES, TASKS, RunSpec, build_parser, spec_from_args
@@ -157,28 +157,30 @@ def test_convert_command_names_the_problem(tmp_path):
 
 
 def test_every_command_the_parser_offers_runs_something():
-    from hf_tfm.cli import COMMANDS
+    from hf_tfm.commands import COMMANDS
 
     assert set(COMMANDS) == set(build_parser()._subparsers._group_actions[0].choices)
 
 
 def test_convert_table_is_the_registry():
     """One table: the registry. The torch-free parser's family names and --to choices are its names, and README's
-    converter table is the one the registry writes (`python -m hf_tfm.families`)."""
+    converter table is the one the registry writes (`python -m hf_tfm.convert.families`)."""
     assert FAMILY_NAMES == tuple(FAMILIES)
     convert = build_parser()._subparsers._group_actions[0].choices["convert"]
     assert next(a for a in convert._actions if a.dest == "to").choices == list(FAMILIES)
     readme = (REPO / "README.md").read_text()
-    assert families_table() in readme, "README's converter table is not the registry's: python -m hf_tfm.families"
+    assert families_table() in readme, (
+        "README's converter table is not the registry's: python -m hf_tfm.convert.families"
+    )
     assert f"--to {'|'.join(FAMILIES)}]" in readme
 
 
 @pytest.mark.parametrize(
-    "preset", sorted(p.name for p in (REPO / "configs").iterdir() if (p / "config.json").is_file())
+    "preset", sorted(p.name for p in (REPO / "hf_tfm" / "presets").iterdir() if (p / "config.json").is_file())
 )
 def test_presets_load_and_build(preset):
     """Every preset builds its paradigm's generative or masked-LM head, and is shipped inside the package."""
-    config = AutoConfig.from_pretrained(REPO / "configs" / preset)
+    config = AutoConfig.from_pretrained(REPO / "hf_tfm" / "presets" / preset)
     head = {
         "tfm_decoder": AutoModelForCausalLM,
         "tfm_encoder": AutoModelForMaskedLM,
@@ -324,7 +326,7 @@ def test_help_examples_parse_and_name_existing_paths(command):
         build_parser().parse_args(argv)  # an example that does not parse exits here
         if "--model" in argv and "/" not in argv[argv.index("--model") + 1]:
             assert argv[argv.index("--model") + 1] in preset_names(), argv
-    shipped = {"configs", "examples", "benchmarks", "docs", "model_cards", "hf_tfm", "hf_tfm_cli", "tests"}
+    shipped = {"examples", "benchmarks", "docs", "hf_tfm", "hf_tfm_cli", "tests"}
     for word in shlex.split(epilog, comments=True):  # runs/... are outputs, path/to/... placeholders
         if "/" in word and word.split("/")[0] in shipped:
             assert (REPO / word).exists(), f"{command} --help names {word}, which does not exist"

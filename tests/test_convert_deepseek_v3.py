@@ -10,7 +10,7 @@ from functools import partial
 import pytest
 import torch
 from conftest import perturb, tiny_model
-from parity_harness import (
+from support.parity_harness import (
     ATOL,
     LLAMA_SHAPED,
     assert_converts_exactly,

@@ -8,7 +8,7 @@ from functools import partial
 import pytest
 import torch
 from conftest import perturb, tiny_config
-from parity_harness import (
+from support.parity_harness import (
     LLAMA_SHAPED,
     TINY_DECODER,
     WINDOW,

@@ -6,7 +6,7 @@ from functools import partial
 import pytest
 import torch
 from conftest import VOCAB, perturb, tiny_config
-from parity_harness import assert_generate_matches, assert_logits_match, assert_round_trip, padded_batch
+from support.parity_harness import assert_generate_matches, assert_logits_match, assert_round_trip, padded_batch
 from transformers import AutoModelForCausalLM, GPTNeoXConfig, GPTNeoXForCausalLM
 
 from hf_tfm.convert import config_from_tfm, config_to_tfm, from_tfm, to_tfm

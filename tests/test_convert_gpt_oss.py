@@ -9,7 +9,7 @@ from functools import partial
 import pytest
 import torch
 from conftest import perturb, tiny_model
-from parity_harness import (
+from support.parity_harness import (
     LLAMA_SHAPED,
     TINY_DECODER,
     WINDOW,
@@ -26,7 +26,7 @@ from hf_tfm import TfmDecoderForCausalLM, capabilities
 from hf_tfm.compat import gpt_oss_declares_swiglu
 from hf_tfm.configuration_tfm_parallel import check_parallel_layout
 from hf_tfm.convert import config_from_tfm, config_to_tfm, from_tfm, to_tfm
-from hf_tfm.convert_common import config_with
+from hf_tfm.convert.common import config_with
 
 E, K = 4, 2
 # small enough that the tiny model's gate and up really are clamped (GPT-OSS's 7.0 never bites at this scale)
@@ -126,7 +126,7 @@ def test_sinks_refuse_sdpa_and_the_unsharded_parts_refuse_tensor_parallelism():
         model.set_attn_implementation("sdpa")
     with pytest.raises(ValueError, match="attention_sinks"):
         check_parallel_layout(config, DistributedConfig(tp_size=2))
-    # vLLM's attention takes the sinks (tests/vllm_serving.py); its fused experts have no router bias
+    # vLLM's attention takes the sinks (tests/support/vllm_serving.py); its fused experts have no router bias
     assert capabilities.backend_refusal(config_with(config, num_experts=0), "vllm") is None
     assert "router_bias" in capabilities.backend_refusal(config, "vllm")
 

@@ -5,7 +5,7 @@ from functools import partial
 
 import pytest
 from conftest import perturb, tiny_model
-from parity_harness import (
+from support.parity_harness import (
     LLAMA_SHAPED,
     TINY_DECODER,
     WINDOW,

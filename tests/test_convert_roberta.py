@@ -7,7 +7,7 @@ from functools import partial
 import pytest
 import torch
 from conftest import VOCAB, perturb, tiny_config
-from parity_harness import assert_logits_match, assert_round_trip, padded_batch
+from support.parity_harness import assert_logits_match, assert_round_trip, padded_batch
 from transformers import RobertaConfig, RobertaForMaskedLM, RobertaModel
 
 from hf_tfm import TfmEncoderConfig, TfmEncoderForMaskedLM, TfmEncoderModel

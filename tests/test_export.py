@@ -1,5 +1,5 @@
 """Shipping without PyTorch modeling code: torch.export through transformers' static-cache wrapper (the ExecuTorch
-path) and ONNX (hf_tfm.onnx_export) run by onnxruntime, each proved against hf_tfm's own outputs."""
+path) and ONNX (hf_tfm.export.onnx) run by onnxruntime, each proved against hf_tfm's own outputs."""
 
 import numpy as np
 import pytest
@@ -17,7 +17,7 @@ from hf_tfm import (
     TfmEncoderForSequenceClassification,
     TfmEncoderModel,
 )
-from hf_tfm.onnx_export import OnnxGreedy, export_onnx
+from hf_tfm.export.onnx import OnnxGreedy, export_onnx
 
 onnxruntime = pytest.importorskip("onnxruntime", reason="onnxruntime is in the test extras: pip install '.[test]'")
 
@@ -153,7 +153,7 @@ def test_gguf_written_from_a_converted_model_reads_back_and_loads_exactly(tmp_pa
     from transformers import LlamaForCausalLM
 
     import hf_tfm
-    from hf_tfm import gguf_export
+    from hf_tfm.export import gguf as gguf_export
 
     torch.manual_seed(0)
     model = perturb(TfmDecoderForCausalLM(hf_tfm.preset_config("llama-1.3m")), scale=0.05)
@@ -185,7 +185,7 @@ def test_gguf_carries_the_tokenizer_llama_cpp_reads(tmp_path, kind):
     rebuilds a tokenizer from it that splits text as the original does (BPE: from the merges)."""
     gguf = pytest.importorskip("gguf", reason="gguf is in the export extras")
     import hf_tfm
-    from hf_tfm import gguf_export
+    from hf_tfm.export import gguf as gguf_export
     from hf_tfm.training.tokenizers import train_tokenizer
 
     texts = ["the quick brown fox jumps over the lazy dog", "a stitch in time saves nine", "hello world"] * 30
@@ -222,7 +222,7 @@ def test_gguf_carries_the_tokenizer_llama_cpp_reads(tmp_path, kind):
 def test_gguf_without_a_tokenizer_names_the_none_vocabulary(tmp_path):
     gguf = pytest.importorskip("gguf", reason="gguf is in the export extras")
     import hf_tfm
-    from hf_tfm import gguf_export
+    from hf_tfm.export import gguf as gguf_export
 
     gguf_export.write_llama_gguf(TfmDecoderForCausalLM(hf_tfm.preset_config("llama-1.3m")), tmp_path / "m.gguf")
     field = gguf.GGUFReader(str(tmp_path / "m.gguf")).fields["tokenizer.ggml.model"]

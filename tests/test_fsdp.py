@@ -1,8 +1,8 @@
 """FSDP2 on the CPU: two processes over gloo train as one process does on the same global batch.
 
-One launch, `torchrun --standalone --nproc_per_node 2 tests/fsdp_worker.py OUT` (the worker's docstring says what it
-runs), writes OUT/results.json; every test below reads it. The model is a tiny MoE decoder (hidden 32, 2 layers,
-tied embeddings) with auxiliary-loss-free balancing, each rank fed deliberately different tokens.
+One launch, `torchrun --standalone --nproc_per_node 2 tests/support/fsdp_worker.py OUT` (the worker's docstring says
+what it runs), writes OUT/results.json; every test below reads it. The model is a tiny MoE decoder (hidden 32, 2
+layers, tied embeddings) with auxiliary-loss-free balancing, each rank fed deliberately different tokens.
 
 Tolerances: relative 1e-5 on every loss (measured: below 1e-6). Parameters after 20 AdamW steps at lr 1e-2: absolute
 3e-4 (measured 5.6e-5 in an expert that few tokens reach with separate q/k/v matmuls; 2.25e-4 in v_proj since
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-WORKER = REPO / "tests" / "fsdp_worker.py"
+WORKER = REPO / "tests" / "support" / "fsdp_worker.py"
 STEPS, RESUME_AT = 20, 10
 LOSS_RTOL, PARAMETER_ATOL = 1e-5, 3e-4
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
@@ -94,7 +94,7 @@ def test_router_biases_stay_identical_across_data_parallel_ranks(results):
 
 def test_trainer_fsdp_arguments_fall_back_to_ddp_on_the_cpu(results):
     """Trainer(fsdp=..., fsdp_config={"fsdp_version": 2}) hands accelerate 1.15 an FSDP plugin, which it keeps only for
-    GPU-like distributed types (AcceleratorState); `accelerate launch --config_file configs/accelerate/fsdp.yaml`
-    sets the same plugin through the environment. If this fails, accelerate shards on the CPU now: say so in
-    configs/accelerate/README.md and prove the config here."""
+    GPU-like distributed types (AcceleratorState); `accelerate launch --config_file
+    hf_tfm/presets/accelerate/fsdp.yaml` sets the same plugin through the environment. If this fails, accelerate
+    shards on the CPU now: say so in hf_tfm/presets/accelerate/README.md and prove the config here."""
     assert results["accelerate"] == {"distributed_type": "DistributedType.MULTI_CPU", "is_fsdp_enabled": False}

@@ -43,8 +43,8 @@ from hf_tfm import (
 )
 from hf_tfm import modeling_tfm as modeling
 from hf_tfm.convert import config_to_tfm, weights_to_tfm
-from hf_tfm.convert_common import load_exact
-from hf_tfm.families import FAMILIES
+from hf_tfm.convert.common import load_exact
+from hf_tfm.convert.families import FAMILIES
 from hf_tfm.modeling_tfm_saving import HEAD_MODULES
 
 PAD = 0

@@ -13,7 +13,7 @@ to the host without an aten op (`tolist`, `numpy`, `cpu`). It runs on the CPU an
 import pytest
 import torch
 from conftest import VOCAB, tiny_config
-from parity_harness import TINY_DECODER
+from support.parity_harness import TINY_DECODER
 from transformers import (
     BartConfig,
     BartForConditionalGeneration,

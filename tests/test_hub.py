@@ -1,6 +1,6 @@
 # ruff: noqa: F811  (tests take the imported `hub_server` fixture as an argument)
-"""Publishing: the real `huggingface_hub` client pushes to a local Hub (tests/hub_server.py), and a user with only
-torch and transformers downloads the models from it and gets the same logits and the same greedy tokens."""
+"""Publishing: the real `huggingface_hub` client pushes to a local Hub (tests/support/hub_server.py), and a user with
+only torch and transformers downloads the models from it and gets the same logits and the same greedy tokens."""
 
 import hashlib
 import json
@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import perturb, tiny_config
-from hub_server import fast_client_retries, hub_server  # noqa: F401  (hub_server: the fixture)
 from huggingface_hub import HfApi, ModelCard, hf_hub_download
 from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
+from support.hub_server import fast_client_retries, hub_server  # noqa: F401  (hub_server: the fixture)
 from test_card import RECORD as RUN_RECORD
 from transformers import AutoModelForCausalLM
 

@@ -6,7 +6,7 @@ YAML multiple-choice task gives the same accuracy."""
 import pytest
 import torch
 from conftest import perturb
-from parity_harness import TINY_DECODER
+from support.parity_harness import TINY_DECODER
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from hf_tfm.convert import to_tfm

@@ -1,6 +1,5 @@
 """The `evaluate` metric modules shipped in hf_tfm.training.metrics: values, invalid inputs, offline loading."""
 
-import math
 import multiprocessing
 import socket
 
@@ -8,7 +7,6 @@ import evaluate
 import numpy as np
 import pytest
 import sacrebleu
-import torch
 from rouge_score import rouge_scorer
 from sklearn.metrics import accuracy_score, f1_score
 from transformers import EvalPrediction
@@ -29,7 +27,7 @@ def metrics():
 
 
 def test_shipped_layout():
-    assert METRIC_NAMES == ("accuracy", "exact_match", "f1", "perplexity", "rouge", "sacrebleu")
+    assert METRIC_NAMES == ("accuracy", "exact_match", "f1", "rouge", "sacrebleu")
     for name in METRIC_NAMES:
         script = METRICS_DIR / name / f"{name}.py"
         assert script.is_file() and metric_path(name) == script.parent
@@ -281,56 +279,6 @@ def test_exact_match_invalid(metrics):
         exact_match.compute(predictions=[], references=[])
     with pytest.raises(ValueError):
         exact_match.compute(predictions=[1, 2], references=["1", "2"])
-
-
-# perplexity ---------------------------------------------------------------------------------------------------------
-
-
-def test_perplexity_by_hand(metrics):
-    result = metrics["perplexity"].compute(losses=[[0.0, 2.0], [1.0], [math.log(4.0)] * 3])
-    mean_loss = (2.0 + 1.0 + 3 * math.log(4.0)) / 6
-    assert result["mean_loss"] == pytest.approx(mean_loss)
-    assert result["perplexity"] == pytest.approx(math.exp(mean_loss))
-    assert result["num_tokens"] == 6
-    assert result["perplexities"] == pytest.approx([math.e, math.e, 4.0])
-    assert result["mean_perplexity"] == pytest.approx((2 * math.e + 4.0) / 3)
-    uniform = metrics["perplexity"].compute(losses=[[math.log(50.0)] * 7])
-    assert uniform["perplexity"] == pytest.approx(50.0)  # a uniform guess over 50 tokens
-
-
-def test_perplexity_matches_cross_entropy(metrics):
-    """The documented recipe: per-token losses of a causal LM, ignored positions dropped, one list per sequence."""
-    generator = torch.Generator().manual_seed(0)
-    logits = torch.randn(3, 9, 11, generator=generator)
-    labels = torch.randint(0, 11, (3, 9), generator=generator)
-    labels[0, 6:] = -100
-    labels[2, :4] = -100
-    shift_logits, shift_labels = logits[:, :-1], labels[:, 1:]
-    token_losses = torch.nn.functional.cross_entropy(
-        shift_logits.transpose(1, 2), shift_labels, reduction="none", ignore_index=-100
-    )
-    losses = [row[mask].tolist() for row, mask in zip(token_losses, shift_labels != -100)]
-    mean = torch.nn.functional.cross_entropy(shift_logits.reshape(-1, 11), shift_labels.reshape(-1), ignore_index=-100)
-    result = metrics["perplexity"].compute(losses=losses)
-    assert result["mean_loss"] == pytest.approx(mean.item(), rel=1e-6)
-    assert result["perplexity"] == pytest.approx(math.exp(mean.item()), rel=1e-6)
-    assert result["num_tokens"] == int((shift_labels != -100).sum())
-
-
-def test_perplexity_invalid(metrics):
-    perplexity = metrics["perplexity"]
-    with pytest.raises(ValueError, match="no scored tokens"):
-        perplexity.compute(losses=[[1.0], []])
-    with pytest.raises(ValueError, match="negative"):
-        perplexity.compute(losses=[[1.0, -0.5]])
-    with pytest.raises(ValueError, match="finite"):
-        perplexity.compute(losses=[[1.0, float("nan")]])
-    with pytest.raises(ValueError, match="finite"):
-        perplexity.compute(losses=[[float("inf")]])
-    with pytest.raises(ValueError):
-        perplexity.compute(losses=[])
-    with pytest.raises(ValueError):  # a flat list of floats is not one list per sequence
-        perplexity.compute(losses=[1.0, 2.0])
 
 
 # sacrebleu ----------------------------------------------------------------------------------------------------------

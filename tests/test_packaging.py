@@ -29,7 +29,7 @@ def test_core_install_loads_models_without_the_extras(tmp_path):
     the extras add; `make test-lean` runs the same script in a fresh venv that really lacks them."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     result = subprocess.run(
-        [sys.executable, str(REPO / "tests" / "lean_install.py"), "--block"],
+        [sys.executable, str(REPO / "tests" / "support" / "lean_install.py"), "--block"],
         cwd=tmp_path,
         env=env,
         capture_output=True,

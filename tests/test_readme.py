@@ -17,7 +17,7 @@ README = (REPO / "README.md").read_text()
 PYTHON_BLOCKS = re.findall(r"^```python\n(.*?)^```", README, re.M | re.S)
 PROSE = re.sub(r"^```.*?^```", "", README, flags=re.M | re.S)
 # the repository's own top-level folders and files: a word starting with one of them is a path in the repository
-TOP_LEVEL = {"hf_tfm", "hf_tfm_cli", "configs", "tests", "benchmarks", "examples", "docs", "model_cards", ".ci"}
+TOP_LEVEL = {"hf_tfm", "hf_tfm_cli", "tests", "benchmarks", "examples", "docs", ".ci"}
 TOP_FILES = {"Makefile", "pyproject.toml", "README.md"}
 
 
@@ -45,7 +45,7 @@ def repository_paths() -> list[str]:
 
 
 def module_names() -> list[str]:
-    """Dotted names of hf_tfm and the benchmarks (`hf_tfm.upcycle.upcycle`, `python -m benchmarks.report`)."""
+    """Dotted names of hf_tfm and the benchmarks (`hf_tfm.convert.upcycle.upcycle`, `python -m benchmarks.report`)."""
     return sorted({word for word in _words() if re.fullmatch(r"(hf_tfm|benchmarks)(\.\w+)+", word)})
 
 
@@ -53,7 +53,7 @@ def test_readme_names_paths_and_modules():
     """Guards the extraction itself: the README names many paths, tests and modules."""
     assert len(PYTHON_BLOCKS) >= 1
     assert "tests/test_config.py" in repository_paths() and "examples/train_seq2seq.py" in repository_paths()
-    assert "hf_tfm.upcycle.upcycle" in module_names()
+    assert "hf_tfm.convert.upcycle.upcycle" in module_names()
 
 
 @pytest.mark.parametrize("path", repository_paths())

@@ -2,10 +2,10 @@
 
 hf_tfm declares transformers' plans, computed from the config (`config.base_model_tp_plan`, `base_model_ep_plan`,
 `base_model_pp_plan`) plus the heads' `_tp_plan`; `from_pretrained(path, tp_plan="auto")` under
-`torchrun --nproc_per_node 2` shards a model with them. One launch of tests/tp_worker.py runs every check against
-the same model in one process and writes what it measured (float32, largest differences); the tests here read it.
-The cases cover every paradigm and each block option whose sharding differs: GQA, gated and plain feed-forwards, MoE
-experts with a gated shared expert, per-head and whole-projection QK-norms, ALiBi and T5's relative bias (attention
+`torchrun --nproc_per_node 2` shards a model with them. One launch of tests/support/tp_worker.py runs every check
+against the same model in one process and writes what it measured (float32, largest differences); the tests here read
+it. The cases cover every paradigm and each block option whose sharding differs: GQA, gated and plain feed-forwards,
+MoE experts with a gated shared expert, per-head and whole-projection QK-norms, ALiBi and T5's relative bias (attention
 gathered), parallel residual, sandwich, output and post norms, soft-capping, sliding and NoPE layers, partial and
 nested RoPE, padding-aware positions, cross-attention, tied and untied heads with biases. The training step also
 proves the LM heads' fallback: a tensor-parallel head computes its loss from gathered logits (the reference uses the
@@ -35,7 +35,7 @@ from hf_tfm.modeling_tfm import (
     TfmEncoderForSequenceClassification,
 )
 
-WORKER = Path(__file__).resolve().parent / "tp_worker.py"
+WORKER = Path(__file__).resolve().parent / "support" / "tp_worker.py"
 ATOL = 1e-5  # float32: the sharded sums differ from one process's only in summation order
 
 SMALL = dict(

@@ -10,7 +10,7 @@ CPU run needs is set (steps, batch, lengths, the CPU, no reporting); everything 
 import pytest
 import torch
 from conftest import perturb
-from parity_harness import TINY_DECODER
+from support.parity_harness import TINY_DECODER
 
 trl = pytest.importorskip("trl")
 datasets = pytest.importorskip("datasets")

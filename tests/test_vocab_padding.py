@@ -8,7 +8,7 @@ from functools import partial
 import pytest
 import torch
 from conftest import VOCAB, assert_same_state_dict, perturb, tiny_config
-from parity_harness import assert_generate_matches, assert_logits_match, padded_batch
+from support.parity_harness import assert_generate_matches, assert_logits_match, padded_batch
 from test_parity import gpt2, llama
 from test_t5_bart_parity import bart, encoder_batch, t5
 

@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from ..family_record import PARADIGMS
+from ..convert.record import PARADIGMS
 from ..modeling_tfm import TfmPreTrainedModel
 from ..modeling_tfm_layers import TfmExperts, TfmFeedForward, TfmMoE
 from ..training.checkpoints import load_saved
@@ -271,7 +271,7 @@ def write_model_card(
     description: str | None = None,
     limitations: str | None = None,
 ) -> ModelCard:
-    """Render `model_cards/tfm_model.md` for `model` and save it as `folder/README.md`.
+    """Render `hf_tfm/model_cards/tfm_model.md` for `model` and save it as `folder/README.md`.
 
     `results` are the measured evaluation numbers (they become the card's `model-index`; none means the card says
     that no evaluation was recorded). `training` is either prose or a mapping of training arguments (rendered as a

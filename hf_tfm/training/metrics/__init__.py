@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from transformers import EvalPrediction, PreTrainedTokenizerBase
 
 METRICS_DIR = Path(__file__).resolve().parent
-METRIC_NAMES = ("accuracy", "exact_match", "f1", "perplexity", "rouge", "sacrebleu")
+METRIC_NAMES = ("accuracy", "exact_match", "f1", "rouge", "sacrebleu")  # perplexity: exp(eval loss), in the run
 IGNORE_INDEX = -100
 
 

@@ -5,7 +5,7 @@ new transformers release tests it with no change to the project. One venv (build
 transformers (and whatever its own requirements move) is swapped between releases. Each release prints one line,
 `transformers 5.21.1: 512 passed`, and the run fails if any release fails.
 
-    python tests/release_matrix.py --torch torch==2.13.0 [--releases 5.17.0 5.24.0] [--skip-installed-in .venv]
+    python tests/support/release_matrix.py --torch torch==2.13.0 [--releases 5.17.0 5.24.0] [--skip-installed-in .venv]
 """
 
 import argparse
@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 VENV = ROOT / "build" / "venv-matrix"
 # What can break between releases: the modeling API (cache, masks, outputs, attention and experts interfaces), the
 # generation loop, pipelines, loading, saving and remote code, converters against transformers' own classes, PEFT's

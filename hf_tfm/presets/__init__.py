@@ -1,6 +1,6 @@
 """Model presets, one folder with a config.json each, named by parameter count in millions (tied weights counted
-once). In the repository they are configs/<name>/; installed, they ship inside the package as `hf_tfm.presets`, so
-they load by name from any working directory:
+once): hf_tfm/presets/<name>/config.json, package data of `hf_tfm.presets`, so they load by name from any working
+directory:
 
     import hf_tfm
     config = hf_tfm.preset_config("llama-1.3m")               # or hf_tfm.preset_path("llama-1.3m"): the folder

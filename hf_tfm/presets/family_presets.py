@@ -1,8 +1,8 @@
 """The family presets: a small member of each converted family whose record has one (`Family.preset`), made by the
 conversion engine from transformers' own config class (so each is what that family is, in hf_tfm's terms). All share
-llama-1.3m's size where the family allows it (`hf_tfm.family_record.PRESET_SIZE`).
+llama-1.3m's size where the family allows it (`hf_tfm.convert.record.PRESET_SIZE`).
 
-    python -m configs.family_presets      # rewrites configs/<family>-<size>/config.json
+    python -m hf_tfm.presets.family_presets      # rewrites hf_tfm/presets/<family>-<size>/config.json
 
 tests/test_packaging.py checks that the committed files are what this produces.
 """
@@ -14,8 +14,8 @@ FOLDER = Path(__file__).resolve().parent
 
 
 def preset_families() -> dict:
-    """The registry's families with a small member (`Family.preset`, sized by `hf_tfm.family_record.PRESET_SIZE`)."""
-    from hf_tfm.families import FAMILIES
+    """The registry's families with a small member (`Family.preset`, sized by `hf_tfm.convert.record.PRESET_SIZE`)."""
+    from hf_tfm.convert.families import FAMILIES
 
     return {name: record for name, record in FAMILIES.items() if record.preset is not None}
 
@@ -25,7 +25,7 @@ def family_config(family: str):
     import transformers
 
     from hf_tfm.convert import config_to_tfm
-    from hf_tfm.families import FAMILIES
+    from hf_tfm.convert.families import FAMILIES
 
     record = FAMILIES[family]
     return config_to_tfm(getattr(transformers, record.config_class)(**record.preset))

@@ -1,4 +1,4 @@
-"""The one conversion engine: any family record (`hf_tfm.families`) run both ways, exactly.
+"""The one conversion engine: any family record (`hf_tfm.convert.families`) run both ways, exactly.
 
     from hf_tfm.convert import to_tfm, from_tfm
     ours = to_tfm(LlamaForCausalLM.from_pretrained(...))      # the family is found from the class
@@ -16,11 +16,11 @@ import torch
 import transformers
 from torch import nn
 
-from . import modeling_tfm
-from .configuration_tfm import TfmConfig, TfmDecoderConfig, TfmEncoderConfig, TfmEncoderDecoderConfig
-from .convert_common import config_with, converted_config, inverted, load_exact, renamed_fields, require_paradigm
+from .. import modeling_tfm
+from ..configuration_tfm import TfmConfig, TfmDecoderConfig, TfmEncoderConfig, TfmEncoderDecoderConfig
+from .common import config_with, converted_config, inverted, load_exact, renamed_fields, require_paradigm
 from .families import FAMILIES
-from .family_record import Family, Weights
+from .record import Family, Weights
 
 TFM_CONFIGS = {cls.model_type: cls for cls in (TfmDecoderConfig, TfmEncoderConfig, TfmEncoderDecoderConfig)}
 

@@ -1,6 +1,6 @@
 """The multi-process half of tests/test_tensor_parallel.py, which runs it once as
 
-    torchrun --standalone --nproc_per_node 2 tests/tp_worker.py RUNS_DIR
+    torchrun --standalone --nproc_per_node 2 tests/support/tp_worker.py RUNS_DIR
 
 RUNS_DIR holds one saved model per case and `runs.json`: run name -> the case's folder, its Auto class and
 paradigm, the `from_pretrained` arguments that distribute it, and the checks that apply. Every rank loads the model

@@ -1,4 +1,4 @@
-"""hf_tfm decoders written as GGUF by `hf_tfm.gguf_export.write_llama_gguf` run in llama.cpp itself (through
+"""hf_tfm decoders written as GGUF by `hf_tfm.export.gguf.write_llama_gguf` run in llama.cpp itself (through
 llama-cpp-python, built from source): the file opens with the model's tokenizer or without one, llama.cpp's logits
 equal hf_tfm's within float32 tolerance with a float32 KV cache, greedy tokens are equal, and stay equal after
 llama.cpp's own f16 and q8_0 quantisation. Run by `make test-llama-cpp` in its own venv; not part of `make test`
@@ -12,7 +12,7 @@ from conftest import perturb
 
 import hf_tfm
 from hf_tfm import TfmDecoderForCausalLM
-from hf_tfm.gguf_export import write_llama_gguf
+from hf_tfm.export.gguf import write_llama_gguf
 from hf_tfm.training.tokenizers import train_tokenizer
 
 GGML_TYPE_F32 = 0  # llama.cpp's cache type for a float32 KV cache

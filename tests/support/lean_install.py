@@ -2,8 +2,8 @@
 paradigm from a preset, save it, load it back with the Auto classes and generate, with none of the packages the
 extras add (training, metrics, plotting, LoRA).
 
-    python tests/lean_install.py            # in a fresh venv holding only torch and `pip install .` (make test-lean)
-    python tests/lean_install.py --block    # in a full venv: the extras are made unimportable first (the suite)
+    python tests/support/lean_install.py           # a fresh venv holding torch and `pip install .` (make test-lean)
+    python tests/support/lean_install.py --block   # a full venv: the extras are made unimportable first (the suite)
 """
 
 import importlib.util

@@ -1,6 +1,6 @@
 """The multi-process half of tests/test_fsdp.py: run by it as
 
-    torchrun --standalone --nproc_per_node 2 tests/fsdp_worker.py OUT_DIR
+    torchrun --standalone --nproc_per_node 2 tests/support/fsdp_worker.py OUT_DIR
 
 FSDP2 over gloo on the CPU, driven three ways, each compared with one process training on the same global batch:
 
@@ -12,7 +12,7 @@ FSDP2 over gloo on the CPU, driven three ways, each compared with one process tr
   optimizer (torch.distributed.checkpoint) saved after RESUME_AT steps, loaded into a fresh sharded model and
   optimizer, which then trains the remaining steps.
 - `accelerate`: what Trainer's own `fsdp` / `fsdp_config` arguments (and so `accelerate launch` with
-  configs/accelerate/fsdp.yaml, which sets the same plugin) make of a CPU run.
+  hf_tfm/presets/accelerate/fsdp.yaml, which sets the same plugin) make of a CPU run.
 
 The model is a tiny MoE decoder with auxiliary-loss-free balancing, so the trajectories also check that the expert
 counts behind the router biases are summed over the data-parallel ranks: one process counts the whole global batch.
@@ -32,7 +32,6 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import transformers
-from conftest import tiny_config  # this script's folder (tests/) is first on sys.path
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
@@ -42,6 +41,9 @@ import hf_tfm.modeling_tfm_stack
 from hf_tfm import TfmDecoderForCausalLM
 from hf_tfm.modeling_tfm_stack import TfmBlock
 from hf_tfm.training.callbacks import RouterBiasCallback
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, whose conftest holds the tiny configs
+from conftest import tiny_config  # noqa: E402
 
 STEPS, RESUME_AT, BIAS_STEPS = 20, 10, 10
 PER_RANK, SEQUENCE, VOCAB = 2, 16, 96

@@ -1,0 +1,319 @@
+"""The encoder families' records: BERT, RoBERTa and ModernBERT, each as its base model and its masked-LM head.
+Not carried over by any: `padding_idx` of the token (and RoBERTa's position) embeddings, which only zeroes those
+rows' gradients in training.
+"""
+
+import copy
+
+from .common import config_with, field_names, require_full_rotary
+from .record import PRESET_ENCODER_TOKENS, PRESET_SIZE, Family, Weights
+
+# ------------------------------------------------------------------------------------------------------------- BERT
+# A post-norm encoder with a norm after the embeddings and none after the last block, learned absolute positions,
+# token types, a dense+tanh pooler and an MLM head (dense, act, norm, tied decoder with its own bias); every linear
+# layer an nn.Linear like hf_tfm's, so weights only change names.
+BERT_FIELDS = field_names(
+    "intermediate_size",
+    "hidden_act",
+    "type_vocab_size",
+    "layer_norm_eps",
+    hidden_dropout_prob="hidden_dropout",
+    attention_probs_dropout_prob="attention_dropout",
+)
+BERT_ARCHITECTURE = dict(
+    position_embedding_type="learned",
+    position_offset=0,
+    norm_type="layernorm",
+    norm_position="post",
+    norm_bias=True,
+    embedding_norm=True,
+    final_norm=False,
+    scale_embeddings=False,
+    ffn_type="mlp",
+    attention_bias=True,
+    mlp_bias=True,
+)
+# the encoder's modules, the same under BERT's and RoBERTa's prefixes (`attention.output` before `output`)
+BERT_BODY_RENAMES = (
+    (r"embeddings\.word_embeddings\.", "embed_tokens."),
+    (r"embeddings\.position_embeddings\.", "embed_positions."),
+    (r"embeddings\.token_type_embeddings\.", "embed_token_types."),
+    (r"embeddings\.LayerNorm\.", "embed_norm."),
+    (r"encoder\.layer\.", "layers."),
+    (r"\.attention\.self\.query\.", ".self_attn.q_proj."),
+    (r"\.attention\.self\.key\.", ".self_attn.k_proj."),
+    (r"\.attention\.self\.value\.", ".self_attn.v_proj."),
+    (r"\.attention\.output\.dense\.", ".self_attn.o_proj."),
+    (r"\.attention\.output\.LayerNorm\.", ".attn_norm."),
+    (r"\.intermediate\.dense\.", ".mlp.up_proj."),
+    (r"\.output\.dense\.", ".mlp.down_proj."),
+    (r"\.output\.LayerNorm\.", ".ffn_norm."),
+)
+ONE_DECODER_BIAS = "TfmMaskedLMHead holds a single decoder bias"  # an untied head keeps two, only one reaches logits
+
+
+def _bert_unread(config) -> dict:
+    if getattr(config, "position_embedding_type", "absolute") == "absolute":  # not a field since transformers 5
+        return {"position_embedding_type": "transformers 5's BERT and RoBERTa only have absolute positions"}
+    return {}
+
+
+def _bert_form(config):
+    if config.classifier_dropout == config.hidden_dropout_prob:  # what hf_tfm's classifier heads drop out with
+        return config_with(config, classifier_dropout=None)
+    return config
+
+
+def _one_token_type(target: str):
+    def from_tfm(config) -> dict:
+        if config.type_vocab_size == 0:  # the config takes 0, but the model still looks up token type 0
+            raise ValueError(
+                f"Cannot convert {type(config).__name__} to {target} exactly: type_vocab_size=0, and "
+                f"{target.removesuffix('Config')} always adds a token-type embedding"
+            )
+        return {}
+
+    return from_tfm
+
+
+def _pooler_options(model) -> dict:
+    """BertModel and RobertaModel keep their pooler out of the config (`add_pooling_layer`): a masked-LM head's body
+    has none, and hf_tfm's masked-LM head builds none whatever `use_pooler` says."""
+    return {"use_pooler": "MaskedLM" in type(model).__name__ or model.pooler is not None}
+
+
+def _pooling_layer(model) -> dict:
+    return {} if "MaskedLM" in type(model).__name__ else {"add_pooling_layer": model.pooler is not None}
+
+
+# what BERT and RoBERTa alike keep outside their configs (the pooler) or write in another form
+BERT_HOOKS = dict(
+    their_form=_bert_form,
+    unread_of=_bert_unread,
+    options=_pooler_options,
+    our_options=lambda config: {"use_pooler": config.use_pooler},
+    reference_kwargs=_pooling_layer,
+)
+
+
+BERT = Family(
+    name="bert",
+    paradigm="tfm_encoder",
+    classes={"BertForMaskedLM": "TfmEncoderForMaskedLM", "BertModel": "TfmEncoderModel"},
+    config_class="BertConfig",
+    fields=BERT_FIELDS,
+    fixed=BERT_ARCHITECTURE,
+    weights=Weights(
+        renames=(
+            (r"^bert\.", "model."),
+            (r"^cls\.predictions\.transform\.dense\.", "lm_head.dense."),
+            (r"^cls\.predictions\.transform\.LayerNorm\.", "lm_head.norm."),
+            (r"^cls\.predictions\.decoder\.", "lm_head.decoder."),
+            *BERT_BODY_RENAMES,
+        ),
+        copies={"cls.predictions.bias": ("cls.predictions.decoder.bias", ONE_DECODER_BIAS)},
+    ),
+    pair={},
+    to_tfm=lambda config, use_pooler=True: dict(embedding_dropout=config.hidden_dropout_prob, use_pooler=use_pooler),
+    from_tfm=_one_token_type("BertConfig"),
+    **BERT_HOOKS,
+)
+
+
+# ---------------------------------------------------------------------------------------------------------- RoBERTa
+# BERT with other positions and other names around the same layers. Its positions count only the non-padding tokens
+# and start after the padding id: a real token at count c (1-based) reads table row c + pad_token_id, padding reads
+# row pad_token_id. In hf_tfm that is position_ids_from_padding with position_offset = pad_token_id + 1 and a table
+# of max_position_embeddings + position_offset rows, so hf_tfm's max_position_embeddings is RoBERTa's minus the
+# offset. Without position_ids both derive them the same way; explicit position_ids differ: RoBERTa reads them as
+# table rows, hf_tfm as positions (row = id + offset). The MLM head is BERT's with RoBERTa's names, but its
+# activation is always gelu (BERT's follows hidden_act): a masked LM whose hidden_act is not gelu is refused.
+def _roberta_to_tfm(config, use_pooler: bool = True) -> dict:
+    if config.pad_token_id is None:
+        raise ValueError("Cannot convert RobertaConfig: pad_token_id=None, but RoBERTa's positions count from it")
+    offset = config.pad_token_id + 1
+    return dict(
+        position_ids_from_padding=True,
+        position_offset=offset,
+        max_position_embeddings=config.max_position_embeddings - offset,
+        embedding_dropout=config.hidden_dropout_prob,
+        use_pooler=use_pooler,
+    )
+
+
+def _roberta_from_tfm(config) -> dict:
+    _one_token_type("RobertaConfig")(config)
+    return {"max_position_embeddings": config.max_position_embeddings + config.position_offset}
+
+
+def _require_gelu_head(model) -> None:
+    """RobertaLMHead calls gelu whatever hidden_act says; hf_tfm's head applies hidden_act."""
+    name = type(model).__name__
+    if "MaskedLM" in name and model.config.hidden_act != "gelu":
+        target = "TfmEncoderForMaskedLM" if name == "RobertaForMaskedLM" else "RobertaForMaskedLM"
+        config = model.config
+        raise ValueError(
+            f"Cannot convert {type(config).__name__} to {target} exactly: hidden_act={config.hidden_act!r}, but "
+            "RoBERTa's MLM head always applies gelu and hf_tfm's applies hidden_act"
+        )
+
+
+ROBERTA = Family(
+    name="roberta",
+    paradigm="tfm_encoder",
+    classes={"RobertaForMaskedLM": "TfmEncoderForMaskedLM", "RobertaModel": "TfmEncoderModel"},
+    config_class="RobertaConfig",
+    fields={theirs: ours for theirs, ours in BERT_FIELDS.items() if theirs != "max_position_embeddings"},
+    fixed=BERT_ARCHITECTURE,
+    weights=Weights(
+        renames=((r"^roberta\.", "model."), (r"^lm_head\.layer_norm\.", "lm_head.norm."), *BERT_BODY_RENAMES),
+        copies={"lm_head.bias": ("lm_head.decoder.bias", ONE_DECODER_BIAS)},
+    ),
+    preset=dict(PRESET_SIZE, intermediate_size=512, max_position_embeddings=514),  # pad 1 (its own)
+    to_tfm=_roberta_to_tfm,
+    from_tfm=_roberta_from_tfm,
+    check=_require_gelu_head,
+    **BERT_HOOKS,
+)
+
+
+# ------------------------------------------------------------------------------------------------------- ModernBERT
+# A pre-norm encoder with a LayerNorm after the token embeddings (no positions or token types there), none before the
+# first layer's attention, a final norm, GeGLU feed-forwards and RoPE with one theta for the global layers and another
+# for the local ones (rope_parameters nested per layer type). Its local layers see the keys at most
+# local_attention // 2 tokens away: config.sliding_window, which hf_tfm's bidirectional sliding_window means too.
+# Wqkv holds q, k and v stacked; Wi the activated half (hf_tfm's gate_proj) then the multiplying half (up_proj).
+# The MLM head is dense, activation, norm and the tied decoder, as hf_tfm's, whose dense always has a bias and applies
+# hidden_act; ModernBERT's has a bias only with classifier_bias (off in the published checkpoints) and applies
+# classifier_activation. A missing dense bias converts as zeros (same logits) and zeros go back as
+# classifier_bias=False; another classifier_activation than hidden_activation is refused. Dropout sits elsewhere
+# (attention output, GLU product): only zero survives, other values are refused by name.
+def _modernbert_to_tfm(config) -> dict:
+    require_full_rotary(config.rope_parameters, config, "ModernBERT")
+    kinds = list(config.rope_parameters.values())  # one flat dict when the layer types agree (what hf_tfm's means)
+    rope = kinds[0] if all(kind == kinds[0] for kind in kinds) else config.rope_parameters
+    # attention_dropout and mlp_dropout have no counterpart: they come back as 0, so only 0 converts
+    return dict(
+        attention_out_bias=config.attention_bias,  # one flag for Wqkv and Wo
+        embedding_dropout=float(config.embedding_dropout),
+        layer_types=list(config.layer_types),
+        sliding_window=config.sliding_window if "sliding_attention" in config.layer_types else None,
+        rope_parameters=copy.deepcopy(rope),
+        sep_token_id=config.sep_token_id,  # not a TfmConfig field, but a PreTrainedConfig key it keeps
+    )
+
+
+def _modernbert_from_tfm(config) -> dict:
+    rope = copy.deepcopy(config.rope_parameters or {})
+    if not config.nested_rope():  # one dict for every layer type
+        rope = {kind: dict(rope) for kind in ("full_attention", "sliding_attention")}
+    require_full_rotary(rope, config, "ModernBERT")
+    window = {} if config.sliding_window is None else {"local_attention": 2 * config.sliding_window}
+    return dict(
+        **window,
+        embedding_dropout=config.embedding_dropout,
+        layer_types=list(config.layer_types),
+        rope_parameters=rope,
+        classifier_activation=config.hidden_act,  # hf_tfm's MLM head applies hidden_act
+        classifier_bias=True,  # hf_tfm's MLM head dense has a bias (a zero one goes back as False)
+        cls_token_id=config.bos_token_id,
+        sep_token_id=getattr(config, "sep_token_id", None),
+    )
+
+
+def _modernbert_unread(config) -> dict:
+    import dataclasses
+
+    import transformers
+
+    unread = {}
+    if "sliding_attention" not in config.layer_types:
+        unread["local_attention"] = "read only by sliding_attention layers, and there are none"
+    if not config.sparse_prediction:
+        unread["sparse_pred_ignore_index"] = "read only with sparse_prediction=True"
+    # keys a config.json carries that are no ModernBertConfig field (global_attn_every_n_layers, which filled
+    # layer_types; position_embedding_type and others the Hub's files hold): nothing else reads them
+    declared = {field.name for field in dataclasses.fields(transformers.ModernBertConfig)} | {"model_type"}
+    for key in config.to_dict().keys() - declared:
+        unread[key] = "not a ModernBertConfig field: no ModernBERT class reads it"
+    return unread
+
+
+def _zero_head_bias(model, state: dict) -> None:
+    if "MaskedLM" in type(model).__name__ and not model.config.classifier_bias:
+        state["lm_head.dense.bias"] = model.head.norm.weight.new_zeros(model.head.norm.weight.shape)
+
+
+def _head_bias_config(model, config):
+    if "MaskedLM" in type(model).__name__ and not model.lm_head.dense.bias.any():  # ModernBERT's layout: no bias
+        config.classifier_bias = False
+    return config
+
+
+MODERNBERT = Family(
+    name="modernbert",
+    summary="local/global",
+    paradigm="tfm_encoder",
+    classes={"ModernBertForMaskedLM": "TfmEncoderForMaskedLM", "ModernBertModel": "TfmEncoderModel"},
+    config_class="ModernBertConfig",
+    fields=field_names(
+        "intermediate_size",
+        "norm_bias",
+        "mlp_bias",
+        "attention_bias",
+        hidden_activation="hidden_act",
+        norm_eps="layer_norm_eps",
+    ),
+    fixed=dict(
+        position_embedding_type="rope",
+        norm_type="layernorm",
+        norm_position="pre",
+        first_layer_attn_norm=False,
+        embedding_norm=True,
+        final_norm=True,
+        ffn_type="glu",
+        type_vocab_size=0,
+        use_pooler=False,
+    ),
+    unread={
+        "classifier_pooling": "read only by ModernBertForSequenceClassification",
+        "classifier_dropout": "read only by the classification, token-classification and QA heads",
+        "deterministic_flash_attn": "picks flash attention's deterministic kernel; the values are the same",
+        "cls_token_id": "a tokenizer id; no ModernBERT class reads it (it goes back as bos_token_id, its default)",
+        "classifier_bias": "a missing dense bias of the MLM head is converted as zeros, which give the same logits",
+    },
+    weights=Weights(
+        renames=(
+            (r"embeddings\.tok_embeddings\.", "embed_tokens."),
+            (r"embeddings\.norm\.", "embed_norm."),
+            (r"final_norm\.", "norm."),
+            (r"\.attn\.Wqkv\.", ".self_attn.qkv."),
+            (r"\.attn\.Wo\.", ".self_attn.o_proj."),
+            (r"\.mlp_norm\.", ".ffn_norm."),
+            (r"\.mlp\.Wi\.", ".mlp.gate_up."),
+            (r"\.mlp\.Wo\.", ".mlp.down_proj."),
+            (r"^head\.dense\.", "lm_head.dense."),
+            (r"^head\.norm\.", "lm_head.norm."),
+            (r"^decoder\.", "lm_head.decoder."),
+        ),
+        fused={
+            "self_attn.qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+            "mlp.gate_up": ("mlp.gate_proj", "mlp.up_proj"),
+        },
+    ),
+    preset=dict(
+        PRESET_SIZE,
+        **PRESET_ENCODER_TOKENS,
+        cls_token_id=1,
+        sep_token_id=2,
+        intermediate_size=352,
+        local_attention=128,
+    ),
+    to_tfm=_modernbert_to_tfm,
+    from_tfm=_modernbert_from_tfm,
+    unread_of=_modernbert_unread,
+    state_to_tfm=_zero_head_bias,
+    reference_config=_head_bias_config,
+)
+
+ENCODERS = (BERT, ROBERTA, MODERNBERT)

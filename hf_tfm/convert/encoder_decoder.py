@@ -1,0 +1,226 @@
+"""The encoder-decoder families' records: T5 and BART. hf_tfm keeps one token table for encoder and decoder, so the
+copies both references keep per stack must equal it.
+"""
+
+from .common import config_with
+from .record import Family, Weights
+
+ONE_TOKEN_TABLE = "hf_tfm keeps one token table shared by encoder and decoder"
+
+# --------------------------------------------------------------------------------------------------------------- T5
+# T5's relative position bias (kept by T5 in block 0's self-attention of each stack, by hf_tfm on the stack), pre-norm
+# RMSNorm with a final norm, no biases, unscaled attention scores, head_dim = d_kv, a ReLU MLP (v1.0) or a gated GELU
+# (v1.1: wi_0 the gate, wi_1 up). T5Config always says tie_word_embeddings=True and keeps the saved flag as
+# scale_decoder_outputs (v1.0 rescales the LM head input, v1.1 does not); a v1.1 checkpoint is untied only because
+# its lm_head differs from shared when loaded. So the tie is read from the model's tensors and the scaling from
+# scale_decoder_outputs. Training-only dropout placement differs slightly (T5 also drops inside the FFN and after
+# the final norm).
+
+
+def _t5_to_tfm(config, tie_word_embeddings: bool | None = None) -> dict:
+    """`tie_word_embeddings` defaults to the saved flag (`scale_decoder_outputs`): tied v1.0, untied v1.1."""
+    return dict(
+        ffn_type="glu" if config.is_gated_act else "mlp",
+        hidden_act=config.dense_act_fn,
+        scale_lm_head_input=config.scale_decoder_outputs,
+        **dict.fromkeys(("hidden_dropout", "attention_dropout", "embedding_dropout"), float(config.dropout_rate)),
+        tie_word_embeddings=config.scale_decoder_outputs if tie_word_embeddings is None else tie_word_embeddings,
+        bos_token_id=getattr(config, "bos_token_id", None),
+        decoder_start_token_id=getattr(config, "decoder_start_token_id", None),
+    )
+
+
+def _t5_from_tfm(config) -> dict:
+    gated = config.ffn_type == "glu"
+    # T5 spells the GELU-tanh gate "gated-gelu"; every other activation by its own name (a GELU gate comes back as
+    # GELU-tanh and is refused by name)
+    activation = "gelu" if gated and config.hidden_act == "gelu_new" else config.hidden_act
+    return dict(
+        bos_token_id=config.bos_token_id,
+        feed_forward_proj=f"gated-{activation}" if gated else activation,
+        dropout_rate=config.hidden_dropout,
+        tie_word_embeddings=config.scale_lm_head_input,  # T5Config stores it as scale_decoder_outputs
+        decoder_start_token_id=config.decoder_start_token_id,
+    )
+
+
+def _t5_form(config):
+    if getattr(config, "decoder_start_token_id", None) is None:  # T5 starts decoding with pad
+        return config_with(config, decoder_start_token_id=config.pad_token_id)
+    return config
+
+
+def _untie(model, target) -> None:
+    """T5ForConditionalGeneration ties lm_head to shared whatever its config says: untied here, as from_pretrained
+    does for a checkpoint with its own lm_head."""
+    import torch
+    from torch import nn
+
+    if not model.config.tie_word_embeddings:
+        target.lm_head.weight = nn.Parameter(torch.empty_like(target.lm_head.weight))
+        target.all_tied_weights_keys.pop("lm_head.weight", None)
+
+
+T5 = Family(
+    name="t5",
+    summary="v1.0 and v1.1",
+    paradigm="tfm_encoder_decoder",
+    classes={"T5ForConditionalGeneration": "TfmEncoderDecoderForConditionalGeneration"},
+    config_class="T5Config",
+    fields={
+        "vocab_size": "vocab_size",
+        "d_model": "hidden_size",
+        "d_kv": "head_dim",
+        "d_ff": "intermediate_size",
+        "num_layers": "num_hidden_layers",
+        "num_decoder_layers": "decoder_layers",
+        "num_heads": "num_attention_heads",
+        "relative_attention_num_buckets": "relative_attention_num_buckets",
+        "relative_attention_max_distance": "relative_attention_max_distance",
+        "layer_norm_epsilon": "layer_norm_eps",
+        "pad_token_id": "pad_token_id",
+        "eos_token_id": "eos_token_id",
+    },
+    fixed=dict(
+        position_embedding_type="relative_bias",
+        norm_type="rmsnorm",
+        norm_position="pre",
+        final_norm=True,
+        embedding_norm=False,
+        scale_embeddings=False,
+        attention_bias=False,
+        mlp_bias=False,
+        attention_multiplier=1.0,
+        lm_head_bias=False,
+    ),
+    unread={
+        "initializer_factor": "read only to initialise weights; converted weights are given",
+        "classifier_dropout": "read only by T5's classification heads",
+        "n_positions": "a transformers 4.x T5Config key that transformers 5's T5 never reads (no position table)",
+    },
+    our_unread={"initializer_range": "read only to initialise weights; converted weights are given"},
+    weights=Weights(
+        # each block's sublayers are numbered: self-attention, (cross-attention,) feed-forward
+        renames=(
+            (
+                r"^(encoder|decoder)\.block\.0\.layer\.0\.SelfAttention\.relative_attention_bias\.",
+                r"model.\1.position_bias.relative_attention_bias.",
+            ),
+            (r"^(encoder|decoder)\.final_layer_norm\.", r"model.\1.norm."),
+            (r"^encoder\.block\.(\d+)\.layer\.1\.", r"model.encoder.layers.\1.feed_forward."),
+            (r"^decoder\.block\.(\d+)\.layer\.1\.", r"model.decoder.layers.\1.cross_attention."),
+            (r"^decoder\.block\.(\d+)\.layer\.2\.", r"model.decoder.layers.\1.feed_forward."),
+            (r"^(encoder|decoder)\.block\.(\d+)\.layer\.0\.", r"model.\1.layers.\2.self_attention."),
+            (r"\.self_attention\.SelfAttention\.([qkvo])\.", r".self_attn.\1_proj."),
+            (r"\.self_attention\.layer_norm\.", ".attn_norm."),
+            (r"\.cross_attention\.EncDecAttention\.([qkvo])\.", r".cross_attn.\1_proj."),
+            (r"\.cross_attention\.layer_norm\.", ".cross_attn_norm."),
+            (r"\.feed_forward\.DenseReluDense\.wi_0\.", ".mlp.gate_proj."),
+            (r"\.feed_forward\.DenseReluDense\.wi_1\.", ".mlp.up_proj."),
+            (r"\.feed_forward\.DenseReluDense\.wi\.", ".mlp.up_proj."),
+            (r"\.feed_forward\.DenseReluDense\.wo\.", ".mlp.down_proj."),
+            (r"\.feed_forward\.layer_norm\.", ".ffn_norm."),
+            (r"^shared\.", "model.shared."),
+        ),
+        copies={
+            "encoder.embed_tokens.weight": ("shared.weight", ONE_TOKEN_TABLE),
+            "decoder.embed_tokens.weight": ("shared.weight", ONE_TOKEN_TABLE),
+        },
+    ),
+    pair={"defaults": {"decoder_start_token_id": 0}},  # T5's decoder starts from pad, as its checkpoints
+    to_tfm=_t5_to_tfm,
+    from_tfm=_t5_from_tfm,
+    their_form=_t5_form,
+    options=lambda model: {"tie_word_embeddings": model.lm_head.weight is model.shared.weight},
+    our_options=lambda config: {"tie_word_embeddings": config.tie_word_embeddings},
+    prepare_reference=_untie,
+)
+
+# ------------------------------------------------------------------------------------------------------------- BART
+# Learned positions looked up at position + 2, post-norm LayerNorm (eps 1e-5) with a norm after the embeddings and
+# none at the end, biases everywhere, a GELU MLP, and the LM head bias final_logits_bias ([1, V], a buffer) as
+# lm_head.bias. Training-only regularizers without a counterpart (activation_dropout, layerdrop) are not carried
+# over; inference is exact.
+BART = Family(
+    name="bart",
+    paradigm="tfm_encoder_decoder",
+    classes={"BartForConditionalGeneration": "TfmEncoderDecoderForConditionalGeneration"},
+    config_class="BartConfig",
+    fields={
+        "vocab_size": "vocab_size",
+        "d_model": "hidden_size",
+        "encoder_layers": "num_hidden_layers",
+        "decoder_layers": "decoder_layers",
+        "encoder_attention_heads": "num_attention_heads",
+        "encoder_ffn_dim": "intermediate_size",
+        "activation_function": "hidden_act",
+        "max_position_embeddings": "max_position_embeddings",
+        "scale_embedding": "scale_embeddings",
+        "init_std": "initializer_range",
+        "tie_word_embeddings": "tie_word_embeddings",
+        "pad_token_id": "pad_token_id",
+        "bos_token_id": "bos_token_id",
+        "eos_token_id": "eos_token_id",
+        "decoder_start_token_id": "decoder_start_token_id",
+    },
+    fixed=dict(
+        position_embedding_type="learned",
+        position_offset=2,
+        norm_type="layernorm",
+        norm_position="post",
+        layer_norm_eps=1e-5,
+        norm_bias=True,
+        embedding_norm=True,
+        final_norm=False,
+        ffn_type="mlp",
+        attention_bias=True,
+        mlp_bias=True,
+        lm_head_bias=True,
+        scale_lm_head_input=False,
+    ),
+    unread={
+        **dict.fromkeys(
+            ("activation_dropout", "encoder_layerdrop", "decoder_layerdrop"),
+            "a training-only regularizer hf_tfm has no counterpart for; inference is exact",
+        ),
+        "classifier_dropout": "read only by BART's classification head",
+        **dict.fromkeys(
+            ("add_bias_logits", "add_final_layer_norm", "classif_dropout", "normalize_before", "normalize_embedding"),
+            "a transformers 4.x BartConfig key that transformers 5's BART never reads",
+        ),
+        "forced_eos_token_id": "a generation default, carried over by the model's generation_config",
+    },
+    weights=Weights(
+        renames=(
+            (r"^final_logits_bias$", "lm_head.bias"),
+            (r"\.layernorm_embedding\.", ".embed_norm."),
+            (r"\.self_attn\.out_proj\.", ".self_attn.o_proj."),
+            (r"\.self_attn_layer_norm\.", ".attn_norm."),
+            (r"\.encoder_attn\.out_proj\.", ".cross_attn.o_proj."),
+            (r"\.encoder_attn\.", ".cross_attn."),
+            (r"\.encoder_attn_layer_norm\.", ".cross_attn_norm."),
+            (r"\.fc1\.", ".mlp.up_proj."),
+            (r"\.fc2\.", ".mlp.down_proj."),
+            (r"\.final_layer_norm\.", ".ffn_norm."),
+        ),
+        copies={
+            "model.encoder.embed_tokens.weight": ("model.shared.weight", ONE_TOKEN_TABLE),
+            "model.decoder.embed_tokens.weight": ("model.shared.weight", ONE_TOKEN_TABLE),
+        },
+    ),
+    pair={},
+    to_tfm=lambda config: dict(
+        hidden_dropout=float(config.dropout),
+        embedding_dropout=float(config.dropout),
+        attention_dropout=float(config.attention_dropout),
+    ),
+    from_tfm=lambda config: dict(
+        decoder_attention_heads=config.num_attention_heads,
+        decoder_ffn_dim=config.intermediate_size,
+        dropout=config.hidden_dropout,
+        attention_dropout=config.attention_dropout,
+        forced_eos_token_id=None,  # a generation default: carried by generation_config, not by TfmConfig
+    ),
+)
+
+ENCODER_DECODERS = (T5, BART)
