@@ -43,7 +43,7 @@ test-lean:
 	$(PYTHON) -m venv build/venv-lean
 	build/venv-lean/bin/pip install -q $(TORCH)
 	build/venv-lean/bin/pip install -q .
-	cd build && venv-lean/bin/python ../tests/lean_install.py
+	cd build && venv-lean/bin/python ../tests/support/lean_install.py
 
 # The lowest supported versions of torch, transformers and the core packages, then the model tests.
 test-min:
