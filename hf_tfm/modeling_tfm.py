@@ -360,8 +360,18 @@ class TfmDecoderForCausalLM(TfmDecoderHead, TfmGenerationMixin):
         )
         hidden = outputs.last_hidden_state
         fields = self.vocabulary_prediction(hidden, labels, self.lm_head, self.loss_function, logits_to_keep, **kwargs)
-        stacks = [("aux_loss", outputs.router_logits, attention_mask)] if routed else ()
-        return self.head_output(outputs, fields, labels, stacks, **kwargs)
+        loss, aux_loss = fields["loss"], None
+        if routed and outputs.router_logits:  # an MoE model: the router losses join the task loss
+            loss, aux_loss = self.add_router_losses(loss, outputs.router_logits, attention_mask, labels, **kwargs)
+        return MoeCausalLMOutputWithPast(
+            loss=loss,
+            aux_loss=aux_loss,
+            logits=fields["logits"],
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+            router_logits=outputs.router_logits,
+            **{CACHE_NAME: outputs.get(CACHE_NAME)},
+        )
 
 
 class TfmDecoderForSequenceClassification(TfmDecoderHead):
