@@ -509,12 +509,12 @@ class TfmStack(TfmPreTrainedModel):
     def packed_sequence_ids(self, position_ids, attention_mask, cache, batch: int) -> torch.Tensor | None:
         """Which example each token belongs to [batch, length] when rows hold several examples back to back, as
         DataCollatorWithFlattening lays them out: position_ids given by the caller that restart (fall back) inside
-        a row, with no attention_mask and nothing cached. None for an ordinary batch, and for positions the stack
-        makes itself. Positions that only jump ahead (a shifted or stretched row) stay one example: transformers'
-        own detection (`find_packed_sequence_indices`, used by its causal mask helpers) cuts at any step but +1 and
-        would make each such token an example of its own."""
+        a row, with no attention_mask and nothing cached. None for an ordinary batch (the stack asks only about
+        positions a caller gave, never about those it makes itself). Positions that only jump ahead (a shifted or
+        stretched row) stay one example: transformers' own detection (`find_packed_sequence_indices`, used by its
+        causal mask helpers) cuts at any step but +1 and would make each such token an example of its own."""
         compiling = torch.compiler.is_compiling()  # traced, the detection cannot answer "not packed"
-        if position_ids is None or attention_mask is not None:
+        if attention_mask is not None:
             return None
         if position_ids.shape[1] == 1:  # one token is one example (and a decode step: a static cache's length below
             return None  # is a device tensor, comparing it would be a host sync per step)
@@ -599,6 +599,7 @@ class TfmStack(TfmPreTrainedModel):
             use_cache, cache = False, None
         self_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
         past_length = self_cache.get_seq_length() if self_cache is not None else 0
+        given_positions = position_ids  # a caller's positions may restart inside a row: packed sequences
         if position_ids is None and config.position_ids_from_padding and input_ids is not None:
             # RoBERTa's positions: counted over non-padding tokens, -1 for padding (row `position_offset - 1`)
             real = (input_ids != config.pad_token_id).long()
@@ -618,7 +619,9 @@ class TfmStack(TfmPreTrainedModel):
             self.trained_a_step = True
         tokens = input_ids if input_ids is not None else inputs_embeds
         batch, length = tokens.shape[:2]
-        sequence_ids = self.packed_sequence_ids(position_ids, attention_mask, cache, batch)
+        sequence_ids = None
+        if given_positions is not None:
+            sequence_ids = self.packed_sequence_ids(given_positions, attention_mask, cache, batch)
         if sequence_ids is not None:
             use_cache = False  # packed rows are trained on or scored, never continued
         if use_cache and cache is None:

@@ -162,3 +162,20 @@ def test_tfm_mlm_roberta_cannot_express_is_refused():
     ours = TfmEncoderForMaskedLM(tiny_config(TfmEncoderConfig, **ROBERTA_SHAPED, hidden_act="relu"))
     with pytest.raises(ValueError, match="hidden_act"):
         from_tfm(ours, "roberta")
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_padded_rows_without_attention_mask_match(side):
+    """Padding-aware positions are the stack's own, not packed sequences: a padded batch given without its
+    attention_mask (every token attends to every other, padding included, as in the reference) gives the reference's
+    logits. A restart of the made-up positions at the padding must not be read as the start of another example."""
+    reference = roberta().eval()
+    ours = to_tfm(reference).eval()
+    ids = torch.randint(3, VOCAB, (2, 9))
+    pad = reference.config.pad_token_id
+    if side == "right":
+        ids[0, 6:] = pad
+    else:
+        ids[0, :3] = pad
+    with torch.no_grad():
+        torch.testing.assert_close(ours(input_ids=ids).logits, reference(input_ids=ids).logits, rtol=0, atol=1e-5)
