@@ -13,51 +13,54 @@ import math
 import pytest
 import torch
 
-from benchmarks.pairs import PROFILES, build_pair
+from benchmarks.pairs import KINDS, PROFILES, build_pair
 from benchmarks.profile_gap import generate_step_counts
 from hf_tfm.modeling_tfm_stack import TfmBlock
 
 PYTHON_CALLS_BUDGET = 1.35
-# (pair, cache): (Python calls, aten operators), hf_tfm / reference, measured on transformers 5.24 at the smoke shapes;
-# the Python-call column is the loose PYTHON_CALLS_BUDGET for every pair. Decode runs q/k/v as three matmuls, as
-# Llama's reference does (joint_projections joins them only in training): GPT-2's reference runs one (c_attn), so
-# its pairs count two operators more per layer than before issue 29
-BUDGETS = {
-    ("gpt2", "dynamic"): (PYTHON_CALLS_BUDGET, 1.19),
-    ("gpt2", "static"): (PYTHON_CALLS_BUDGET, 1.15),
-    ("llama", "dynamic"): (PYTHON_CALLS_BUDGET, 1.00),
-    ("llama", "static"): (PYTHON_CALLS_BUDGET, 1.00),
-    ("mixtral", "dynamic"): (PYTHON_CALLS_BUDGET, 1.00),
-    ("mixtral", "static"): (PYTHON_CALLS_BUDGET, 1.00),
-    ("qwen3", "dynamic"): (PYTHON_CALLS_BUDGET, 1.00),
-    ("qwen3", "static"): (PYTHON_CALLS_BUDGET, 1.00),
-    ("gemma2", "dynamic"): (PYTHON_CALLS_BUDGET, 1.00),
-    ("gemma2", "static"): (PYTHON_CALLS_BUDGET, 1.00),
-    ("t5", "dynamic"): (PYTHON_CALLS_BUDGET, 1.14),
-    ("t5", "static"): (PYTHON_CALLS_BUDGET, 1.01),
-    ("bart", "dynamic"): (PYTHON_CALLS_BUDGET, 0.97),
-    ("bart", "static"): (PYTHON_CALLS_BUDGET, 1.00),
-    ("qwen2_moe", "dynamic"): (PYTHON_CALLS_BUDGET, 0.91),
-    ("qwen2_moe", "static"): (PYTHON_CALLS_BUDGET, 1.00),
-    ("gemma3_text", "dynamic"): (PYTHON_CALLS_BUDGET, 1.00),
-    ("gemma3_text", "static"): (PYTHON_CALLS_BUDGET, 1.00),
-    ("gpt_oss", "dynamic"): (PYTHON_CALLS_BUDGET, 1.02),
-    ("gpt_oss", "static"): (PYTHON_CALLS_BUDGET, 1.02),
-    ("deepseek_v3", "dynamic"): (PYTHON_CALLS_BUDGET, 0.95),
-    ("deepseek_v3", "static"): (PYTHON_CALLS_BUDGET, 0.96),
+# aten operators per decode step, hf_tfm / reference: at most the reference's (1.00) unless a pair is listed below,
+# measured on transformers 5.24 at the smoke shapes. Decode runs q/k/v as three matmuls, as Llama's reference does
+# (joint_projections joins them only in training): GPT-2's reference runs one (c_attn), so its pairs count two
+# operators more per layer than before issue 29. A listed budget comes down when a change lowers the count.
+ATEN_BUDGET = 1.00
+ATEN_BUDGETS = {
+    ("gpt2", "dynamic"): 1.19,
+    ("gpt2", "static"): 1.15,
+    ("t5", "dynamic"): 1.14,
+    ("t5", "static"): 1.01,
+    ("bart", "dynamic"): 0.97,
+    ("qwen2_moe", "dynamic"): 0.91,
+    ("gpt_oss", "dynamic"): 1.02,
+    ("gpt_oss", "static"): 1.02,
+    ("deepseek_v3", "dynamic"): 0.95,
+    ("deepseek_v3", "static"): 0.96,
 }
+# every pair of the benchmark registry that generates (a family's record names its pair): a new family is measured
+# here without an entry
+CASES = [
+    (name, cache)
+    for name in PROFILES["smoke"]["pairs"]
+    if KINDS[name].task in ("causal", "seq2seq")
+    for cache in ("dynamic", "static")
+]
 
 
 def pair(name: str):
     return build_pair(name, PROFILES["smoke"]["pairs"][name]["config"])
 
 
-@pytest.mark.parametrize(("name", "cache"), list(BUDGETS))
+def test_every_listed_budget_is_a_measured_pair():
+    assert set(ATEN_BUDGETS) <= set(CASES)
+
+
+@pytest.mark.parametrize(("name", "cache"), CASES)
 def test_a_decode_step_costs_no_more_than_its_budget(name, cache):
     reference, ours = pair(name)
     theirs, mine = generate_step_counts(reference, cache), generate_step_counts(ours, cache)
-    for index, measure in enumerate(("python_calls", "aten_ops")):
-        budget = BUDGETS[(name, cache)][index]
+    for measure, budget in (
+        ("python_calls", PYTHON_CALLS_BUDGET),
+        ("aten_ops", ATEN_BUDGETS.get((name, cache), ATEN_BUDGET)),
+    ):
         ratio = mine[measure] / theirs[measure]
         assert ratio <= budget + 1e-9, (
             f"{name} {cache} cache: {mine[measure]:.0f} {measure} per decode step against the reference's "
