@@ -3,6 +3,12 @@
 Importing the package registers every model type with the transformers Auto classes, and marks the classes for
 `register_for_auto_class` so that `save_pretrained` writes `auto_map` and copies the flat modeling code; it changes
 nothing else of transformers.
+
+Where things live: the model is the flat remote-code files here (`modeling_tfm.py` heads -> `modeling_tfm_stack.py`
+stack and block -> `modeling_tfm_layers.py` attention, feed-forward, MoE; `modeling_tfm_loss.py`;
+`configuration_tfm.py`; `capabilities.py` what each backend and engine can run; `compat.py` what each release needs).
+Not remote code: `convert/` (families, both ways), `export/` (ONNX, GGUF), `training/`, `hub/`, `presets/`,
+`model_cards/`, `commands.py` (the `hf-tfm` commands).
 """
 
 import transformers

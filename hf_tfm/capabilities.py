@@ -1,11 +1,13 @@
-"""What each attention backend and serving engine can run: every rule "backend X cannot run option Y" in one table.
+"""What each attention backend, serving engine and parallel plan can run: every rule "X cannot run option Y" in one
+place, two tables.
 
-A rule names the config field, says which backends it refuses and what to use instead. `backend_refusal` is asked
-when a model is built or loaded and when its backend is switched (`TfmPreTrainedModel.get_correct_attn_implementation`
-and `post_init`), so a backend or a serving engine refuses the model before it runs, never with silently different
-numbers; nothing is checked again inside a forward. The parallel plans' refusals (a layout a tensor- or
-pipeline-parallel plan would shard wrongly) live with the plans, in configuration_tfm_parallel.py, because they need
-the parallel sizes, known only when the model is distributed.
+A rule names the config field, says what it refuses and what to use instead. `backend_refusal` (RULES: attention
+backends and serving engines) is asked when a model is built or loaded and when its backend is switched
+(`TfmPreTrainedModel.get_correct_attn_implementation` and `post_init`); `parallel_refusal` (PARALLEL_RULES: the
+tensor-, expert- and pipeline-parallel plans) when a model is distributed (`check_parallel_layout`, before anything is
+sharded) and when transformers reads the pipeline plan. So a backend, an engine or a plan refuses the model before it
+runs, never with silently different numbers; nothing is checked again inside a forward. What a layout's sizes must
+divide (heads, widths, experts) is arithmetic on the sizes, in `check_parallel_layout`.
 """
 
 from collections.abc import Callable
@@ -143,4 +145,60 @@ def backend_refusal(config, implementation: str | None) -> str | None:
     for rule in RULES:
         if rule.backends(implementation) and rule.refuses(config):
             return rule.message(config, implementation)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- parallel plans
+
+
+@dataclass(frozen=True)
+class ParallelRule:
+    plans: tuple[str, ...]  # the plans that refuse it: "tensor", "expert", "pipeline"
+    field: str
+    refuses: Callable  # config -> whether its value is refused
+    instead: str
+
+
+UNSHARDED = "no plan shards it yet; run it unsharded or with data parallelism (FSDP)"
+# each stage of transformers' pipeline takes the hidden states of the one before as inputs_embeds
+PIPELINE_EMBEDDING = "it would be applied again to the hidden states each later stage receives"
+PARALLEL_RULES = (
+    ParallelRule(
+        ("tensor",), "attention_sinks", lambda config: config.attention_sinks, f"a sink per head: {UNSHARDED}"
+    ),
+    ParallelRule(("tensor", "expert"), "router_bias", lambda config: config.router_bias, UNSHARDED),
+    ParallelRule(("tensor", "expert"), "expert_mlp_bias", lambda config: config.expert_mlp_bias, UNSHARDED),
+    ParallelRule(
+        ("tensor",),
+        "kv_lora_rank",
+        lambda config: config.kv_lora_rank is not None,
+        f"latent attention's projections: {UNSHARDED}",
+    ),
+    ParallelRule(
+        ("pipeline",),
+        "model_type",
+        lambda config: config.is_encoder_decoder or not config.is_decoder,
+        "transformers pipelines decoder-only causal LMs only",
+    ),
+    ParallelRule(
+        ("pipeline",),
+        "position_embedding_type",
+        lambda config: config.position_embedding_type in ("learned", "sinusoidal"),
+        PIPELINE_EMBEDDING,
+    ),
+    ParallelRule(
+        ("pipeline",), "position_ids_from_padding", lambda config: config.position_ids_from_padding, PIPELINE_EMBEDDING
+    ),
+    ParallelRule(("pipeline",), "type_vocab_size", lambda config: config.type_vocab_size > 0, PIPELINE_EMBEDDING),
+    ParallelRule(("pipeline",), "embedding_norm", lambda config: config.embedding_norm, PIPELINE_EMBEDDING),
+    ParallelRule(("pipeline",), "scale_embeddings", lambda config: config.scale_embeddings, PIPELINE_EMBEDDING),
+)
+
+
+def parallel_refusal(config, plans: set[str]) -> tuple[str, str] | None:
+    """(field, why) where one of the parallel `plans` in use ("tensor", "expert", "pipeline") would compute `config`
+    wrongly, else None."""
+    for rule in PARALLEL_RULES:
+        if plans.intersection(rule.plans) and rule.refuses(config):
+            return rule.field, f"{rule.field}={getattr(config, rule.field)!r}: {rule.instead}"
     return None

@@ -9,6 +9,7 @@ import torch
 from transformers.configuration_utils import PreTrainedConfig
 from transformers.distributed import DistributedConfig
 
+from .capabilities import parallel_refusal
 from .compat import TOKEN_DISPATCH
 
 # Every `config` here is an hf_tfm config (configuration_tfm.TfmConfig, whose plan properties call these functions):
@@ -103,28 +104,9 @@ ROUTER_MASKING_EXPERT_PARALLEL_PLAN = {
 }
 
 
-def pipeline_refusal(config: PreTrainedConfig) -> tuple[str, str] | None:
-    """(field, why) where transformers' pipeline parallelism would compute this model wrongly, else None. It splits
-    the `layers` of a causal LM's body, and each stage after the first takes the hidden states of the one before as
-    `inputs_embeds`: anything the embedding step adds besides the token lookup would be added once more."""
-    if config.is_encoder_decoder or not config.is_decoder:
-        return "model_type", f"{config.model_type!r}: transformers pipelines decoder-only causal LMs only"
-    for field, added in (
-        ("position_embedding_type", config.position_embedding_type in ("learned", "sinusoidal")),
-        ("position_ids_from_padding", config.position_ids_from_padding),
-        ("type_vocab_size", config.type_vocab_size > 0),
-        ("embedding_norm", config.embedding_norm),
-        ("scale_embeddings", config.scale_embeddings),
-    ):
-        if added:
-            value = getattr(config, field)
-            return field, f"{field}={value!r} would be applied again to the hidden states each later stage receives"
-    return None
-
-
 def pipeline_parallel_plan(config: PreTrainedConfig) -> dict | None:
     """transformers' pipeline plan (Llama's), where its pipeline computes this model exactly."""
-    if pipeline_refusal(config):
+    if parallel_refusal(config, {"pipeline"}):
         return None
     plan = {
         "embed_tokens": (["input_ids"], ["inputs_embeds"]),
@@ -181,23 +163,16 @@ def check_parallel_layout(config: PreTrainedConfig, distributed_config: Distribu
             divisible["shared_expert_intermediate_size"] = tp
     if ep > 1:
         divisible["num_experts"] = ep
-    # parameters no plan here shards yet: GPT-OSS's sink per head, router bias and expert biases; latent attention
-    unsharded = {"attention_sinks": tp > 1, "router_bias": tp > 1 or ep > 1, "expert_mlp_bias": tp > 1 or ep > 1}
-    unsharded["kv_lora_rank"] = tp > 1  # latent attention's projections: no plan shards them yet
-    for field, sharded in unsharded.items():
-        if sharded and getattr(config, field) not in (None, False):
-            raise ValueError(
-                f"Invalid `{field}`: {getattr(config, field)!r} has no tensor or expert parallel plan yet "
-                f"(tp_size={tp}, ep_size={ep}); run it unsharded or with data parallelism (FSDP)"
-            )
+    plans = {plan for plan, size in (("tensor", tp), ("expert", ep), ("pipeline", pp)) if size > 1}
+    if refusal := parallel_refusal(config, plans):  # the capabilities table's parallel rules
+        field, why = refusal
+        raise ValueError(f"Invalid `{field}` for tp_size={tp}, ep_size={ep}, pp_size={pp}: {why}")
     for field, size in divisible.items():
         if getattr(config, field) % size:
             raise ValueError(
                 f"Invalid `{field}`: {getattr(config, field)} does not split into {size} equal parts, one per rank "
                 f"of {type(distributed_config).__name__}({distributed_config.to_dict()})"
             )
-    if pp > 1 and (refusal := pipeline_refusal(config)):
-        raise ValueError(f"Invalid `{refusal[0]}` for pipeline parallelism (pp_size={pp}): {refusal[1]}")
 
 
 def sum_over_data_parallel_ranks(model: torch.nn.Module, tensor: torch.Tensor) -> torch.Tensor:

@@ -4,10 +4,14 @@ The decoder-only model is a causal stack, the encoder a bidirectional stack, the
 stack feeding a causal stack with cross-attention. The stack and blocks live in `modeling_tfm_stack.py` and
 `modeling_tfm_layers.py`; caches, masks, generation, losses and output capture come from transformers.
 
-Every head is one pattern (`TfmHead`): a body, one task layer, and a forward that hands its arguments to the body by
-name, the body's output to the task layer (logits and a loss), and both to `head_output` (MoE router losses, output
-fields). A paradigm's head base (`TfmDecoderHead`, `TfmEncoderHead`) writes the forward its heads share, so a new
-head is its task layer and `predict`.
+Reading starts at `TfmDecoderForCausalLM.forward`: the body (`TfmStack.forward`, modeling_tfm_stack.py), the
+vocabulary projection and its loss (`vocabulary_prediction`), the router losses of an MoE model (`add_router_losses`),
+the output, every field named, as Llama's and Mixtral's heads build it.
+
+The other heads share one pattern (`TfmHead`): a body, one task layer, and a forward that hands its arguments to the
+body by name, the body's output to the task layer (logits and a loss), and both to `head_output` (MoE router losses,
+output fields). A paradigm's head base (`TfmDecoderHead`, `TfmEncoderHead`) writes the forward its heads share, so a
+new head is its task layer and `predict`.
 """
 
 from dataclasses import dataclass
@@ -127,7 +131,7 @@ class TfmHead(TfmPreTrainedModel):
         labels, or asked by `output_router_logits` (argument, else config). Pops the argument from the head's
         kwargs, because the head passes its own decision on to the stack."""
         asked = kwargs.pop("output_router_logits", None)
-        if self.config.num_experts == 0:  # a dense model: nothing to ask, and one config read fewer per decode step
+        if self.config.num_experts == 0:  # a dense model has no router to ask
             return False
         if asked is None:
             asked = self.config.output_router_logits
