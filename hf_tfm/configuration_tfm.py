@@ -116,6 +116,8 @@ class TfmConfig(PreTrainedConfig):
             head, GPT-NeoX and Phi); only meaningful with `position_embedding_type="rope"`. Or one such dict per
             layer type, as transformers nests them (`{"full_attention": {...}, "sliding_attention": {...}}`:
             ModernBERT's global and local theta).
+        rope_in_float32 (`bool`): RoPE's cos and sin stay float32 and queries and keys rotate in float32, then cast
+            (OLMo 2); by default the tables are cast to the model's dtype first (Llama). The same in float32.
         nope_layers (`list[int]`, *optional*): layers that get no position encoding in a RoPE model (SmolLM3's NoPE
             layers).
         layer_types (`list[str]`, *optional*): each layer's attention, `"full_attention"` or `"sliding_attention"`
@@ -145,6 +147,9 @@ class TfmConfig(PreTrainedConfig):
             exclusive with `attention_multiplier`.
         norm_type (`str`): `"layernorm"` or `"rmsnorm"`.
         rmsnorm_unit_offset (`bool`): RMSNorm scales by `1 + weight`, with the weight initialised at 0 (Gemma).
+        rmsnorm_scale_in_float32 (`bool`): RMSNorm scales the float32 normalised states by its weight, then casts
+            (OLMo 2, GPT-OSS); by default it casts, then scales (Llama). The same in float32; in bf16 the output
+            rounds as the reference's does. (With `rmsnorm_unit_offset` the scale is in float32 anyway.)
         norm_position (`str`): where each sublayer's norm sits: `"pre"` (`x + f(norm(x))`: GPT-2, Llama), `"post"`
             (`norm(x + f(x))`: original Transformer, BERT), `"sandwich"` (`x + norm2(f(norm1(x)))`: Gemma 2) or
             `"output"` (`x + norm(f(x))`: OLMo2).
@@ -158,6 +163,8 @@ class TfmConfig(PreTrainedConfig):
         embedding_norm (`bool`): a norm right after the embeddings (BERT).
         embedding_dropout (`float`), hidden_dropout (`float`), attention_dropout (`float`): dropout probabilities.
         scale_embeddings (`bool`): multiply token embeddings by `sqrt(hidden_size)` (original Transformer, Gemma).
+        round_embedding_scale (`bool`): that scale rounded to the embeddings' dtype before it multiplies, as Gemma
+            keeps it (a tensor of the table's dtype); BART multiplies by the exact value. The same in float32.
         type_vocab_size (`int`): number of token types (segment embeddings); 0 means none.
         tie_word_embeddings (`bool`): the LM head shares the token embedding matrix.
         initializer_range (`float`): std of the normal init of linear and embedding weights.
@@ -197,6 +204,9 @@ class TfmConfig(PreTrainedConfig):
         router_jitter_noise (`float`): multiplicative noise on the router input while training.
         router_in_float32 (`bool`): score the experts in float32 (router input and weight upcast) whatever the model's
             dtype, as DeepSeek-V3's router does, so that a bf16 model routes as its float32 scores say.
+        router_weights_in_model_dtype (`bool`): cast the top-k weights to the router logits' dtype (the model's)
+            before they scale the experts' outputs, as Qwen2-MoE's, Qwen3-MoE's and GPT-OSS's routers do; float32
+            otherwise (Mixtral, DeepSeek-V3). The same in float32; in bf16 the weights round as the reference's do.
         router_aux_loss_coef (`float`): weight of the load-balancing loss (Switch/Mixtral) added to the task loss;
             by default 0.001 with MoE layers and 0.0 without, so that a dense model looks dense to clients that read a
             non-zero coefficient as a request for router logits (TRL's trainers).
@@ -245,6 +255,7 @@ class TfmConfig(PreTrainedConfig):
     relative_attention_num_buckets: int = 32
     relative_attention_max_distance: int = 128
     rope_parameters: dict | None = None
+    rope_in_float32: bool = False
     nope_layers: list[int] | None = None
     layer_types: list[str] | None = None
     sliding_window: int | None = None
@@ -260,6 +271,7 @@ class TfmConfig(PreTrainedConfig):
     query_pre_attn_scalar: int | float | None = None
     norm_type: str = "layernorm"
     rmsnorm_unit_offset: bool = False
+    rmsnorm_scale_in_float32: bool = False
     norm_position: str = "pre"
     parallel_residual: bool = False
     first_layer_attn_norm: bool = True
@@ -271,6 +283,7 @@ class TfmConfig(PreTrainedConfig):
     hidden_dropout: float = 0.0
     attention_dropout: float = 0.0
     scale_embeddings: bool = False
+    round_embedding_scale: bool = False
     type_vocab_size: int = 0
     tie_word_embeddings: bool = True
     initializer_range: float = 0.02
@@ -292,6 +305,7 @@ class TfmConfig(PreTrainedConfig):
     norm_topk_prob: bool = True
     router_jitter_noise: float = 0.0
     router_in_float32: bool = False
+    router_weights_in_model_dtype: bool = False
     router_aux_loss_coef: float | None = None
     router_z_loss_coef: float = 0.0
     router_bias_update_rate: float = 0.0

@@ -23,12 +23,14 @@ from .configuration_tfm import TfmConfig
 
 
 class TfmRMSNorm(nn.Module):
-    """RMSNorm computed in float32, exactly as Llama's (and T5's) so converted checkpoints match bit for bit. With
-    `unit_offset` it scales by `1 + weight` and starts at weight 0 (Gemma)."""
+    """RMSNorm computed in float32, exactly as Llama's (and T5's) so converted checkpoints match bit for bit: cast to
+    the input's dtype, then scaled. With `scale_in_float32` scaled, then cast (OLMo 2, GPT-OSS); with `unit_offset`
+    scaled in float32 by `1 + weight`, starting at weight 0 (Gemma)."""
 
-    def __init__(self, hidden_size: int, eps: float = 1e-6, unit_offset: bool = False):
+    def __init__(self, hidden_size: int, eps: float = 1e-6, unit_offset: bool = False, scale_in_float32: bool = False):
         super().__init__()
         self.unit_offset = unit_offset
+        self.scale_in_float32 = scale_in_float32
         self.weight = nn.Parameter(torch.zeros(hidden_size) if unit_offset else torch.ones(hidden_size))
         self.variance_epsilon = eps
 
@@ -39,6 +41,8 @@ class TfmRMSNorm(nn.Module):
         hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
         if self.unit_offset:  # Gemma scales in float32, then casts (Llama casts, then scales)
             return (hidden_states * (1.0 + self.weight.float())).to(input_dtype)
+        if self.scale_in_float32:  # OLMo 2 and GPT-OSS: the float32 states scaled, then cast
+            return (self.weight * hidden_states).to(input_dtype)
         return self.weight * hidden_states.to(input_dtype)
 
     def extra_repr(self) -> str:
@@ -50,7 +54,12 @@ def make_norm(config: TfmConfig, width: int | None = None) -> nn.Module:
     """The config's norm over `width` features (`hidden_size` by default)."""
     width = width or config.hidden_size
     if config.norm_type == "rmsnorm":
-        return TfmRMSNorm(width, eps=config.layer_norm_eps, unit_offset=config.rmsnorm_unit_offset)
+        return TfmRMSNorm(
+            width,
+            eps=config.layer_norm_eps,
+            unit_offset=config.rmsnorm_unit_offset,
+            scale_in_float32=config.rmsnorm_scale_in_float32,
+        )
     return nn.LayerNorm(width, eps=config.layer_norm_eps, bias=config.norm_bias)
 
 
@@ -72,6 +81,7 @@ class TfmRotaryEmbedding(nn.Module):
             config = copy.copy(config)
             config.rope_parameters = dict(config.rope_parameters[layer_type])
         self.config = config
+        self.in_float32 = config.rope_in_float32
         self.rope_type = config.rope_parameters["rope_type"]
         rope_init_fn: Callable = self.compute_default_rope_parameters
         if self.rope_type != "default":
@@ -96,6 +106,8 @@ class TfmRotaryEmbedding(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         cos = emb.cos() * self.attention_scaling
         sin = emb.sin() * self.attention_scaling
+        if self.in_float32:  # OLMo 2 rotates in float32
+            return cos, sin
         return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
 
 
@@ -107,16 +119,17 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 def apply_rotary(query, key, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
     """Llama's `apply_rotary_pos_emb`, the same operations in the same order (tests/test_compat.py), on [B, H, L, D]
     queries and keys with [B, L, R] tables: the first R features of each head rotate, the rest pass through (partial
-    rotary, as GPT-NeoX and Phi-3 apply it)."""
+    rotary, as GPT-NeoX and Phi-3 apply it). float32 tables (`rope_in_float32`) rotate in float32, cast back after."""
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
     rotary = cos.shape[-1]
     partial = rotary < query.shape[-1]
     query_rot, key_rot = (query[..., :rotary], key[..., :rotary]) if partial else (query, key)
     query_rot = (query_rot * cos) + (rotate_half(query_rot) * sin)
     key_rot = (key_rot * cos) + (rotate_half(key_rot) * sin)
-    if not partial:
-        return query_rot, key_rot
-    return torch.cat((query_rot, query[..., rotary:]), dim=-1), torch.cat((key_rot, key[..., rotary:]), dim=-1)
+    if partial:
+        query_rot = torch.cat((query_rot, query[..., rotary:]), dim=-1)
+        key_rot = torch.cat((key_rot, key[..., rotary:]), dim=-1)
+    return query_rot.to(query.dtype), key_rot.to(key.dtype)
 
 
 def rotate_interleaved(query, key, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
@@ -635,6 +648,7 @@ class TfmRouter(nn.Module):
         self.scoring_func, self.norm_topk_prob = config.scoring_func, config.norm_topk_prob
         self.jitter_noise, self.capacity_factor = config.router_jitter_noise, config.capacity_factor
         self.in_float32 = config.router_in_float32
+        self.weights_in_model_dtype = config.router_weights_in_model_dtype
         self.weight = nn.Parameter(torch.empty(self.num_experts, config.hidden_size))
         self.bias = nn.Parameter(torch.empty(self.num_experts)) if config.router_bias else None  # GPT-OSS
         self.balancing = config.router_bias_update_rate > 0
@@ -671,6 +685,8 @@ class TfmRouter(nn.Module):
             top_k_weights = top_k_weights * self.scaling
         if self.capacity_factor is not None:
             top_k_weights = top_k_weights * self.within_capacity(top_k_index)
+        if self.weights_in_model_dtype:  # Qwen2-MoE, Qwen3-MoE, GPT-OSS: the weights scale the experts rounded
+            top_k_weights = top_k_weights.to(router_logits.dtype)
         if self.balancing and self.training:
             with torch.no_grad():  # not bincount, which reads the largest id to size its output (a device sync)
                 picks = top_k_index.flatten()

@@ -226,6 +226,8 @@ class TfmPreTrainedModel(TfmSavingMixin, TfmParallelMixin, PreTrainedModel):
         # from_pretrained builds the model on the meta device: computed buffers hold garbage until rebuilt here
         if isinstance(module, TfmSinusoidalPositionalEmbedding):
             init.copy_(module.table, sinusoidal_table(module.num_positions, module.dim))
+        elif isinstance(module, TfmStack) and module.rounded_embed_scale is not None:
+            init.constant_(module.rounded_embed_scale, module.embed_scale)
         elif isinstance(module, TfmAlibiBias):
             init.copy_(module.slopes, alibi_slopes(module.num_heads))
         elif isinstance(module, TfmRMSNorm) and module.unit_offset:  # transformers sets every RMSNorm to ones
@@ -485,6 +487,9 @@ class TfmStack(TfmPreTrainedModel):
         self.embed_norm = make_norm(config) if config.embedding_norm else None
         self.embed_dropout = nn.Dropout(config.embedding_dropout)
         self.embed_scale = config.hidden_size**0.5 if config.scale_embeddings else 1.0
+        # Gemma keeps its scale as a tensor cast to the table's dtype at each forward (so rounded in bf16)
+        rounded = torch.tensor(self.embed_scale) if config.scale_embeddings and config.round_embedding_scale else None
+        self.register_buffer("rounded_embed_scale", rounded, persistent=False)
         self.layers = nn.ModuleList(
             [TfmBlock(config, i, is_causal, cross_attention) for i in range(num_layers or config.num_hidden_layers)]
         )
@@ -634,7 +639,11 @@ class TfmStack(TfmPreTrainedModel):
 
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
-        hidden_states = inputs_embeds * self.embed_scale if self.embed_scale != 1.0 else inputs_embeds
+        hidden_states = inputs_embeds
+        if self.rounded_embed_scale is not None:
+            hidden_states = inputs_embeds * self.rounded_embed_scale.to(inputs_embeds.dtype)
+        elif self.embed_scale != 1.0:
+            hidden_states = inputs_embeds * self.embed_scale
         if self.embed_token_types is not None:  # before positions: BERT's summation order, so parity is bit-exact
             if token_type_ids is None:
                 token_type_ids = torch.zeros_like(position_ids)

@@ -122,6 +122,7 @@ GEMMA2_SHAPED = dict(
     norm_position="sandwich",
     hidden_act="gelu_pytorch_tanh",
     scale_embeddings=True,
+    round_embedding_scale=True,
 )
 
 

@@ -144,6 +144,7 @@ GEMMA3_SHAPED = dict(
     norm_position="sandwich",
     hidden_act="gelu_pytorch_tanh",
     scale_embeddings=True,
+    round_embedding_scale=True,
     qk_norm="per_head",
 )
 

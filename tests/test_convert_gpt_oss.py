@@ -148,6 +148,8 @@ def gpt_oss_shaped(**overrides):
         expert_mlp_bias=True,
         swiglu_limit=7.0,
         rope_parameters={"rope_type": "default", "rope_theta": 1e4},
+        rmsnorm_scale_in_float32=True,
+        router_weights_in_model_dtype=True,
     )
     return tiny_model(**{**fields, **overrides})
 

@@ -71,7 +71,14 @@ def test_olmo2_config_hf_tfm_cannot_express_is_refused(overrides, field):
         config_to_tfm(olmo2_config(**overrides))
 
 
-OLMO2_SHAPED = dict(LLAMA_SHAPED, norm_position="output", qk_norm="projection", hidden_act="silu")
+OLMO2_SHAPED = dict(
+    LLAMA_SHAPED,
+    norm_position="output",
+    qk_norm="projection",
+    hidden_act="silu",
+    rmsnorm_scale_in_float32=True,
+    rope_in_float32=True,
+)
 
 
 def test_olmo2_shaped_tfm_config_converts():

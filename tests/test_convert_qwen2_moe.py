@@ -98,6 +98,7 @@ def qwen2_moe_shaped(**overrides):
         moe_intermediate_size=16,
         shared_expert_intermediate_size=24,
         shared_expert_gate=True,
+        router_weights_in_model_dtype=True,
     )
     return tiny_model(**{**fields, **overrides})
 

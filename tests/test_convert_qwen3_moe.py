@@ -81,6 +81,7 @@ def qwen3_moe_shaped(**overrides):
         num_experts=E,
         num_experts_per_tok=K,
         moe_intermediate_size=16,
+        router_weights_in_model_dtype=True,
     )
     return tiny_model(**{**fields, **overrides})
 

@@ -161,7 +161,8 @@ MOE_FIELDS = (
     "shared_expert_intermediate_size", "shared_expert_gate", "scoring_func", "norm_topk_prob", "router_jitter_noise",
     "router_aux_loss_coef", "router_z_loss_coef", "router_bias_update_rate", "capacity_factor",
     "output_router_logits", "router_bias", "expert_mlp_bias", "swiglu_limit", "swiglu_alpha", "router_choice_bias",
-    "num_expert_groups", "topk_expert_groups", "routed_scaling_factor",
+    "num_expert_groups", "topk_expert_groups", "routed_scaling_factor", "router_in_float32",
+    "router_weights_in_model_dtype",
 )  # fmt: skip
 # Fields only latent attention (kv_lora_rank) reads.
 LATENT_ATTENTION_FIELDS = ("q_lora_rank", "qk_nope_head_dim", "v_head_dim", "rope_interleave")
@@ -196,13 +197,19 @@ def unread_fields(config: TfmConfig) -> dict[str, str]:
     if config.norm_type == "rmsnorm":
         unread["norm_bias"] = "RMSNorm has no bias"
     else:
-        unread["rmsnorm_unit_offset"] = "read by RMSNorm only"
+        unread |= dict.fromkeys(("rmsnorm_unit_offset", "rmsnorm_scale_in_float32"), "read by RMSNorm only")
+    if config.rmsnorm_unit_offset:
+        unread["rmsnorm_scale_in_float32"] = "a unit-offset RMSNorm scales in float32 anyway"
     position = config.position_embedding_type
     if position != "relative_bias":
         for field in ("relative_attention_num_buckets", "relative_attention_max_distance"):
             unread[field] = f"read by relative_bias positions only, not {position}"
     if position not in ("learned", "sinusoidal"):
         unread["position_offset"] = f"read by position tables only, not {position}"
+    if position != "rope":
+        unread["rope_in_float32"] = f"read by RoPE only, not {position}"
+    if not config.scale_embeddings:
+        unread["round_embedding_scale"] = "the embeddings are not scaled (scale_embeddings=False)"
     if position not in ("learned", "sinusoidal", "rope"):
         unread["max_position_embeddings"] = f"{position} positions have no table and no RoPE scaling"
     if not isinstance(config, TfmEncoderConfig):

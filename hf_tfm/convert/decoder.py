@@ -164,7 +164,10 @@ ROUTER_DEFAULTS = dict(
     router_bias_update_rate=0.0,
     capacity_factor=None,
     router_in_float32=False,
+    router_weights_in_model_dtype=False,
 )
+# the Qwen MoE and GPT-OSS routers cast their top-k weights to the router logits' dtype
+ROUTER_WEIGHTS_IN_MODEL_DTYPE = {**ROUTER_DEFAULTS, "router_weights_in_model_dtype": True}
 # keys of released Qwen config.json files that no Qwen text model reads once its config exists
 QWEN_UNREAD = {
     "max_window_layers": "Qwen2 and Qwen3 read it only to fill layer_types when a config has none (the converted "
@@ -369,7 +372,13 @@ QWEN3_MOE = llama_family(
         "output_router_logits",
         without=("head_dim",),
     ),
-    dict(**LLAMA_ARCHITECTURE, **ROUTER_DEFAULTS, qk_norm="per_head", mlp_bias=False, router_jitter_noise=0.0),
+    dict(
+        **LLAMA_ARCHITECTURE,
+        **ROUTER_WEIGHTS_IN_MODEL_DTYPE,
+        qk_norm="per_head",
+        mlp_bias=False,
+        router_jitter_noise=0.0,
+    ),
     implicit_head_dim_field=True,
     to_tfm=lambda config: one_attention_bias(config) | {"mlp_only_layers": list(config.mlp_only_layers)},
     from_tfm=lambda config: dict(
@@ -420,7 +429,7 @@ QWEN2_MOE = llama_family(
     ),
     dict(
         **LLAMA_ARCHITECTURE,
-        **{field: value for field, value in ROUTER_DEFAULTS.items() if field != "shared_expert_intermediate_size"},
+        **{k: v for k, v in ROUTER_WEIGHTS_IN_MODEL_DTYPE.items() if k != "shared_expert_intermediate_size"},
         shared_expert_gate=True,
         attention_out_bias=False,
         mlp_bias=False,
@@ -448,8 +457,8 @@ QWEN2_MOE = llama_family(
 
 
 # norms on the sublayer outputs, x + norm(f(x)) (no input norms), and an RMSNorm over the whole query and key
-# projections before the split into heads. In half precision OLMo2 rounds where hf_tfm (as Llama) does not: the
-# same numbers in float32, rounding differences in bfloat16.
+# projections before the split into heads; its RMSNorm scales in float32, then casts, and its RoPE rotates in float32
+# (the same numbers in bfloat16 too).
 OLMO2 = llama_family(
     "olmo2",
     "Olmo2ForCausalLM",
@@ -461,6 +470,8 @@ OLMO2 = llama_family(
         qk_norm="projection",
         ffn_type="glu",
         mlp_bias=False,
+        rmsnorm_scale_in_float32=True,
+        rope_in_float32=True,
         **LLAMA_FAMILY_STACK,
     ),
     implicit_head_dim_field=True,
@@ -491,7 +502,7 @@ GEMMA_ARCHITECTURE = dict(
     norm_position="sandwich",
     ffn_type="glu",
     mlp_bias=False,
-    **{**LLAMA_FAMILY_STACK, "scale_embeddings": True},
+    **{**LLAMA_FAMILY_STACK, "scale_embeddings": True, "round_embedding_scale": True},
 )
 GEMMA_WEIGHTS = Weights(
     renames=(
@@ -651,7 +662,8 @@ GPT_OSS = llama_family(
     ),
     dict(
         **LLAMA_ARCHITECTURE,
-        **ROUTER_DEFAULTS,
+        **ROUTER_WEIGHTS_IN_MODEL_DTYPE,
+        rmsnorm_scale_in_float32=True,
         mlp_bias=False,
         norm_topk_prob=True,  # a softmax over the top-k logits is the top-k softmax scores renormalised
         decoder_sparse_step=1,

@@ -1,0 +1,94 @@
+"""Parity in bfloat16, not only float32: a converted model cast to bf16 gives the reference's bf16 logits exactly (atol
+0), for every family whose reference rounds somewhere of its own. Where a reference rounds differently from Llama, a
+config field says so and the family's record sets it (a control shows each one matters):
+- `rmsnorm_scale_in_float32` (OLMo 2, GPT-OSS): RMSNorm scales the float32 states, then casts;
+- `rope_in_float32` (OLMo 2): queries and keys rotate in float32;
+- `router_weights_in_model_dtype` (Qwen2-MoE, Qwen3-MoE, GPT-OSS): the top-k weights are cast to the logits' dtype;
+- `round_embedding_scale` (Gemma 2, Gemma 3): sqrt(hidden_size) rounded to the table's dtype;
+- `router_in_float32` (DeepSeek-V3, tests/test_convert_deepseek_v3.py)."""
+
+import pytest
+import torch
+from test_convert_deepseek_v3 import deepseek_v3
+from test_convert_gemma2 import gemma2
+from test_convert_gemma3 import gemma3
+from test_convert_gpt_neox import gpt_neox
+from test_convert_gpt_oss import gpt_oss
+from test_convert_mistral import mistral
+from test_convert_olmo2 import olmo2
+from test_convert_phi3 import phi3
+from test_convert_qwen2 import qwen2
+from test_convert_qwen2_moe import qwen2_moe
+from test_convert_qwen3 import qwen3
+from test_convert_qwen3_moe import qwen3_moe
+from test_convert_smollm3 import smollm3
+from test_moe import mixtral
+from test_parity import gpt2, llama
+
+from hf_tfm.convert import to_tfm
+from hf_tfm.modeling_tfm_layers import TfmRMSNorm, TfmRotaryEmbedding, TfmRouter
+from hf_tfm.modeling_tfm_stack import TfmStack
+
+FAMILIES = {
+    "gpt2": gpt2,
+    "llama": llama,
+    "mistral": mistral,
+    "mixtral": mixtral,
+    "qwen2": qwen2,
+    "qwen3": qwen3,
+    "qwen2_moe": qwen2_moe,
+    "qwen3_moe": qwen3_moe,
+    "olmo2": olmo2,
+    "phi3": phi3,
+    "gpt_neox": gpt_neox,
+    "gemma2": gemma2,
+    "gemma3_text": gemma3,
+    "smollm3": smollm3,
+    "gpt_oss": gpt_oss,
+    "deepseek_v3": deepseek_v3,
+}
+# field -> the families whose record sets it: turned off, the bf16 logits must differ (the control)
+FIELDS = {
+    "rmsnorm_scale_in_float32": ("olmo2", "gpt_oss"),
+    "rope_in_float32": ("olmo2",),
+    "router_weights_in_model_dtype": ("qwen2_moe", "qwen3_moe", "gpt_oss"),
+    "round_embedding_scale": ("gemma2", "gemma3_text"),
+}
+
+
+# the fields a module reads once, when built: the module class, its attribute, the attribute's value without the field
+MODULE_ATTRIBUTES = {
+    "rmsnorm_scale_in_float32": (TfmRMSNorm, "scale_in_float32", False),
+    "rope_in_float32": (TfmRotaryEmbedding, "in_float32", False),
+    "router_weights_in_model_dtype": (TfmRouter, "weights_in_model_dtype", False),
+    "round_embedding_scale": (TfmStack, "rounded_embed_scale", None),
+}
+
+
+def bf16_pair(name: str):
+    reference = FAMILIES[name]()
+    ours = to_tfm(reference).to(torch.bfloat16).eval()
+    reference = reference.to(torch.bfloat16).eval()
+    ids = torch.randint(3, reference.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
+    return reference, ours, ids
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_bf16_logits_equal_the_references(name):
+    reference, ours, ids = bf16_pair(name)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(ids).logits, reference(ids).logits, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(("field", "name"), [(field, name) for field, names in FIELDS.items() for name in names])
+def test_each_rounding_field_matters(field, name):
+    """The control: the family's record sets the field, and without it the bf16 logits differ from the reference's."""
+    reference, ours, ids = bf16_pair(name)
+    assert getattr(ours.config, field) is True
+    setattr(ours.config, field, False)
+    module_class, attribute, off = MODULE_ATTRIBUTES[field]  # a module read the field when it was built
+    for module in ours.modules():
+        if isinstance(module, module_class):
+            setattr(module, attribute, off)
+    with torch.no_grad():
+        assert (ours(ids).logits.float() - reference(ids).logits.float()).abs().max() > 0
