@@ -164,7 +164,7 @@ class TfmConfig(PreTrainedConfig):
         embedding_dropout (`float`), hidden_dropout (`float`), attention_dropout (`float`): dropout probabilities.
         scale_embeddings (`bool`): multiply token embeddings by `sqrt(hidden_size)` (original Transformer, Gemma).
         round_embedding_scale (`bool`): that scale rounded to the embeddings' dtype before it multiplies, as Gemma
-            keeps it (a tensor of the table's dtype); BART multiplies by the exact value. The same in float32.
+            keeps it (a tensor cast to the table's dtype); BART multiplies by the exact value. The same in float32.
         type_vocab_size (`int`): number of token types (segment embeddings); 0 means none.
         tie_word_embeddings (`bool`): the LM head shares the token embedding matrix.
         initializer_range (`float`): std of the normal init of linear and embedding weights.

@@ -226,8 +226,6 @@ class TfmPreTrainedModel(TfmSavingMixin, TfmParallelMixin, PreTrainedModel):
         # from_pretrained builds the model on the meta device: computed buffers hold garbage until rebuilt here
         if isinstance(module, TfmSinusoidalPositionalEmbedding):
             init.copy_(module.table, sinusoidal_table(module.num_positions, module.dim))
-        elif isinstance(module, TfmStack) and module.rounded_embed_scale is not None:
-            init.constant_(module.rounded_embed_scale, module.embed_scale)
         elif isinstance(module, TfmAlibiBias):
             init.copy_(module.slopes, alibi_slopes(module.num_heads))
         elif isinstance(module, TfmRMSNorm) and module.unit_offset:  # transformers sets every RMSNorm to ones
@@ -487,9 +485,12 @@ class TfmStack(TfmPreTrainedModel):
         self.embed_norm = make_norm(config) if config.embedding_norm else None
         self.embed_dropout = nn.Dropout(config.embedding_dropout)
         self.embed_scale = config.hidden_size**0.5 if config.scale_embeddings else 1.0
-        # Gemma keeps its scale as a tensor cast to the table's dtype at each forward (so rounded in bf16)
-        rounded = torch.tensor(self.embed_scale) if config.scale_embeddings and config.round_embedding_scale else None
-        self.register_buffer("rounded_embed_scale", rounded, persistent=False)
+        # Gemma multiplies by its scale rounded to the table's dtype (a tensor it casts at each forward): that value
+        # for each floating dtype, computed once on the CPU (no buffer for a meta-device load or vLLM to rebuild)
+        self.rounded_embed_scales = {}
+        if config.scale_embeddings and config.round_embedding_scale:
+            for dtype in (torch.float32, torch.bfloat16, torch.float16):
+                self.rounded_embed_scales[dtype] = torch.tensor(self.embed_scale, dtype=dtype, device="cpu").item()
         self.layers = nn.ModuleList(
             [TfmBlock(config, i, is_causal, cross_attention) for i in range(num_layers or config.num_hidden_layers)]
         )
@@ -640,10 +641,8 @@ class TfmStack(TfmPreTrainedModel):
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
         hidden_states = inputs_embeds
-        if self.rounded_embed_scale is not None:
-            hidden_states = inputs_embeds * self.rounded_embed_scale.to(inputs_embeds.dtype)
-        elif self.embed_scale != 1.0:
-            hidden_states = inputs_embeds * self.embed_scale
+        if self.embed_scale != 1.0:
+            hidden_states = inputs_embeds * self.rounded_embed_scales.get(inputs_embeds.dtype, self.embed_scale)
         if self.embed_token_types is not None:  # before positions: BERT's summation order, so parity is bit-exact
             if token_type_ids is None:
                 token_type_ids = torch.zeros_like(position_ids)

@@ -61,7 +61,7 @@ MODULE_ATTRIBUTES = {
     "rmsnorm_scale_in_float32": (TfmRMSNorm, "scale_in_float32", False),
     "rope_in_float32": (TfmRotaryEmbedding, "in_float32", False),
     "router_weights_in_model_dtype": (TfmRouter, "weights_in_model_dtype", False),
-    "round_embedding_scale": (TfmStack, "rounded_embed_scale", None),
+    "round_embedding_scale": (TfmStack, "rounded_embed_scales", {}),
 }
 
 
