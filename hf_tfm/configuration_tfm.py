@@ -116,8 +116,10 @@ class TfmConfig(PreTrainedConfig):
             head, GPT-NeoX and Phi); only meaningful with `position_embedding_type="rope"`. Or one such dict per
             layer type, as transformers nests them (`{"full_attention": {...}, "sliding_attention": {...}}`:
             ModernBERT's global and local theta).
-        rope_in_float32 (`bool`): RoPE's cos and sin stay float32 and queries and keys rotate in float32, then cast
-            (OLMo 2); by default the tables are cast to the model's dtype first (Llama). The same in float32.
+        rope_tables_in_float32 (`bool`): RoPE's cos and sin stay float32, so queries and keys rotate in float32, then
+            cast (OLMo 2); by default the tables are cast to the model's dtype first (Llama). The same in float32.
+        rope_in_float32 (`bool`): queries and keys are upcast to float32 to rotate by the (model-dtype) tables, then
+            cast back (ModernBERT). The same in float32.
         nope_layers (`list[int]`, *optional*): layers that get no position encoding in a RoPE model (SmolLM3's NoPE
             layers).
         layer_types (`list[str]`, *optional*): each layer's attention, `"full_attention"` or `"sliding_attention"`
@@ -255,6 +257,7 @@ class TfmConfig(PreTrainedConfig):
     relative_attention_num_buckets: int = 32
     relative_attention_max_distance: int = 128
     rope_parameters: dict | None = None
+    rope_tables_in_float32: bool = False
     rope_in_float32: bool = False
     nope_layers: list[int] | None = None
     layer_types: list[str] | None = None

@@ -81,7 +81,7 @@ class TfmRotaryEmbedding(nn.Module):
             config = copy.copy(config)
             config.rope_parameters = dict(config.rope_parameters[layer_type])
         self.config = config
-        self.in_float32 = config.rope_in_float32
+        self.tables_in_float32 = config.rope_tables_in_float32
         self.rope_type = config.rope_parameters["rope_type"]
         rope_init_fn: Callable = self.compute_default_rope_parameters
         if self.rope_type != "default":
@@ -106,7 +106,7 @@ class TfmRotaryEmbedding(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         cos = emb.cos() * self.attention_scaling
         sin = emb.sin() * self.attention_scaling
-        if self.in_float32:  # OLMo 2 rotates in float32
+        if self.tables_in_float32:  # OLMo 2 keeps them in float32
             return cos, sin
         return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
 
@@ -116,10 +116,14 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def apply_rotary(query, key, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+def apply_rotary(query, key, cos, sin, in_float32: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Llama's `apply_rotary_pos_emb`, the same operations in the same order (tests/test_compat.py), on [B, H, L, D]
     queries and keys with [B, L, R] tables: the first R features of each head rotate, the rest pass through (partial
-    rotary, as GPT-NeoX and Phi-3 apply it). float32 tables (`rope_in_float32`) rotate in float32, cast back after."""
+    rotary, as GPT-NeoX and Phi-3 apply it). `in_float32` (ModernBERT) or float32 tables (OLMo 2) rotate in float32,
+    and the result is cast back to the inputs' dtype."""
+    dtype = query.dtype
+    if in_float32:
+        query, key = query.float(), key.float()
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
     rotary = cos.shape[-1]
     partial = rotary < query.shape[-1]
@@ -129,7 +133,7 @@ def apply_rotary(query, key, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
     if partial:
         query_rot = torch.cat((query_rot, query[..., rotary:]), dim=-1)
         key_rot = torch.cat((key_rot, key[..., rotary:]), dim=-1)
-    return query_rot.to(query.dtype), key_rot.to(key.dtype)
+    return query_rot.to(dtype), key_rot.to(dtype)
 
 
 def rotate_interleaved(query, key, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
@@ -378,6 +382,7 @@ class TfmAttention(AttentionModule):
         self.sliding_window = (config.sliding_window + (not self.is_causal)) if sliding else None
         self.softcap = config.attn_logit_softcapping
         self.sinks = nn.Parameter(torch.empty(self.num_heads)) if config.attention_sinks else None
+        self.rope_in_float32 = config.rope_in_float32
         bias = config.attention_bias
         self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(config.hidden_size, self.num_key_value_heads * self.head_dim, bias=bias)
@@ -412,7 +417,7 @@ class TfmAttention(AttentionModule):
             value_states = self.heads(value, None)
             if position_embeddings is not None:
                 cos, sin = position_embeddings
-                query_states, key_states = apply_rotary(query_states, key_states, cos, sin)
+                query_states, key_states = apply_rotary(query_states, key_states, cos, sin, self.rope_in_float32)
             if isinstance(cache, EncoderDecoderCache):
                 cache = cache.self_attention_cache
             if cache is not None:

@@ -121,6 +121,7 @@ def test_window_passed_to_attention_matches_modernbert():
 MODERNBERT_SHAPED = dict(
     position_embedding_type="rope",
     rope_parameters={"rope_type": "default", "rope_theta": 10_000.0},
+    rope_in_float32=True,
     norm_position="pre",
     first_layer_attn_norm=False,
     embedding_norm=True,

@@ -77,7 +77,7 @@ OLMO2_SHAPED = dict(
     qk_norm="projection",
     hidden_act="silu",
     rmsnorm_scale_in_float32=True,
-    rope_in_float32=True,
+    rope_tables_in_float32=True,
 )
 
 

@@ -207,7 +207,7 @@ def unread_fields(config: TfmConfig) -> dict[str, str]:
     if position not in ("learned", "sinusoidal"):
         unread["position_offset"] = f"read by position tables only, not {position}"
     if position != "rope":
-        unread["rope_in_float32"] = f"read by RoPE only, not {position}"
+        unread |= dict.fromkeys(("rope_tables_in_float32", "rope_in_float32"), f"read by RoPE only, not {position}")
     if not config.scale_embeddings:
         unread["round_embedding_scale"] = "the embeddings are not scaled (scale_embeddings=False)"
     if position not in ("learned", "sinusoidal", "rope"):

@@ -471,7 +471,7 @@ OLMO2 = llama_family(
         ffn_type="glu",
         mlp_bias=False,
         rmsnorm_scale_in_float32=True,
-        rope_in_float32=True,
+        rope_tables_in_float32=True,
         **LLAMA_FAMILY_STACK,
     ),
     implicit_head_dim_field=True,
