@@ -47,7 +47,9 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
     zero gradient (no boolean selection: no host synchronisation, one graph under torch.compile)."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, scale, softcap, chunk: int, ignore_index: int, vocab_size, dtype):
+    def forward(
+        ctx, hidden, weight, bias, labels, scale, softcap, chunk: int, ignore_index: int, vocab_size, dtype, bias_after
+    ):
         wants = any(ctx.needs_input_grad[:3])  # autograd will ask for a gradient
         # cast once, not once per chunk; the input gradient is kept in the matmul's dtype (autograd casts it to the
         # input's once)
@@ -68,7 +70,9 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
         for start in range(0, hidden.shape[0], chunk):
             rows = slice(start, start + chunk)
             inputs = inputs_all[rows]
-            projected = torch.nn.functional.linear(inputs, weight_c, bias_c)
+            projected = torch.nn.functional.linear(inputs, weight_c, None if bias_after else bias_c)
+            if bias_after and bias_c is not None:  # BART adds its final_logits_bias after the matmul
+                projected += bias_c
             if softcap is not None:  # in the projection's dtype, as transformers' heads cap their logits
                 capped = torch.tanh(projected / softcap)
                 projected = capped * softcap
@@ -107,7 +111,7 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         grads = [None if grad is None else grad.mul_(grad_output.to(grad.dtype)) for grad in ctx.saved_tensors]
-        return *grads, None, None, None, None, None, None, None
+        return *grads, None, None, None, None, None, None, None, None
 
 
 def linear_cross_entropy(
@@ -122,6 +126,7 @@ def linear_cross_entropy(
     scale: float = 1.0,
     softcap: float | None = None,
     select_scored: bool = False,
+    bias_after_matmul: bool = False,
     activation_width: int = 0,
     **kwargs,
 ) -> torch.Tensor:
@@ -140,7 +145,17 @@ def linear_cross_entropy(
     vocab_size = weight.shape[0] if vocab_size is None else vocab_size
     chunk = chunk_rows(hidden.shape[0], weight.shape[0], chunk_size, activation_width, 2 * hidden.shape[-1])
     total = ChunkedLinearCrossEntropy.apply(
-        hidden, weight, bias, labels, scale, softcap, chunk, ignore_index, vocab_size, compute_dtype(hidden)
+        hidden,
+        weight,
+        bias,
+        labels,
+        scale,
+        softcap,
+        chunk,
+        ignore_index,
+        vocab_size,
+        compute_dtype(hidden),
+        bias_after_matmul,
     )
     if num_items_in_batch is None:
         return total / scored.sum().clamp(min=1)

@@ -55,6 +55,7 @@ from .modeling_tfm_layers import (
     key_positions_for_bias,
     make_norm,
     merge_position_bias,
+    reads_its_weight,
     sinusoidal_table,
 )
 from .modeling_tfm_loss import compute_dtype
@@ -727,7 +728,11 @@ def lm_logits(config: TfmConfig, lm_head: nn.Linear, hidden_states: torch.Tensor
     hidden_states = slice_logits_to_keep(hidden_states, logits_to_keep)
     if config.scale_lm_head_input:  # T5 rescales before a tied head
         hidden_states = hidden_states * config.hidden_size**-0.5
-    logits = lm_head(hidden_states)
+    if config.lm_head_bias and reads_its_weight(lm_head):
+        # BART adds its final_logits_bias after the matmul, not inside it: rounded twice in bf16, as the reference
+        logits = nn.functional.linear(hidden_states, lm_head.weight) + lm_head.bias
+    else:
+        logits = lm_head(hidden_states)
     if logits.shape[-1] != config.vocab_size:  # a padded head (pad_vocab_size_to_multiple_of): the real tokens only
         # a view, not a copy: transformers' losses flatten it with .view, generate() copies the last position anyway
         logits = logits[..., : config.vocab_size]

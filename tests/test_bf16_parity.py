@@ -7,9 +7,7 @@ control shows each one matters):
 - `router_weights_in_model_dtype` (Qwen2-MoE, Qwen3-MoE, GPT-OSS): the top-k weights are cast to the logits' dtype;
 - `round_embedding_scale` (Gemma 2, Gemma 3): sqrt(hidden_size) rounded to the table's dtype;
 - `router_in_float32` (DeepSeek-V3, tests/test_convert_deepseek_v3.py).
-
-Not exact: BART's LM head, whose reference adds `final_logits_bias` after the matmul where hf_tfm's head adds it in
-the matmul (one rounding instead of two; 0 for released BART checkpoints, whose bias is zeros)."""
+- BART's `final_logits_bias` is added after the LM head's matmul, as its reference adds it (rounded twice in bf16)."""
 
 import pytest
 import torch
@@ -31,8 +29,9 @@ from test_convert_smollm3 import smollm3
 from test_encoder import bert
 from test_moe import mixtral
 from test_parity import gpt2, llama
-from test_t5_bart_parity import t5
+from test_t5_bart_parity import bart, t5
 
+from hf_tfm import modeling_tfm_stack
 from hf_tfm.convert import to_tfm
 from hf_tfm.modeling_tfm_layers import TfmAttention, TfmRMSNorm, TfmRotaryEmbedding, TfmRouter
 from hf_tfm.modeling_tfm_stack import TfmStack
@@ -58,6 +57,7 @@ FAMILIES = {
     "roberta": roberta,
     "modernbert": modernbert,
     "t5": t5,
+    "bart": bart,
 }
 # field -> the families whose record sets it: turned off, the bf16 logits must differ (the control)
 FIELDS = {
@@ -114,4 +114,13 @@ def test_each_rounding_field_matters(field, name):
     for module in ours.modules():
         if isinstance(module, module_class):
             setattr(module, attribute, off)
+    assert (output(ours, inputs).float() - output(reference, inputs).float()).abs().max() > 0
+
+
+def test_bart_adds_its_bias_after_the_matmul(monkeypatch):
+    """The control for BART's head: with the bias inside the matmul (the head called as a module) the bf16 logits
+    differ from the reference's."""
+    reference, ours, inputs = bf16_pair("bart")
+    torch.testing.assert_close(output(ours, inputs), output(reference, inputs), rtol=0, atol=0)
+    monkeypatch.setattr(modeling_tfm_stack, "reads_its_weight", lambda layer: False)
     assert (output(ours, inputs).float() - output(reference, inputs).float()).abs().max() > 0
