@@ -22,7 +22,7 @@ __version__ = "0.1.0"
 
 
 def _register() -> None:
-    for config_class in PARADIGM_CONFIGS:
+    for config_class in PARADIGM_CONFIGS.values():
         transformers.AutoConfig.register(config_class.model_type, config_class, exist_ok=True)
         config_class.register_for_auto_class()
         for auto_name, model_name in config_class.auto_classes.items():

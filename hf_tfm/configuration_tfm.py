@@ -572,14 +572,12 @@ class TfmConfig(PreTrainedConfig):
         # config classes load (from_pretrained reads through from_dict, also as remote code), so importing hf_tfm
         # changes nothing of how other models load
         model_type = config_dict.get("model_type", cls.model_type)
-        paradigms = {config.model_type: config for config in PARADIGM_CONFIGS}
-        if cls.model_type in paradigms and model_type != cls.model_type:
-            reads = (
-                f"{paradigms[model_type].__name__} reads it" if model_type in paradigms else "it is not one of them"
-            )
+        if cls.model_type in PARADIGM_CONFIGS and model_type != cls.model_type:
+            reader = PARADIGM_CONFIGS.get(model_type)
+            reads = f"{reader.__name__} reads it" if reader is not None else "it is not one of them"
             raise ValueError(
                 f"config.json has model_type {model_type!r}: the valid hf_tfm model types are "
-                f"{', '.join(map(repr, paradigms))}; {cls.__name__} reads {cls.model_type!r} ({reads})"
+                f"{', '.join(map(repr, PARADIGM_CONFIGS))}; {cls.__name__} reads {cls.model_type!r} ({reads})"
             )
         return super().from_dict(config_dict, **kwargs)
 
@@ -740,4 +738,6 @@ class TfmEncoderDecoderConfig(TfmConfig):
 
 
 # the three paradigms' config classes, by model type
-PARADIGM_CONFIGS = (TfmDecoderConfig, TfmEncoderConfig, TfmEncoderDecoderConfig)
+PARADIGM_CONFIGS = {
+    config.model_type: config for config in (TfmDecoderConfig, TfmEncoderConfig, TfmEncoderDecoderConfig)
+}

@@ -224,7 +224,7 @@ class TfmHead(TfmPreTrainedModel):
                 softcap=config.final_logit_softcapping,
                 select_scored=select_scored,
                 activation_width=config.num_hidden_layers * config.hidden_size,
-                bias_after_matmul=config.lm_head_bias and output_layer.bias is not None,
+                bias_after_matmul=config.lm_head_bias,
                 **kwargs,
             )
             return {"logits": None, "loss": loss}

@@ -136,7 +136,9 @@ def linear_cross_entropy(
     `activation_width`, layers x hidden). With
     `select_scored` (a masked-LM batch, which scores about 15% of its tokens) only the scored tokens are projected,
     at the price of one host synchronisation in eager mode (their count sizes the selection); under torch.compile
-    every token is. `vocab_size` (default: every row of `weight`) is the number of real tokens of a padded table."""
+    every token is. `vocab_size` (default: every row of `weight`) is the number of real tokens of a padded table.
+    `bias_after_matmul` adds `bias` after the matmul instead of inside it, as BART adds its final_logits_bias (two
+    roundings in bf16, as the reference)."""
     hidden, labels = hidden.reshape(-1, hidden.shape[-1]), labels.reshape(-1).to(hidden.device)
     scored = labels != ignore_index
     if select_scored and not torch.compiler.is_compiling():

@@ -17,12 +17,10 @@ import transformers
 from torch import nn
 
 from .. import modeling_tfm
-from ..configuration_tfm import TfmConfig, TfmDecoderConfig, TfmEncoderConfig, TfmEncoderDecoderConfig
+from ..configuration_tfm import PARADIGM_CONFIGS, TfmConfig, TfmEncoderConfig
 from .common import config_with, converted_config, inverted, load_exact, renamed_fields, require_paradigm
 from .families import FAMILIES
 from .record import Family, Weights
-
-TFM_CONFIGS = {cls.model_type: cls for cls in (TfmDecoderConfig, TfmEncoderConfig, TfmEncoderDecoderConfig)}
 
 __all__ = ["config_from_tfm", "config_to_tfm", "family", "from_tfm", "to_tfm", "weights_from_tfm", "weights_to_tfm"]
 
@@ -53,11 +51,11 @@ def family_of_model(model: nn.Module) -> Family:
 def _to_tfm_config(record: Family, config, **options) -> TfmConfig:
     computed = record.to_tfm(config, **options) if record.to_tfm else {}
     # computed fields win over fixed ones (RoBERTa's position offset is BERT's architecture but for the offset)
-    return TFM_CONFIGS[record.paradigm](**renamed_fields(config, record.fields), **(record.fixed | computed))
+    return PARADIGM_CONFIGS[record.paradigm](**renamed_fields(config, record.fields), **(record.fixed | computed))
 
 
 def _from_tfm_config(record: Family, config: TfmConfig):
-    require_paradigm(config, TFM_CONFIGS[record.paradigm], record.config_class)
+    require_paradigm(config, PARADIGM_CONFIGS[record.paradigm], record.config_class)
     computed = record.from_tfm(config) if record.from_tfm else {}
     return getattr(transformers, record.config_class)(**renamed_fields(config, inverted(record.fields)), **computed)
 
