@@ -16,7 +16,7 @@ from transformers.cache_utils import StaticCache
 
 from benchmarks.measure import alternating_medians, generate_work
 from benchmarks.pairs import KINDS, SMOKE_DECODER, build_pair
-from hf_tfm.compat import CACHE_NAME, cache_output
+from hf_tfm.compat import CACHE_NAME
 
 CPU = torch.device("cpu")
 
@@ -189,7 +189,7 @@ def greedy_steps_by_hand(
                     inputs[f"{prefix}attention_mask"] = torch.ones(1, seen, dtype=torch.long)
                 if positions:
                     inputs[f"{prefix}position_ids"] = torch.arange(seen - ids.shape[1], seen)[None]
-                output = model(**inputs, **encoder, **cache_output(past), use_cache=True)
+                output = model(**inputs, **encoder, **{CACHE_NAME: past}, use_cache=True)
                 ids, seen, past = output.logits[:, -1:].argmax(-1), seen + 1, output.get(CACHE_NAME)
 
     return syncs_per_call(model, run)

@@ -23,7 +23,7 @@ from transformers import DynamicCache
 from benchmarks.measure import alternating_medians
 from benchmarks.pairs import KINDS, PROFILES, build_pair
 from benchmarks.record import header, write
-from hf_tfm.compat import cache_output
+from hf_tfm.compat import CACHE_NAME
 
 PROMPT, STEPS = 16, 200  # the speed profile's prompt length; steps per measurement
 
@@ -33,7 +33,7 @@ def decode_step(model, cache, token, position):
 
     def step():
         with torch.inference_mode():
-            model(token, **cache_output(cache), use_cache=True, position_ids=position, logits_to_keep=1)
+            model(token, **{CACHE_NAME: cache}, use_cache=True, position_ids=position, logits_to_keep=1)
         cache.crop(-1)
 
     return step
@@ -45,7 +45,7 @@ def prefilled(model, vocab_size: int):
     cache = DynamicCache()
     prompt = torch.randint(3, vocab_size, (1, PROMPT), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
-        model(prompt, **cache_output(cache), use_cache=True)
+        model(prompt, **{CACHE_NAME: cache}, use_cache=True)
     return decode_step(model, cache, prompt[:, -1:], torch.tensor([[PROMPT]]))
 
 

@@ -40,16 +40,6 @@ MASK_CACHE_ARGUMENT = (
 )
 
 
-def cache_output(cache) -> dict:
-    """The cache as an output field (or forward keyword), under the name the installed generate() uses."""
-    return {CACHE_NAME: cache}
-
-
-def mask_cache(cache) -> dict:
-    """The cache as a keyword of transformers' mask helpers, under the name the installed release takes."""
-    return {MASK_CACHE_ARGUMENT: cache}
-
-
 def accepts_legacy_cache_argument(forward: Callable) -> Callable:
     """A forward whose cache parameter is `cache` (transformers >= 5.24) also takes it as `past_key_values`, the
     keyword generate() passes in 5.17-5.23 and the one users and libraries (PEFT) wrote until then. Both at once is an

@@ -386,10 +386,7 @@ def check_inputs(
     beyond = isinstance(past_length, int) and past_length + length > table
     if config.position_embedding_type in ("learned", "sinusoidal"):
         if position_ids is None and beyond:
-            raise ValueError(
-                f"{prefix}position_ids reach position {past_length + length - 1}, beyond the "
-                f"{config.position_embedding_type} position table (max_position_embeddings={table}); shorten the input"
-            )
+            raise beyond_the_position_table(config, f"{prefix}position_ids", past_length + length - 1)
         if position_ids is not None and (read_values or beyond):
             checked.append((f"{prefix}position_ids", position_ids, table, "positions"))
     if not checked:
@@ -400,12 +397,17 @@ def check_inputs(
             if low < lowest:
                 raise ValueError(f"{name} contains position {low}: positions must be >= {lowest}")
             if high >= limit:
-                raise ValueError(
-                    f"{name} reach position {high}, beyond the {config.position_embedding_type} position table "
-                    f"(max_position_embeddings={limit}); shorten the input"
-                )
+                raise beyond_the_position_table(config, name, high)
         elif low < 0 or high >= limit:
             raise ValueError(f"{name} contains id {low if low < 0 else high}, outside {what} [0, {limit})")
+
+
+def beyond_the_position_table(config: TfmConfig, name: str, position: int) -> ValueError:
+    """The error for positions past a learned or sinusoidal table, given or made by the stack alike."""
+    return ValueError(
+        f"{name} reach position {position}, beyond the {config.position_embedding_type} position table "
+        f"(max_position_embeddings={config.max_position_embeddings}); shorten the input"
+    )
 
 
 def check_labels(labels, input_ids, inputs_embeds, inputs_name: str = "input_ids") -> None:

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
-from ..compat import cache_output
+from ..compat import CACHE_NAME
 
 PAST = "past_key_values.{}.{}"
 PRESENT = "present.{}.{}"
@@ -64,7 +64,7 @@ class DecoderWithPast(torch.nn.Module):
             attention_mask=attention_mask,
             position_ids=position_ids,
             use_cache=True,
-            **cache_output(cache),
+            **{CACHE_NAME: cache},
         )
         return (outputs.logits, *_flat(cache))
 
@@ -113,7 +113,7 @@ class Seq2SeqDecoder(torch.nn.Module):
             decoder_input_ids=decoder_input_ids,
             encoder_outputs=(encoder_hidden_states,),
             use_cache=True,
-            **cache_output(cache),
+            **{CACHE_NAME: cache},
         )
         present = []
         for i in range(self.layers):
