@@ -93,7 +93,9 @@ RULES = (
         "the first request; set VLLM_MLA_DISABLE=1 to serve it as full attention over the expanded keys and "
         "values (the same tokens, a larger cache)",
     ),
-    Rule(vllm, "hidden_act", moe_for_vllm(lambda c: c.hidden_act != "silu"), "vLLM's fused experts compute SwiGLU"),
+    Rule(
+        vllm, "hidden_act", moe_for_vllm(lambda c: c.hidden_act != "silu"), "vLLM's experts compute SwiGLU; use silu"
+    ),
     Rule(vllm, "scoring_func", moe_for_vllm(lambda c: c.scoring_func != "softmax"), "vLLM's router uses softmax"),
     Rule(
         vllm,
