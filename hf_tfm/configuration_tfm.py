@@ -180,7 +180,8 @@ class TfmConfig(PreTrainedConfig):
             time and return the loss without logits, never holding the `[tokens, vocab]` logits or their gradient
             whole (`modeling_tfm_loss.py`); None (the default) sizes the chunks so that each one's logits hold no
             more values than the layers' hidden states of the batch (few, large chunks where the layers outweigh the
-            vocabulary; `python -m benchmarks.trace` counts what each one costs on a GPU), at least 256 tokens.
+            vocabulary; `python -m benchmarks.trace` counts what each one costs on a GPU), at least twice the hidden
+            size in tokens.
             In eval mode, and with 0, they compute the full logits as transformers does.
         check_input_values (`bool`): read the inputs' values to name a bad one (a token id outside the vocabulary, a
             token type outside `type_vocab_size`, a position outside the position table) in a `ValueError`. Reading a

@@ -42,31 +42,31 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
 
     The gradients are computed chunk by chunk in the forward pass (when autograd will want them) and scaled by the
     incoming gradient in backward: one pass over the vocabulary instead of a forward and a recomputation. Matmuls run
-    in `dtype` (autocast's, as transformers' head would), softmax and its gradient in float32, the weight gradient
-    summed over chunks in float32 (then cast to the weight's dtype). Unscored rows take part like the others and get a
-    zero gradient (no boolean selection: no host synchronisation, one graph under torch.compile)."""
+    in `dtype` (autocast's, as transformers' head would), log_softmax and its gradient in float32 (one log_softmax
+    pass per chunk, its exp the softmax), the weight gradient summed over chunks in float32 (then cast to the weight's
+    dtype). Unscored rows take part like the others with their input zeroed, and get a zero gradient (no boolean
+    selection: no host synchronisation, one graph under torch.compile)."""
 
     @staticmethod
     def forward(
         ctx, hidden, weight, bias, labels, scale, softcap, chunk: int, ignore_index: int, vocab_size, dtype, bias_after
     ):
         wants = any(ctx.needs_input_grad[:3])  # autograd will ask for a gradient
+        scored = labels != ignore_index
+        target = torch.where(scored, labels, 0)[:, None]  # 0 where not scored: a valid index, its row is dropped
         # cast once, not once per chunk; the input gradient is kept in the matmul's dtype (autograd casts it to the
-        # input's once)
-        weight_c, bias_c = weight.to(dtype), None if bias is None else bias.to(dtype)
-        inputs_all = (hidden * scale if scale != 1.0 else hidden).to(dtype)
+        # input's once). An unscored token's input row is zeroed, so its softmax row adds nothing to the weight
+        # gradient (its loss is dropped and its input gradient zeroed at the end): no per-chunk masking pass
+        keep = scored[:, None].to(hidden.dtype)
+        row_scale = keep * scale if scale != 1.0 else keep
+        inputs_all = (hidden * row_scale).to(dtype)
         grad_hidden = torch.empty_like(inputs_all) if ctx.needs_input_grad[0] else None
         grad_weight = None  # the first chunk's product, then a sum in place: no [vocab, hidden] temporary per chunk
         summed = torch.promote_types(weight.dtype, torch.float32)  # chunks add up in float32 even for bf16 weights
         grad_bias = torch.zeros_like(bias) if bias is not None and ctx.needs_input_grad[2] else None
-        # per token, once for all chunks: whether it is scored, its target (0 where not), what its normaliser gets
-        # added (+inf where not scored: its softmax is then 0, a zero gradient row without a mask pass) and what its
-        # gradient row subtracts at the target (1, or 0 where not scored)
-        scored = labels != ignore_index
-        target = torch.where(scored, labels, 0)[:, None]
-        unscored = torch.where(scored, 0.0, torch.inf)[:, None]
-        minus_hit = scored[:, None].to(torch.float32).neg_()
-        token_loss = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+        weight_c, bias_c = weight.to(dtype), None if bias is None else bias.to(dtype)
+        minus_one = torch.full((1, 1), -1.0, device=hidden.device).expand(target.shape)  # the one-hot, subtracted
+        target_log_probs = []  # each chunk's [rows, 1], joined once at the end
         for start in range(0, hidden.shape[0], chunk):
             rows = slice(start, start + chunk)
             inputs = inputs_all[rows]
@@ -76,20 +76,21 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
             if softcap is not None:  # in the projection's dtype, as transformers' heads cap their logits
                 capped = torch.tanh(projected / softcap)
                 projected = capped * softcap
-            padded = projected.float()
-            logits = padded[:, :vocab_size] if vocab_size < padded.shape[-1] else padded
-            log_normaliser = torch.logsumexp(logits, dim=-1)
-            torch.sub(log_normaliser, logits.gather(-1, target[rows]).squeeze(-1), out=token_loss[rows])
+            logits = projected[:, :vocab_size] if vocab_size < projected.shape[-1] else projected
+            # in float32, by the kernel transformers' loss (cross_entropy) runs
+            log_probs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
+            target_log_probs.append(log_probs.gather(-1, target[rows]))
             if not wants:
                 continue
-            # d(loss)/d(logits) = softmax - one_hot(target), written over the logits
-            grad_logits = logits.sub_(log_normaliser[:, None] + unscored[rows]).exp_()
-            grad_logits.scatter_add_(-1, target[rows], minus_hit[rows])
+            # d(loss)/d(logits) = softmax - one_hot(target), written over the log-probabilities
+            grad_logits = log_probs.exp_().scatter_add_(-1, target[rows], minus_one[rows])
             if softcap is not None:  # through the cap's 1 - tanh^2
                 grad_logits.mul_(1.0 - capped[:, :vocab_size] * capped[:, :vocab_size])
-            if vocab_size < padded.shape[-1]:  # back to the padded width (grad_logits is its view), the padding's 0
-                padded[:, vocab_size:] = 0.0
-            grad_logits = padded.to(dtype)
+            if grad_bias is not None:  # an unscored row's softmax is not 0: the bias gradient leaves it out
+                grad_logits.mul_(keep[rows])
+            if vocab_size < projected.shape[-1]:  # back to the padded width: the padding's gradient is 0
+                grad_logits = torch.nn.functional.pad(grad_logits, (0, projected.shape[-1] - vocab_size))
+            grad_logits = grad_logits.to(dtype)
             if grad_hidden is not None:
                 torch.mm(grad_logits, weight_c, out=grad_hidden[rows])
             if ctx.needs_input_grad[1]:
@@ -101,12 +102,14 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
                     grad_weight += grad_logits.t() @ inputs
             if grad_bias is not None:
                 grad_bias += grad_logits.sum(dim=0)
-        if grad_hidden is not None and scale != 1.0:
-            grad_hidden.mul_(scale)
+        if grad_hidden is not None:
+            grad_hidden.mul_(row_scale)
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight.dtype)
         ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
-        return torch.where(scored, token_loss, 0.0).sum()
+        if not target_log_probs:  # no token to score (a masked-LM batch that masks none)
+            return torch.zeros((), device=hidden.device)
+        return torch.where(scored, torch.cat(target_log_probs).squeeze(-1), 0.0).sum().neg()
 
     @staticmethod
     def backward(ctx, grad_output):
