@@ -96,7 +96,8 @@ RULES = (
     Rule(
         vllm, "hidden_act", moe_for_vllm(lambda c: c.hidden_act != "silu"), "vLLM's experts compute SwiGLU; use silu"
     ),
-    Rule(vllm, "scoring_func", moe_for_vllm(lambda c: c.scoring_func != "softmax"), "vLLM's router uses softmax"),
+    # top_k_softmax's weights are the renormalised softmax's, which vLLM's router computes
+    Rule(vllm, "scoring_func", moe_for_vllm(lambda c: c.scoring_func == "sigmoid"), "vLLM's router uses softmax"),
     Rule(
         vllm,
         "capacity_factor",

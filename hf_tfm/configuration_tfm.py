@@ -202,14 +202,18 @@ class TfmConfig(PreTrainedConfig):
         moe_layers (`list[int]`, *optional*): the exact MoE layers, overriding the step and `mlp_only_layers`.
         shared_expert_intermediate_size (`int`): an always-on expert of this width (DeepSeekMoE, Qwen-MoE); 0 = none.
         shared_expert_gate (`bool`): scale the shared expert by a learned sigmoid gate (Qwen2-MoE).
-        scoring_func (`str`): router scores, `"softmax"` (Mixtral) or `"sigmoid"` (DeepSeek-V3).
+        scoring_func (`str`): router scores, `"softmax"` (Mixtral) or `"sigmoid"` (DeepSeek-V3), or
+            `"top_k_softmax"` (GPT-OSS): the top-k experts by logit, weighted by the softmax of their k logits (in
+            the logits' dtype). The same weights as softmax with `norm_topk_prob`, computed as GPT-OSS computes them,
+            with two operations instead of six.
         norm_topk_prob (`bool`): renormalise the top-k scores to sum to 1.
         router_jitter_noise (`float`): multiplicative noise on the router input while training.
         router_in_float32 (`bool`): score the experts in float32 (router input and weight upcast) whatever the model's
             dtype, as DeepSeek-V3's router does, so that a bf16 model routes as its float32 scores say.
         router_weights_in_model_dtype (`bool`): cast the top-k weights to the router logits' dtype (the model's)
-            before they scale the experts' outputs, as Qwen2-MoE's, Qwen3-MoE's and GPT-OSS's routers do; float32
-            otherwise (Mixtral, DeepSeek-V3). The same in float32; in bf16 the weights round as the reference's do.
+            before they scale the experts' outputs, as Qwen2-MoE's and Qwen3-MoE's routers do; float32 otherwise
+            (Mixtral, DeepSeek-V3; `top_k_softmax` computes them in that dtype). The same in float32; in bf16 the
+            weights round as the reference's do.
         router_aux_loss_coef (`float`): weight of the load-balancing loss (Switch/Mixtral) added to the task loss;
             by default 0.001 with MoE layers and 0.0 without, so that a dense model looks dense to clients that read a
             non-zero coefficient as a request for router logits (TRL's trainers).
@@ -462,10 +466,18 @@ class TfmConfig(PreTrainedConfig):
             bad = [i for i in getattr(self, field) or [] if not 0 <= i < depth]
             _require(not bad, field, f"layer indices {bad} are outside [0, {depth})")
         _require(
-            self.scoring_func in ("softmax", "sigmoid"),
+            self.scoring_func in ("softmax", "sigmoid", "top_k_softmax"),
             "scoring_func",
-            f"{self.scoring_func!r} is not softmax or sigmoid",
+            f"{self.scoring_func!r} is not softmax, sigmoid or top_k_softmax",
         )
+        if self.scoring_func == "top_k_softmax":  # it picks by logit and its weights always sum to 1
+            for field, refused in (
+                ("norm_topk_prob", not self.norm_topk_prob),
+                ("router_choice_bias", self.router_choice_bias),
+                ("router_bias_update_rate", self.router_bias_update_rate > 0),
+                ("num_expert_groups", self.num_expert_groups > 1),
+            ):
+                _require(not refused, field, f"{getattr(self, field)!r} is not available with top_k_softmax scoring")
         _require(
             self.capacity_factor is None or self.capacity_factor > 0,
             "capacity_factor",

@@ -675,17 +675,21 @@ class TfmRouter(nn.Module):
             router_logits = nn.functional.linear(hidden_states.float(), self.weight.float(), bias)
         else:
             router_logits = nn.functional.linear(hidden_states, self.weight, self.bias)
-        if self.scoring_func == "softmax":
-            scores = torch.softmax(router_logits.float(), dim=-1)
+        if self.scoring_func == "top_k_softmax":  # GPT-OSS: the k best logits, weighted by their own softmax
+            top_k_logits, top_k_index = torch.topk(router_logits, self.top_k, dim=-1)
+            top_k_weights = torch.softmax(top_k_logits, dim=-1, dtype=top_k_logits.dtype)
         else:
-            scores = torch.sigmoid(router_logits.float())
-        choice = scores + self.expert_bias if self.choice_bias else scores
-        if self.groups > 1:
-            choice = self.within_best_groups(choice)
-        top_k_index = torch.topk(choice, self.top_k, dim=-1).indices
-        top_k_weights = scores.gather(-1, top_k_index)
-        if self.norm_topk_prob:
-            top_k_weights = top_k_weights / top_k_weights.sum(dim=-1, keepdim=True)
+            if self.scoring_func == "softmax":
+                scores = torch.softmax(router_logits.float(), dim=-1)
+            else:
+                scores = torch.sigmoid(router_logits.float())
+            choice = scores + self.expert_bias if self.choice_bias else scores
+            if self.groups > 1:
+                choice = self.within_best_groups(choice)
+            top_k_index = torch.topk(choice, self.top_k, dim=-1).indices
+            top_k_weights = scores.gather(-1, top_k_index)
+            if self.norm_topk_prob:
+                top_k_weights = top_k_weights / top_k_weights.sum(dim=-1, keepdim=True)
         if self.scaling != 1.0:
             top_k_weights = top_k_weights * self.scaling
         if self.capacity_factor is not None:

@@ -4,7 +4,8 @@ control shows each one matters):
 - `rmsnorm_scale_in_float32` (OLMo 2, GPT-OSS): RMSNorm scales the float32 states, then casts;
 - `rope_tables_in_float32` (OLMo 2): RoPE's tables stay float32, so queries and keys rotate in float32;
 - `rope_in_float32` (ModernBERT): queries and keys are upcast to rotate by the bf16 tables;
-- `router_weights_in_model_dtype` (Qwen2-MoE, Qwen3-MoE, GPT-OSS): the top-k weights are cast to the logits' dtype;
+- `router_weights_in_model_dtype` (Qwen2-MoE, Qwen3-MoE): the top-k weights are cast to the logits' dtype (GPT-OSS's
+  `top_k_softmax` scoring computes them in that dtype);
 - `round_embedding_scale` (Gemma 2, Gemma 3): sqrt(hidden_size) rounded to the table's dtype;
 - `router_in_float32` (DeepSeek-V3, tests/test_convert_deepseek_v3.py).
 - BART's `final_logits_bias` is added after the LM head's matmul, as its reference adds it (rounded twice in bf16)."""
@@ -64,7 +65,7 @@ FIELDS = {
     "rmsnorm_scale_in_float32": ("olmo2", "gpt_oss"),
     "rope_tables_in_float32": ("olmo2",),
     "rope_in_float32": ("modernbert",),
-    "router_weights_in_model_dtype": ("qwen2_moe", "qwen3_moe", "gpt_oss"),
+    "router_weights_in_model_dtype": ("qwen2_moe", "qwen3_moe"),
     "round_embedding_scale": ("gemma2", "gemma3_text"),
 }
 

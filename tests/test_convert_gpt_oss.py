@@ -149,7 +149,7 @@ def gpt_oss_shaped(**overrides):
         swiglu_limit=7.0,
         rope_parameters={"rope_type": "default", "rope_theta": 1e4},
         rmsnorm_scale_in_float32=True,
-        router_weights_in_model_dtype=True,
+        scoring_func="top_k_softmax",
     )
     return tiny_model(**{**fields, **overrides})
 
@@ -159,8 +159,7 @@ INEXPRESSIBLE = [
     (lambda: gpt_oss_shaped(router_bias=False), "router_bias"),
     (lambda: gpt_oss_shaped(expert_mlp_bias=False), "expert_mlp_bias"),
     (lambda: gpt_oss_shaped(swiglu_limit=None), "swiglu_limit"),
-    (lambda: gpt_oss_shaped(scoring_func="sigmoid"), "scoring_func"),
-    (lambda: gpt_oss_shaped(norm_topk_prob=False), "norm_topk_prob"),
+    (lambda: gpt_oss_shaped(scoring_func="softmax"), "scoring_func"),
     (lambda: gpt_oss_shaped(shared_expert_intermediate_size=16), "shared_expert_intermediate_size"),
     (lambda: gpt_oss_shaped(qk_norm="per_head"), "qk_norm"),
 ]

@@ -473,6 +473,10 @@ def test_layer_selection(overrides, moe):
         (dict(capacity_factor=0.0), "capacity_factor"),
         (dict(capacity_factor=-1.0), "capacity_factor"),
         (dict(scoring_func="relu"), "scoring_func"),
+        (dict(scoring_func="top_k_softmax", norm_topk_prob=False), "norm_topk_prob"),
+        (dict(scoring_func="top_k_softmax", router_choice_bias=True), "router_choice_bias"),
+        (dict(scoring_func="top_k_softmax", router_bias_update_rate=0.01), "router_bias_update_rate"),
+        (dict(scoring_func="top_k_softmax", num_expert_groups=2), "num_expert_groups"),
         (dict(num_experts=-1), "num_experts"),
         (dict(decoder_sparse_step=0), "decoder_sparse_step"),
         (dict(router_aux_loss_coef=-0.1), "router_aux_loss_coef"),
@@ -613,6 +617,24 @@ def test_norm_topk_prob(norm_topk_prob):
     input_ids = torch.randint(3, VOCAB, (1, 8))
     with torch.no_grad():  # the flag reaches the layers
         assert (model(input_ids).logits - other(input_ids).logits).abs().max() > 100 * ATOL
+
+
+def test_top_k_softmax_weights_are_the_renormalised_softmax():
+    """GPT-OSS's scoring (the k best logits, a softmax over them) picks the experts and gives the weights that
+    softmax scoring with norm_topk_prob does, to float32 rounding, and the model's outputs agree; bf16 exactness
+    against GPT-OSS itself is tests/test_bf16_parity.py's."""
+    model = moe_model()
+    other = TfmDecoderForCausalLM(tiny_config(**MOE, scoring_func="top_k_softmax")).eval()
+    other.load_state_dict(model.state_dict())
+    hidden = torch.randn(12, 32)
+    with torch.no_grad():
+        _, weights, index = model.model.layers[0].mlp.router(hidden)
+        _, top_k_weights, top_k_index = other.model.layers[0].mlp.router(hidden)
+    assert torch.equal(top_k_index, index)
+    torch.testing.assert_close(top_k_weights, weights, atol=1e-6, rtol=0)
+    input_ids = torch.randint(3, VOCAB, (1, 8))
+    with torch.no_grad():
+        torch.testing.assert_close(other(input_ids).logits, model.eval()(input_ids).logits, atol=1e-5, rtol=0)
 
 
 # ------------------------------------------------------------------------------------------------ other paradigms

@@ -166,8 +166,10 @@ ROUTER_DEFAULTS = dict(
     router_in_float32=False,
     router_weights_in_model_dtype=False,
 )
-# the Qwen MoE and GPT-OSS routers cast their top-k weights to the router logits' dtype
+# the Qwen MoE routers cast their top-k weights to the router logits' dtype
 ROUTER_WEIGHTS_IN_MODEL_DTYPE = {**ROUTER_DEFAULTS, "router_weights_in_model_dtype": True}
+# GPT-OSS's router picks the top-k logits and weights them by their own softmax, in the logits' dtype
+GPT_OSS_ROUTER = {**ROUTER_DEFAULTS, "scoring_func": "top_k_softmax"}
 # keys of released Qwen config.json files that no Qwen text model reads once its config exists
 QWEN_UNREAD = {
     "max_window_layers": "Qwen2 and Qwen3 read it only to fill layer_types when a config has none (the converted "
@@ -662,10 +664,10 @@ GPT_OSS = llama_family(
     ),
     dict(
         **LLAMA_ARCHITECTURE,
-        **ROUTER_WEIGHTS_IN_MODEL_DTYPE,
+        **GPT_OSS_ROUTER,
         rmsnorm_scale_in_float32=True,
         mlp_bias=False,
-        norm_topk_prob=True,  # a softmax over the top-k logits is the top-k softmax scores renormalised
+        norm_topk_prob=True,  # a softmax over the top-k logits sums to 1
         decoder_sparse_step=1,
         mlp_only_layers=[],
         router_jitter_noise=0.0,
