@@ -10,7 +10,7 @@ from benchmarks import trace
 from benchmarks.pairs import KINDS, PROFILES
 from hf_tfm import modeling_tfm_loss
 
-PAIRS = ["gpt2", "llama", "bert", "t5", "bart", "mixtral"]
+PAIRS = ["gpt2", "llama", "bert", "t5", "bart", "mixtral", "gpt_oss"]
 # Kernels at or below the reference's, but for GPT-2: its reference joins q/k/v in one Conv1D weight, hf_tfm
 # concatenates its three weights and biases in every step (two kernels a layer), and GPT-2's 50257-token vocabulary
 # takes six loss chunks at 16 x 1024 tokens where the reference's loss is one (ten kernels a chunk):
