@@ -76,9 +76,11 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
             if softcap is not None:  # in the projection's dtype, as transformers' heads cap their logits
                 capped = torch.tanh(projected / softcap)
                 projected = capped * softcap
-            logits = projected[:, :vocab_size] if vocab_size < projected.shape[-1] else projected
+            padded_width = projected.shape[-1]
+            logits = projected[:, :vocab_size] if vocab_size < padded_width else projected
             # in float32, by the kernel transformers' loss (cross_entropy) runs
             log_probs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
+            del projected, logits  # freed before the gradient's matmuls: one [rows, vocab] buffer at a time
             target_log_probs.append(log_probs.gather(-1, target[rows]))
             if not wants:
                 continue
@@ -88,8 +90,8 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
                 grad_logits.mul_(1.0 - capped[:, :vocab_size] * capped[:, :vocab_size])
             if grad_bias is not None:  # an unscored row's softmax is not 0: the bias gradient leaves it out
                 grad_logits.mul_(keep[rows])
-            if vocab_size < projected.shape[-1]:  # back to the padded width: the padding's gradient is 0
-                grad_logits = torch.nn.functional.pad(grad_logits, (0, projected.shape[-1] - vocab_size))
+            if vocab_size < padded_width:  # back to the padded width: the padding's gradient is 0
+                grad_logits = torch.nn.functional.pad(grad_logits, (0, padded_width - vocab_size))
             grad_logits = grad_logits.to(dtype)
             if grad_hidden is not None:
                 torch.mm(grad_logits, weight_c, out=grad_hidden[rows])

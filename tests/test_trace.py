@@ -41,7 +41,7 @@ def test_the_trace_sees_small_loss_chunks(monkeypatch):
     the reference's, and the trace says so."""
     monkeypatch.setattr(modeling_tfm_loss, "chunk_rows", lambda *args: 256)
     result = traced("llama")
-    assert result["ours"]["kernels"] > 1.2 * result["reference"]["kernels"]
+    assert result["ours"]["kernels"] > result["reference"]["kernels"]
     assert result["ours"]["bytes_gib"] > result["reference"]["bytes_gib"]
 
 
