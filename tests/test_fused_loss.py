@@ -114,13 +114,3 @@ def test_masked_path_of_compiled_graphs_is_exact(monkeypatch):
     torch.testing.assert_close(chunked.loss, full.loss, rtol=RTOL, atol=0)
     for name, grad in expected.items():
         torch.testing.assert_close(actual[name], grad, rtol=RTOL, atol=ATOL, msg=name)
-
-
-def test_a_step_scored_against_labels_builds_no_cache_unless_asked():
-    """As BART's and T5's heads: with labels a causal LM copies no layer's keys into a cache (the trace's GPT-2 step
-    had two copies a layer for a cache nobody read), unless `use_cache=True` asks for one; without labels the cache
-    comes back as transformers' does."""
-    model, batch = model_and_batch("causal-tied", 0)
-    assert model(**batch).past_key_values is None
-    assert model(**batch, use_cache=True).past_key_values.get_seq_length() == 7
-    assert model(input_ids=batch["input_ids"]).past_key_values.get_seq_length() == 7
