@@ -20,6 +20,7 @@ from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs
 
 from .configuration_tfm import TfmConfig
+from .modeling_tfm_loss import compute_dtype
 
 
 class TfmRMSNorm(nn.Module):
@@ -342,12 +343,17 @@ def reads_its_weight(layer: nn.Module) -> bool:
 
 
 def joint_projections(hidden_states: torch.Tensor, layers: list[nn.Module]) -> list[torch.Tensor]:
-    """Each layer's output on the same input (attention's q/k/v, a GLU's gate/up). In a training step one matmul
-    over the layers' concatenated weights, as GPT-2's `c_attn` is: one autocast cast and one read of the input, one
-    input-gradient matmul instead of one per layer and the sum of their results. Otherwise (no gradients: a decode
-    step would copy the weights at every token) or for a layer that must be called (`reads_its_weight`), each layer
-    on its own. The parameters stay the layers' own: state dicts, PEFT targets and parallel plans see them."""
-    if not torch.is_grad_enabled() or not all(reads_its_weight(layer) for layer in layers):
+    """Each layer's output on the same input (attention's q/k/v, a GLU's gate/up). In a training step under autocast
+    to another dtype than the weights' (fp32 weights, bf16 matmuls), one matmul over the layers' concatenated weights,
+    as GPT-2's `c_attn` is: one cast and one read of the input, one input-gradient matmul instead of one per layer and
+    the sum of their results. Otherwise each layer on its own: without gradients (a decode step would copy the
+    weights at every token); with the weights already in the matmul's dtype (bf16 weights, or fp32 without
+    autocast), where the joined weight, saved for backward, would be a copy of them that the separate layers do not
+    hold (they save the parameters themselves; with a cast, each side saves one cast copy); for a layer that must be
+    called (`reads_its_weight`). The parameters stay the layers' own: state dicts, PEFT targets and parallel plans
+    see them."""
+    joined = torch.is_grad_enabled() and compute_dtype(hidden_states) != layers[0].weight.dtype
+    if not joined or not all(reads_its_weight(layer) for layer in layers):
         return [layer(hidden_states) for layer in layers]
     weight = torch.cat([layer.weight for layer in layers])
     bias = None if layers[0].bias is None else torch.cat([layer.bias for layer in layers])
@@ -683,11 +689,14 @@ class TfmRouter(nn.Module):
                 scores = torch.softmax(router_logits.float(), dim=-1)
             else:
                 scores = torch.sigmoid(router_logits.float())
-            choice = scores + self.expert_bias if self.choice_bias else scores
-            if self.groups > 1:
-                choice = self.within_best_groups(choice)
-            top_k_index = torch.topk(choice, self.top_k, dim=-1).indices
-            top_k_weights = scores.gather(-1, top_k_index)
+            if not self.choice_bias and self.groups == 1:  # the weights are the scores topk picks
+                top_k_weights, top_k_index = torch.topk(scores, self.top_k, dim=-1)
+            else:  # picked by biased or group-limited scores, weighted by the scores themselves
+                choice = scores + self.expert_bias if self.choice_bias else scores
+                if self.groups > 1:
+                    choice = self.within_best_groups(choice)
+                top_k_index = torch.topk(choice, self.top_k, dim=-1).indices
+                top_k_weights = scores.gather(-1, top_k_index)
             if self.norm_topk_prob:
                 top_k_weights = top_k_weights / top_k_weights.sum(dim=-1, keepdim=True)
         if self.scaling != 1.0:

@@ -1,9 +1,11 @@
-"""Joint projections (modeling_tfm_layers.joint_projections): in a training step attention's q/k/v and a GLU's
-gate/up run as one matmul over their concatenated weights, with the separate layers' loss and gradients up to fp32
-rounding; without gradients, and for a layer that must be called (an adapter, a hooked or gathered layer), each layer
-runs on its own. The parameters are the layers' own throughout, so checkpoints saved before the change load and give
-the logits they gave then."""
+"""Joint projections (modeling_tfm_layers.joint_projections): in a training step under autocast to another dtype
+than the weights', attention's q/k/v and a GLU's gate/up run as one matmul over their concatenated weights, with the
+separate layers' loss and gradients up to fp32 rounding; without gradients, with the weights already in the matmul's
+dtype (the joined weight would be a copy held for backward), and for a layer that must be called (an adapter, a hooked
+or gathered layer), each layer runs on its own. The parameters are the layers' own throughout, so checkpoints saved
+before the change load and give the logits they gave then."""
 
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -55,11 +57,13 @@ def build(name: str) -> torch.nn.Module:
     return perturb(model_class(config), scale=0.5).train()
 
 
-def step(model) -> tuple[torch.Tensor, dict]:
-    """A training forward and backward without dropout: the logits and every parameter's gradient."""
+def step(model, autocast: bool = False) -> tuple[torch.Tensor, dict]:
+    """A training forward and backward without dropout, under bf16 autocast if asked (fp32 weights, bf16 matmuls:
+    where the projections join): the logits and every parameter's gradient."""
     model.zero_grad()
     inputs = padded_inputs(model)
-    output = model(**inputs, labels=inputs.get("decoder_input_ids", inputs["input_ids"]).contiguous())
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        output = model(**inputs, labels=inputs.get("decoder_input_ids", inputs["input_ids"]).contiguous())
     output.loss.backward()
     return output.logits.detach(), {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
 
@@ -86,7 +90,10 @@ def test_a_joint_training_step_computes_the_separate_layers_numbers(name, monkey
     for module in model.modules():  # dropout off: both steps see the same function
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
-    assert joined_calls(model, monkeypatch), "no projection was joined"
+    assert joined_calls(model, monkeypatch, partial(step, autocast=True)), "no projection was joined"
+    # the joint path in fp32 too (as if the matmuls ran in another dtype), so that both compare at fp32 rounding
+    monkeypatch.setattr(modeling_tfm_layers, "compute_dtype", lambda tensor: torch.bfloat16)
+    assert joined_calls(model, monkeypatch)
     joint_logits, joint_grads = step(model)
     monkeypatch.setattr(modeling_tfm_layers, "reads_its_weight", lambda layer: False)  # every layer on its own
     assert not joined_calls(model, monkeypatch)
@@ -95,6 +102,14 @@ def test_a_joint_training_step_computes_the_separate_layers_numbers(name, monkey
     assert sorted(joint_grads) == sorted(separate_grads)
     for key, grad in separate_grads.items():
         torch.testing.assert_close(joint_grads[key], grad, rtol=1e-4, atol=1e-5, msg=key)
+
+
+@pytest.mark.parametrize("weights", [torch.float32, torch.bfloat16])
+def test_weights_in_the_matmul_dtype_run_each_layer_on_its_own(weights, monkeypatch):
+    """fp32 weights without autocast, bf16 weights with it: the matmul reads the parameters as they are, which the
+    separate layers save for backward; a joined weight would be a copy of them held until then."""
+    model = build("llama").to(weights)
+    assert joined_calls(model, monkeypatch, lambda model: step(model, autocast=weights == torch.bfloat16)) == []
 
 
 def test_inference_runs_each_layer_on_its_own(monkeypatch):

@@ -6,7 +6,12 @@ weights (`benchmarks.profile_gap.generate_step_counts`). Counts do not depend on
 Aten operators (GPU kernels) may cost at most each pair's committed budget, a multiple of the reference's count,
 lowered when a change brings the count down, never raised to let a regression through. Python calls have one loose
 budget for every pair (issue 29): a GPU pays for kernels, not interpreter frames, and readable code wins over a saved
-frame; the budget still catches a per-layer or per-token regression (llama dynamic sits highest, at 1.30x)."""
+frame; the budget still catches a per-layer or per-token regression. Llama dynamic sits highest: 1216 calls against
+900 in a fresh process, 1.351x (1.312x when the budget was set at c5a6a1b; the plain core's one block forward took
+it to 1.341x). About 150 of the 316 are transformers' generate() rebuilding the forward's signature at every step for
+a class registered for the Auto classes (its cache_position check for remote code), the rest the output dataclasses'
+fields and hf_tfm's own frames. After a flex_attention run the reference's count rises to 906, which hid the 1.351x in
+the full suite."""
 
 import math
 
@@ -17,7 +22,7 @@ from benchmarks.pairs import KINDS, PROFILES, build_pair
 from benchmarks.profile_gap import generate_step_counts
 from hf_tfm.modeling_tfm_stack import TfmBlock
 
-PYTHON_CALLS_BUDGET = 1.35
+PYTHON_CALLS_BUDGET = 1.36
 # aten operators per decode step, hf_tfm / reference: at most the reference's (1.00) unless a pair is listed below,
 # measured on transformers 5.24 at the smoke shapes. Decode runs q/k/v as three matmuls, as Llama's reference does
 # (joint_projections joins them only in training): GPT-2's reference runs one (c_attn), so its pairs count two
