@@ -35,8 +35,8 @@ def compute_dtype(tensor: torch.Tensor) -> torch.dtype:
 
 
 class ChunkedLinearCrossEntropy(torch.autograd.Function):
-    """Summed cross-entropy of `softcap(scale * hidden @ weight.T + bias)` against `labels`, over the labels that are
-    not `ignore_index`, and over the first `vocab_size` logits: rows of `weight` past them are the padding of a
+    """Summed cross-entropy of `softcap(scale * hidden @ weight.T + bias)` against `labels`, over the labels that
+    `scored` marks, and over the first `vocab_size` logits: rows of `weight` past them are the padding of a
     padded table (`pad_vocab_size_to_multiple_of`), projected (the matmuls keep the padded width) but never scored,
     and their gradient is 0.
 
@@ -48,11 +48,8 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
     selection: no host synchronisation, one graph under torch.compile)."""
 
     @staticmethod
-    def forward(
-        ctx, hidden, weight, bias, labels, scale, softcap, chunk: int, ignore_index: int, vocab_size, dtype, bias_after
-    ):
+    def forward(ctx, hidden, weight, bias, labels, scored, scale, softcap, chunk: int, vocab_size, dtype, bias_after):
         wants = any(ctx.needs_input_grad[:3])  # autograd will ask for a gradient
-        scored = labels != ignore_index
         target = torch.where(scored, labels, 0)[:, None]  # 0 where not scored: a valid index, its row is dropped
         # cast once, not once per chunk; the input gradient is kept in the matmul's dtype (autograd casts it to the
         # input's once). An unscored token's input row is zeroed, so its softmax row adds nothing to the weight
@@ -148,7 +145,7 @@ def linear_cross_entropy(
     scored = labels != ignore_index
     if select_scored and not torch.compiler.is_compiling():
         rows = scored.nonzero().squeeze(-1)  # the one synchronisation; index_select's backward needs none
-        hidden, labels = hidden.index_select(0, rows), labels.index_select(0, rows)
+        hidden, labels, scored = (tensor.index_select(0, rows) for tensor in (hidden, labels, scored))
     vocab_size = weight.shape[0] if vocab_size is None else vocab_size
     chunk = chunk_rows(hidden.shape[0], weight.shape[0], chunk_size, activation_width, 2 * hidden.shape[-1])
     total = ChunkedLinearCrossEntropy.apply(
@@ -156,10 +153,10 @@ def linear_cross_entropy(
         weight,
         bias,
         labels,
+        scored,
         scale,
         softcap,
         chunk,
-        ignore_index,
         vocab_size,
         compute_dtype(hidden),
         bias_after_matmul,
