@@ -157,3 +157,35 @@ def test_a_checkpoint_saved_before_the_change_loads_with_its_logits():
     with torch.no_grad():
         logits = model(**padded_inputs(model)).logits
     torch.testing.assert_close(logits, expected, rtol=0, atol=1e-5)
+
+
+def saved_for_backward_bytes(model, autocast: bool) -> int:
+    """The bytes a training step keeps for its backward pass beyond the parameters (unique storages)."""
+    parameters = {parameter.untyped_storage().data_ptr() for parameter in model.parameters()}
+    saved = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in parameters:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        step(model, autocast=autocast)
+    return sum(saved.values())
+
+
+@pytest.mark.parametrize(
+    ("weights", "autocast"), [(torch.bfloat16, False), (torch.bfloat16, True), (torch.float32, False)]
+)
+def test_a_step_in_the_weights_dtype_saves_what_the_separate_layers_save(weights, autocast, monkeypatch):
+    """With the matmuls in the weights' own dtype a joined weight would be a copy of them kept for backward (the
+    separate layers keep the parameters themselves): the step saves exactly the separate layers' bytes. The control:
+    joined anyway, it saves more."""
+    model = build("llama").to(weights)
+    joint = saved_for_backward_bytes(model, autocast)
+    monkeypatch.setattr(modeling_tfm_layers, "reads_its_weight", lambda layer: False)  # every layer on its own
+    assert joint == saved_for_backward_bytes(model, autocast)
+    monkeypatch.undo()
+    monkeypatch.setattr(modeling_tfm_layers, "compute_dtype", lambda tensor: torch.float64)  # joined regardless
+    assert saved_for_backward_bytes(model, autocast) > joint

@@ -8,10 +8,10 @@ lowered when a change brings the count down, never raised to let a regression th
 budget for every pair (issue 29): a GPU pays for kernels, not interpreter frames, and readable code wins over a saved
 frame; the budget still catches a per-layer or per-token regression. Llama dynamic sits highest: 1216 calls against
 900 in a fresh process, 1.351x (1.312x when the budget was set at c5a6a1b; the plain core's one block forward took
-it to 1.341x). About 150 of the 316 are transformers' generate() rebuilding the forward's signature at every step for
-a class registered for the Auto classes (its cache_position check for remote code), the rest the output dataclasses'
-fields and hf_tfm's own frames. After a flex_attention run the reference's count rises to 906, which hid the 1.351x in
-the full suite."""
+it to 1.341x). Much of the difference is transformers' generate() rebuilding the forward's signature at every step
+for a class registered for the Auto classes (its cache_position check for remote code), the rest the output
+dataclasses' fields and hf_tfm's own frames. After a flex_attention run the reference's count rises to 906, which
+hid the 1.351x in the full suite."""
 
 import math
 
