@@ -11,7 +11,10 @@ operator the step runs (forward, backward and the AdamW update), as a GPU would 
 - bytes: what each of them reads (its tensor inputs) and writes (its tensor outputs), in GiB;
 - matmul FLOPs by the dtype of their inputs (torch's flop formulas): a matmul left in float32 under autocast shows;
 - host synchronisations: the operators that read a value into Python or size an output by the values (the list of
-  `benchmarks.beyond_sync.waits_for_device`), each named with the code that made it.
+  `benchmarks.beyond_sync.waits_for_device`), each named with the code that made it;
+- peak memory: the most bytes held at once by the storages the counted step allocated (each counted from the operator
+  that made it until it is freed), as a GPU allocator's peak above the memory held when the step starts (the
+  parameters and the optimizer's state; allocator rounding and a backend's workspace aside).
 A value-dependent operator gets a made-up answer (0, or every element selected), so the step runs on.
 
 The dtype policy is the GPU profile's: fp32 weights under bf16 autocast (CPU autocast here: its lists of operators
@@ -23,6 +26,7 @@ check) that a training run pays once.
 import argparse
 import math
 import sys
+import weakref
 from collections import Counter
 from pathlib import Path
 
@@ -30,6 +34,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
+from torch.utils.weak import WeakIdKeyDictionary
 
 from benchmarks.beyond_sync import caller, waits_for_device
 from benchmarks.measure import training_batch
@@ -114,6 +119,19 @@ class StepTrace(TorchDispatchMode):
         self.flops: Counter = Counter()
         self.operators: Counter = Counter()
         self.syncs: list[str] = []
+        self.live = self.peak = 0
+        self.allocated = WeakIdKeyDictionary()  # the storages the counted step made: freed, they leave `live`
+
+    def allocate(self, tensors: list[torch.Tensor]) -> None:
+        for storage in {id(t.untyped_storage()): t.untyped_storage() for t in tensors}.values():
+            if storage not in self.allocated:  # a view or an in-place result shares a storage already counted
+                self.allocated[storage] = None
+                self.live += storage.nbytes()
+                weakref.finalize(storage, self.free, storage.nbytes())
+        self.peak = max(self.peak, self.live)
+
+    def free(self, nbytes: int) -> None:
+        self.live -= nbytes
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -127,6 +145,7 @@ class StepTrace(TorchDispatchMode):
         out = func(*args, **kwargs)
         if not self.counting or func.namespace == "prim" or func.is_view:
             return out
+        self.allocate(_tensors(out))
         name = func.overloadpacket.__name__
         if name in NO_KERNEL:
             return out
@@ -155,6 +174,7 @@ class StepTrace(TorchDispatchMode):
             "written_gib": self.bytes_written / 2**30,
             "bytes_gib": (self.bytes_read + self.bytes_written) / 2**30,
             "matmul_tflops": {dtype: flops / 1e12 for dtype, flops in sorted(self.flops.items())},
+            "peak_gib": self.peak / 2**30,
             "host_syncs": len(self.syncs),
             "sync_places": sorted(Counter(self.syncs).items()),
             "top_operators": self.operators.most_common(12),

@@ -70,6 +70,7 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
             projected = torch.nn.functional.linear(inputs, weight_c, None if bias_after else bias_c)
             if bias_after and bias_c is not None:  # BART adds its final_logits_bias after the matmul
                 projected += bias_c
+            capped = None
             if softcap is not None:  # in the projection's dtype, as transformers' heads cap their logits
                 capped = torch.tanh(projected / softcap)
                 projected = capped * softcap
@@ -77,9 +78,10 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
             logits = projected[:, :vocab_size] if vocab_size < padded_width else projected
             # in float32, by the kernel transformers' loss (cross_entropy) runs
             log_probs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
-            del projected, logits  # freed before the gradient's matmuls: one [rows, vocab] buffer at a time
+            del projected, logits  # freed before the gradient's matmuls
             target_log_probs.append(log_probs.gather(-1, target[rows]))
             if not wants:
+                del log_probs, capped
                 continue
             # d(loss)/d(logits) = softmax - one_hot(target), written over the log-probabilities
             grad_logits = log_probs.exp_().scatter_add_(-1, target[rows], minus_one[rows])
@@ -101,6 +103,9 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
                     grad_weight += grad_logits.t() @ inputs
             if grad_bias is not None:
                 grad_bias += grad_logits.sum(dim=0)
+            # this chunk's [rows, vocab] buffers are freed before the next chunk projects: names left bound would
+            # hold them through it, as many again as one chunk needs
+            del log_probs, grad_logits, capped
         if grad_hidden is not None:
             grad_hidden.mul_(row_scale)
         if grad_weight is not None:
