@@ -5,6 +5,8 @@ host synchronisation (a masked-LM step one: the selection of its scored rows). C
 exact, so they hold on a loaded machine; each pair costs about a second."""
 
 import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from benchmarks import trace
 from benchmarks.pairs import KINDS, PROFILES
@@ -17,6 +19,10 @@ PAIRS = ["gpt2", "llama", "bert", "t5", "bart", "mixtral", "gpt_oss"]
 # 1570 against 1476 kernels, while its bytes are below the reference's.
 KERNEL_RATIO = {"gpt2": 1.07}
 SYNCS = {"causal": 0, "seq2seq": 0, "masked": 1}
+# Issue 29's GPU memory target (at most 0.65x the reference's peak), for the pairs whose traced peak is the GPU's: the
+# H200 run (gpu-2026-11-27.json) measured 0.662x (Llama) and 0.653x (Mixtral), the trace of the same code 0.662x and
+# 0.653x. Pairs with attention dropout are not held to it here: on the CPU their scores are materialised on both sides.
+PEAK_RATIO = {"llama": 0.65, "mixtral": 0.65}
 
 
 def traced(name: str) -> dict:
@@ -28,6 +34,8 @@ def test_a_gpu_training_step_costs_no_more_than_the_references(name):
     result = traced(name)
     ours, reference = result["ours"], result["reference"]
     assert ours["bytes_gib"] <= reference["bytes_gib"], (ours["bytes_gib"], reference["bytes_gib"])
+    peaks = (ours["peak_gib"], reference["peak_gib"])
+    assert peaks[0] <= peaks[1] * PEAK_RATIO.get(name, 1.0), peaks
     kernels = (ours["kernels"], reference["kernels"])
     assert kernels[0] <= kernels[1] * KERNEL_RATIO.get(name, 1.0), kernels
     wide = {dtype: flops for dtype, flops in ours["matmul_tflops"].items() if dtype == "float32"}
@@ -60,3 +68,19 @@ def test_a_host_sync_is_counted_with_its_place():
         del TfmStack.trained_a_step
     assert result["ours"]["host_syncs"] > 0
     assert any("read_bounds" in place for place, _ in result["ours"]["sync_places"])
+
+
+def test_the_peak_is_what_is_alive_at_once():
+    """The control for peak memory: storages count from the operator that makes them until they are freed; views and
+    in-place results add nothing."""
+    with FakeTensorMode(), trace.StepTrace() as counted:
+        first = torch.ones(1024)  # 4 KiB
+        second = first * 2  # 8 KiB alive
+        second.view(32, 32).add_(1)  # a view, in place: nothing new
+        del first
+        third = second + 1  # 8 KiB alive: the first was freed
+        del second, third
+        fourth = torch.ones(512)  # 2 KiB
+    assert counted.peak == 8192
+    assert counted.live == 2048
+    del fourth
