@@ -34,11 +34,27 @@ def compute_dtype(tensor: torch.Tensor) -> torch.dtype:
     return tensor.dtype
 
 
+def aligned_rows(table: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The head's weight or bias (a row per token) in the matmul's `dtype`, and in a 16-bit dtype with zero rows up to
+    a multiple of 8: a [tokens, table] product then has 16-byte-aligned rows, which the GPU's tensor-core matmul
+    kernels need. GPT-2's 50257 tokens are not: in the H200 run (benchmarks/results/gpu-2026-11-27.json, eager
+    kernel tables) the head's three matmuls ran in unaligned (align1) kernels for 30-31 of a step's 108 ms, on both
+    sides, where the compiled reference's aligned ones took 5. The zero rows project zero logits, never scored, and
+    their gradients are dropped. Under autocast the cast copies the weight anyway; bf16 weights pay a copy."""
+    padding = -table.shape[0] % 8 if dtype.itemsize == 2 else 0
+    if not padding:
+        return table.to(dtype)
+    aligned = table.new_empty((table.shape[0] + padding, *table.shape[1:]), dtype=dtype)
+    aligned[: table.shape[0]] = table
+    aligned[table.shape[0] :] = 0
+    return aligned
+
+
 class ChunkedLinearCrossEntropy(torch.autograd.Function):
     """Summed cross-entropy of `softcap(scale * hidden @ weight.T + bias)` against `labels`, over the labels that
     `scored` marks, and over the first `vocab_size` logits: rows of `weight` past them are the padding of a
-    padded table (`pad_vocab_size_to_multiple_of`), projected (the matmuls keep the padded width) but never scored,
-    and their gradient is 0.
+    padded table (`pad_vocab_size_to_multiple_of`), projected (the matmuls keep the padded width, and
+    `aligned_rows` may add zero rows) but never scored, and their gradient is 0.
 
     The gradients are computed chunk by chunk in the forward pass (when autograd will want them) and scaled by the
     incoming gradient in backward: one pass over the vocabulary instead of a forward and a recomputation. Matmuls run
@@ -61,7 +77,7 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
         grad_weight = None  # the first chunk's product, then a sum in place: no [vocab, hidden] temporary per chunk
         summed = torch.promote_types(weight.dtype, torch.float32)  # chunks add up in float32 even for bf16 weights
         grad_bias = torch.zeros_like(bias) if bias is not None and ctx.needs_input_grad[2] else None
-        weight_c, bias_c = weight.to(dtype), None if bias is None else bias.to(dtype)
+        weight_c, bias_c = aligned_rows(weight, dtype), None if bias is None else aligned_rows(bias, dtype)
         minus_one = torch.full((1, 1), -1.0, device=hidden.device).expand(target.shape)  # the one-hot, subtracted
         target_log_probs = []  # each chunk's [rows, 1], joined once at the end
         for start in range(0, hidden.shape[0], chunk):
@@ -78,10 +94,10 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
             logits = projected[:, :vocab_size] if vocab_size < padded_width else projected
             # in float32, by the kernel transformers' loss (cross_entropy) runs
             log_probs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
-            del projected, logits  # freed before the gradient's matmuls
+            del logits
             target_log_probs.append(log_probs.gather(-1, target[rows]))
             if not wants:
-                del log_probs, capped
+                del projected, log_probs, capped
                 continue
             # d(loss)/d(logits) = softmax - one_hot(target), written over the log-probabilities
             grad_logits = log_probs.exp_().scatter_add_(-1, target[rows], minus_one[rows])
@@ -89,9 +105,13 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
                 grad_logits.mul_(1.0 - capped[:, :vocab_size] * capped[:, :vocab_size])
             if grad_bias is not None:  # an unscored row's softmax is not 0: the bias gradient leaves it out
                 grad_logits.mul_(keep[rows])
-            if vocab_size < padded_width:  # back to the padded width: the padding's gradient is 0
-                grad_logits = torch.nn.functional.pad(grad_logits, (0, padded_width - vocab_size))
-            grad_logits = grad_logits.to(dtype)
+            if grad_logits.dtype != dtype or vocab_size < padded_width:
+                # into the projection's buffer: the matmul's dtype at the padded width, no new [rows, vocab] buffer
+                projected[:, :vocab_size] = grad_logits
+                if vocab_size < weight.shape[0]:  # a padded table's rows project values: their gradient is 0
+                    projected[:, vocab_size:] = 0
+                grad_logits = projected  # (the rows aligned_rows added project exactly 0 already)
+            del log_probs, projected  # one [rows, vocab] buffer left, whichever holds the gradient
             if grad_hidden is not None:
                 torch.mm(grad_logits, weight_c, out=grad_hidden[rows])
             if ctx.needs_input_grad[1]:
@@ -102,14 +122,14 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
                 else:  # a low-precision product summed in float32
                     grad_weight += grad_logits.t() @ inputs
             if grad_bias is not None:
-                grad_bias += grad_logits.sum(dim=0)
+                grad_bias += grad_logits[:, : bias.shape[0]].sum(dim=0)
             # this chunk's [rows, vocab] buffers are freed before the next chunk projects: names left bound would
             # hold them through it, as many again as one chunk needs
-            del log_probs, grad_logits, capped
+            del grad_logits, capped
         if grad_hidden is not None:
             grad_hidden.mul_(row_scale)
-        if grad_weight is not None:
-            grad_weight = grad_weight.to(weight.dtype)
+        if grad_weight is not None:  # without the rows aligned_rows added
+            grad_weight = grad_weight[: weight.shape[0]].to(weight.dtype)
         ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
         if not target_log_probs:  # no token to score (a masked-LM batch that masks none)
             return torch.zeros((), device=hidden.device)

@@ -137,3 +137,53 @@ def test_one_chunk_of_vocabulary_sized_buffers_is_alive_at_a_time():
     buffer = chunk * vocab * 4
     gradients = (vocab + rows) * width * 4
     assert peak_bytes(step, torch.device("cpu")) <= gradients + 2.25 * buffer
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"bias": True}, {"softcap": 3.0}, {"vocab_size": 90}, {"bias": True, "bias_after_matmul": True}],
+    ids=["plain", "bias", "softcapped", "padded-table", "bias-after"],
+)
+@pytest.mark.parametrize("weights", [torch.float32, torch.bfloat16], ids=["fp32-weights", "bf16-weights"])
+def test_rows_aligned_for_16_bit_matmuls_change_nothing(options, weights, monkeypatch):
+    """A 16-bit projection of a 101-token table runs on 104 rows (`aligned_rows`: 16-byte-aligned rows for GPU
+    matmul kernels): the loss and every gradient equal those of the unaligned 101 rows, under bf16 autocast (fp32
+    weights) and with bf16 weights."""
+    from hf_tfm import modeling_tfm_loss
+
+    rows, width, table = 37, 16, 101
+    torch.manual_seed(0)
+    hidden = torch.randn(rows, width, dtype=weights)
+    weight = (torch.randn(table, width) * 0.3).to(weights)
+    bias = torch.randn(table).to(weights) if options.get("bias") else None
+    labels = torch.randint(0, options.get("vocab_size", table), (rows,))
+    labels[:5] = -100
+
+    def loss_and_grads():
+        given = (hidden, weight) if bias is None else (hidden, weight, bias)
+        leaves = [tensor.clone().requires_grad_() for tensor in given]
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=weights == torch.float32):
+            loss = linear_cross_entropy(
+                leaves[0],
+                leaves[1],
+                leaves[2] if bias is not None else None,
+                labels,
+                8,
+                vocab_size=options.get("vocab_size"),
+                softcap=options.get("softcap"),
+                bias_after_matmul=options.get("bias_after_matmul", False),
+            )
+        loss.backward()
+        return [loss.detach()] + [leaf.grad for leaf in leaves]
+
+    assert modeling_tfm_loss.aligned_rows(weight, torch.bfloat16).shape[0] == 104
+    aligned = loss_and_grads()
+    if "vocab_size" in options:  # a padded table's own rows: projected, never scored, no gradient
+        assert aligned[2][options["vocab_size"] :].abs().max() == 0
+    shapes = []
+    monkeypatch.setattr(modeling_tfm_loss, "aligned_rows", lambda t, dtype: shapes.append(t.shape) or t.to(dtype))
+    unaligned = loss_and_grads()
+    assert shapes and shapes[0][0] == table  # the control ran unaligned
+    for ours, theirs in zip(aligned, unaligned, strict=True):
+        assert ours.dtype == theirs.dtype and ours.shape == theirs.shape
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=0)

@@ -23,6 +23,9 @@ SYNCS = {"causal": 0, "seq2seq": 0, "masked": 1}
 # H200 run (gpu-2026-11-27.json) measured 0.662x (Llama) and 0.653x (Mixtral), the trace of the same code 0.662x and
 # 0.653x. Pairs with attention dropout are not held to it here: on the CPU their scores are materialised on both sides.
 PEAK_RATIO = {"llama": 0.65, "mixtral": 0.65}
+# the share of a step's matmul FLOPs that 7 zero rows of the head add at the largest vocabulary here (GPT-2 and BART:
+# about 1.4e-4 of the head's matmuls, which are a third of the step's), with room
+ALIGNED_ROWS = 1e-4
 
 
 def traced(name: str) -> dict:
@@ -40,7 +43,8 @@ def test_a_gpu_training_step_costs_no_more_than_the_references(name):
     assert kernels[0] <= kernels[1] * KERNEL_RATIO.get(name, 1.0), kernels
     wide = {dtype: flops for dtype, flops in ours["matmul_tflops"].items() if dtype == "float32"}
     assert wide.get("float32", 0.0) <= reference["matmul_tflops"].get("float32", 0.0) * (1 + 1e-9), (wide, reference)
-    assert sum(ours["matmul_tflops"].values()) <= sum(reference["matmul_tflops"].values()) * (1 + 1e-9)
+    # the loss's 16-bit matmuls project up to 7 zero rows more (aligned_rows: GPT-2's 50257 tokens on 50264 rows)
+    assert sum(ours["matmul_tflops"].values()) <= sum(reference["matmul_tflops"].values()) * (1 + ALIGNED_ROWS)
     assert ours["host_syncs"] <= SYNCS[KINDS[name].task], ours["sync_places"]
 
 
