@@ -8,7 +8,8 @@ The models are built and run under `FakeTensorMode`: every tensor has a shape, a
 a GPT-2 124M step at 16 x 1024 costs seconds and no memory. `StepTrace`, a dispatch mode above it, sees every aten
 operator the step runs (forward, backward and the AdamW update), as a GPU would get them:
 - kernels: operators that are not views or metadata (each is at least one kernel launch on a GPU);
-- bytes: what each of them reads (its tensor inputs) and writes (its tensor outputs), in GiB;
+- bytes: what each of them reads (its tensor inputs; a gather or scatter what its indices pick, a copy or fill not
+  its target) and writes (its tensor outputs), in GiB;
 - matmul FLOPs by the dtype of their inputs (torch's flop formulas): a matmul left in float32 under autocast shows;
 - host synchronisations: the operators that read a value into Python or size an output by the values (the list of
   `benchmarks.beyond_sync.waits_for_device`), each named with the code that made it;
@@ -67,6 +68,8 @@ NO_KERNEL = frozenset(
 GATHERS = frozenset({"gather", "index_select", "embedding", "index"})
 # in-place writes into a tensor at given indices, which read and write only what their source covers
 SCATTERS = frozenset({"scatter_", "scatter_add_", "index_put_", "_index_put_impl_", "index_add_", "index_copy_"})
+# in-place writes that do not read their target: a copy reads its source only, a fill nothing
+OVERWRITES = frozenset({"copy_", "fill_", "zero_"})
 # in-place matmuls (an accumulated weight gradient: `addmm_`), counted by their out-of-place formula
 OUT_OF_PLACE = {"addmm_": torch.ops.aten.addmm, "baddbmm_": torch.ops.aten.baddbmm, "addbmm_": torch.ops.aten.addbmm}
 
@@ -153,6 +156,9 @@ class StepTrace(TorchDispatchMode):
         self.operators[name] += 1
         if name in GATHERS:  # reads what its indices pick: as many elements as it writes
             self.bytes_read += _bytes(_tensors(list(args[1:]) + list(kwargs.values()))) + _bytes(_tensors(out))
+            self.bytes_written += _bytes(_tensors(out))
+        elif name in OVERWRITES:
+            self.bytes_read += _bytes(_tensors(list(args[1:]) + list(kwargs.values())))
             self.bytes_written += _bytes(_tensors(out))
         elif name in SCATTERS:  # touches its target where the source goes: the source's bytes, read and written
             moved = _bytes(_tensors(list(args[1:]) + list(kwargs.values())))
