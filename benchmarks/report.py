@@ -484,6 +484,23 @@ def trace_section(record: dict, source: Path) -> list[str]:
             cell(sum(ours["matmul_tflops"].values()), sum(theirs["matmul_tflops"].values()), 2),
         ]
         lines.append(f"| {name} | " + " | ".join(rows) + " |")
+    forwards = {name: pair["forward"] for name, pair in record["pairs"].items() if "forward" in pair}
+    if forwards:
+        lines += [
+            "",
+            "An inference forward of the same batch (eval mode, no labels, the profile's bf16 weights), traced alike:",
+            "",
+            "| pair | kernels | GiB read + written | peak GiB |",
+            "|---|---|---|---|",
+        ]
+        for name, forward in forwards.items():
+            ours, theirs = forward["ours"], forward["reference"]
+            rows = [
+                cell(ours["kernels"], theirs["kernels"], 0),
+                cell(ours["bytes_gib"], theirs["bytes_gib"], 2),
+                cell(ours["peak_gib"], theirs["peak_gib"], 3),
+            ]
+            lines.append(f"| {name} | " + " | ".join(rows) + " |")
     return [*lines, ""]
 
 

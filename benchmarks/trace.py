@@ -110,6 +110,12 @@ def _made_up(func, args, kwargs):
     raise NotImplementedError(f"the trace cannot make up the result of {func}")
 
 
+def hands_back_its_input(name: str, args) -> bool:
+    """Dropout in eval mode or with p=0 returns its input (aten's `_dropout_impl`): no kernel, no memory, though a
+    fake tensor makes a new one."""
+    return name in ("dropout", "feature_dropout", "alpha_dropout") and (not args[2] or args[1] == 0)
+
+
 class StepTrace(TorchDispatchMode):
     """Counts, per aten operator reaching the dispatcher: kernels, bytes read and written, matmul FLOPs by input
     dtype, host synchronisations (with their places). Pause with `counting = False`."""
@@ -146,10 +152,10 @@ class StepTrace(TorchDispatchMode):
             except Exception:  # fake tensors have no values to answer with
                 return _made_up(func, args, kwargs)
         out = func(*args, **kwargs)
-        if not self.counting or func.namespace == "prim" or func.is_view:
+        name = func.overloadpacket.__name__
+        if not self.counting or func.namespace == "prim" or func.is_view or hands_back_its_input(name, args):
             return out
         self.allocate(_tensors(out))
-        name = func.overloadpacket.__name__
         if name in NO_KERNEL:
             return out
         self.kernels += 1
@@ -225,8 +231,21 @@ def trace_step(model, inputs: dict, autocast_dtype, steps: int = 2) -> dict:
     return trace.summary()
 
 
+def trace_forward(model, features: dict) -> dict:
+    """One inference forward (eval mode, no labels, under inference_mode) traced after an untraced one: what an
+    evaluation or serving forward costs. Composite operators (linear) show as themselves here."""
+    model.eval()
+    trace = StepTrace()
+    with torch.inference_mode(), trace:
+        for step in range(2):
+            trace.counting = step == 1
+            model(**features)
+    return trace.summary()
+
+
 def trace_pair(name: str, spec: dict) -> dict:
-    """Both sides' step at the pair's `spec` shape, under the GPU profile's dtype policy whatever the profile."""
+    """Both sides' training step at the pair's `spec` shape, under the GPU profile's dtype policy whatever the
+    profile, and both sides' inference forward in the profile's dtype (its weights, as the GPU profile runs it)."""
     task = KINDS[name].task
     gpu = PROFILES["gpu"]["pairs"][name]
     weights = getattr(torch, gpu["train_weights"]) if "train_weights" in gpu else torch.float32
@@ -244,6 +263,15 @@ def trace_pair(name: str, spec: dict) -> dict:
         sides = {}
         for side, model in models.items():
             sides[side] = trace_step(model, inputs, autocast_dtype)
+        torch.set_default_dtype(low)
+        try:
+            models = build_fake_pair(name, spec["config"])
+        finally:
+            torch.set_default_dtype(default_dtype)
+        features = {key: value for key, value in inputs.items() if key != "labels"}
+        if models["ours"].config.is_encoder_decoder:
+            features["decoder_input_ids"] = inputs["labels"].clamp(min=0)  # (the labels' -100 padding, if any)
+        forward = {side: trace_forward(model, features) for side, model in models.items()}
     ratios = {
         key: sides["ours"][key] / sides["reference"][key] if sides["reference"][key] else math.nan
         for key in ("kernels", "bytes_gib")
@@ -255,6 +283,7 @@ def trace_pair(name: str, spec: dict) -> dict:
         "autocast": None if autocast_dtype is None else str(autocast_dtype).removeprefix("torch."),
         **sides,
         "ratios": ratios,
+        "forward": forward,
     }
 
 
