@@ -681,24 +681,7 @@ class TfmRouter(nn.Module):
             router_logits = nn.functional.linear(hidden_states.float(), self.weight.float(), bias)
         else:
             router_logits = nn.functional.linear(hidden_states, self.weight, self.bias)
-        if self.scoring_func == "top_k_softmax":  # GPT-OSS: the k best logits, weighted by their own softmax
-            top_k_logits, top_k_index = torch.topk(router_logits, self.top_k, dim=-1)
-            top_k_weights = torch.softmax(top_k_logits, dim=-1, dtype=top_k_logits.dtype)
-        else:
-            if self.scoring_func == "softmax":
-                scores = torch.softmax(router_logits.float(), dim=-1)
-            else:
-                scores = torch.sigmoid(router_logits.float())
-            if not self.choice_bias and self.groups == 1:  # the weights are the scores topk picks
-                top_k_weights, top_k_index = torch.topk(scores, self.top_k, dim=-1)
-            else:  # picked by biased or group-limited scores, weighted by the scores themselves
-                choice = scores + self.expert_bias if self.choice_bias else scores
-                if self.groups > 1:
-                    choice = self.within_best_groups(choice)
-                top_k_index = torch.topk(choice, self.top_k, dim=-1).indices
-                top_k_weights = scores.gather(-1, top_k_index)
-            if self.norm_topk_prob:
-                top_k_weights = top_k_weights / top_k_weights.sum(dim=-1, keepdim=True)
+        top_k_weights, top_k_index = self.top_k_experts(router_logits)
         if self.scaling != 1.0:
             top_k_weights = top_k_weights * self.scaling
         if self.capacity_factor is not None:
@@ -710,6 +693,27 @@ class TfmRouter(nn.Module):
                 picks = top_k_index.flatten()
                 self.tokens_per_expert.index_add_(0, picks, torch.ones_like(picks, dtype=self.tokens_per_expert.dtype))
         return router_logits, top_k_weights, top_k_index
+
+    def top_k_experts(self, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each token's k experts and their weights, by the scoring function."""
+        if self.scoring_func == "top_k_softmax":  # GPT-OSS: the k best logits, weighted by their own softmax
+            top_k_logits, top_k_index = torch.topk(router_logits, self.top_k, dim=-1)
+            return torch.softmax(top_k_logits, dim=-1, dtype=top_k_logits.dtype), top_k_index
+        if self.scoring_func == "softmax":
+            scores = torch.softmax(router_logits.float(), dim=-1)
+        else:
+            scores = torch.sigmoid(router_logits.float())
+        if not self.choice_bias and self.groups == 1:  # the weights are the scores topk picks
+            top_k_weights, top_k_index = torch.topk(scores, self.top_k, dim=-1)
+        else:  # picked by biased or group-limited scores, weighted by the scores themselves
+            choice = scores + self.expert_bias if self.choice_bias else scores
+            if self.groups > 1:
+                choice = self.within_best_groups(choice)
+            top_k_index = torch.topk(choice, self.top_k, dim=-1).indices
+            top_k_weights = scores.gather(-1, top_k_index)
+        if self.norm_topk_prob:
+            top_k_weights = top_k_weights / top_k_weights.sum(dim=-1, keepdim=True)
+        return top_k_weights, top_k_index
 
     def within_best_groups(self, choice: torch.Tensor) -> torch.Tensor:
         """`choice` with -inf outside each token's best `topk_groups` groups of experts, a group scored by the sum of
