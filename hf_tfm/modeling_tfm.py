@@ -310,6 +310,8 @@ class TfmDecoderHead(TfmHead):
         use_cache: bool | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> ModelOutput:
+        if labels is not None and use_cache is None:
+            use_cache = False  # as the causal LM's
         routed = self.wants_router_logits(kwargs, labels)
         outputs = self.model(
             input_ids=input_ids,
@@ -352,6 +354,8 @@ class TfmDecoderForCausalLM(TfmDecoderHead, TfmGenerationMixin):
         **kwargs: Unpack[TransformersKwargs],
     ) -> MoeCausalLMOutputWithPast:
         check_labels(labels, input_ids, inputs_embeds)
+        if labels is not None and use_cache is None:
+            use_cache = False  # a step scored against labels is not continued: no copy of every layer's keys
         routed = self.wants_router_logits(kwargs, labels)
         outputs = self.model(
             input_ids=input_ids,

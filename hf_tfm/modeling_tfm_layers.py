@@ -428,6 +428,11 @@ class TfmAttention(AttentionModule):
                 cache = cache.self_attention_cache
             if cache is not None:
                 key_states, value_states = cache.update(key_states, value_states, self.layer_idx)
+            elif position_embeddings is not None and value._base is not None and value._base is query._base:
+                # a value that views the joint q/k/v output (joint_projections) would keep all of it alive for
+                # backward, where RoPE made new query and key tensors: a copy of the value alone lets it go, as a
+                # cache's copy does
+                value_states = value_states.contiguous()
 
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward

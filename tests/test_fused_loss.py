@@ -187,3 +187,20 @@ def test_rows_aligned_for_16_bit_matmuls_change_nothing(options, weights, monkey
     for ours, theirs in zip(aligned, unaligned, strict=True):
         assert ours.dtype == theirs.dtype and ours.shape == theirs.shape
         torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+
+
+def test_a_step_scored_against_labels_builds_no_cache_unless_asked():
+    """As BART's and T5's heads: with labels a decoder copies no layer's keys and values into a cache that a training
+    step never reads (two copies a layer, kept through the loss), unless `use_cache=True` asks for one; without
+    labels the cache comes back as transformers' does. The sequence classifier's head alike."""
+    from hf_tfm import TfmDecoderForSequenceClassification
+    from hf_tfm.compat import CACHE_NAME
+
+    model, batch = model_and_batch("causal-tied", 0)
+    assert model(**batch).get(CACHE_NAME) is None
+    assert model(**batch, use_cache=True).get(CACHE_NAME).get_seq_length() == 7
+    assert model(input_ids=batch["input_ids"]).get(CACHE_NAME).get_seq_length() == 7
+    torch.manual_seed(0)
+    classifier = TfmDecoderForSequenceClassification(tiny_config(num_labels=2, pad_token_id=0)).train()
+    assert classifier(input_ids=batch["input_ids"], labels=torch.tensor([0, 1])).get(CACHE_NAME) is None
+    assert classifier(input_ids=batch["input_ids"]).get(CACHE_NAME).get_seq_length() == 7

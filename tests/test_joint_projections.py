@@ -189,3 +189,33 @@ def test_a_step_in_the_weights_dtype_saves_what_the_separate_layers_save(weights
     monkeypatch.undo()
     monkeypatch.setattr(modeling_tfm_layers, "compute_dtype", lambda tensor: torch.float64)  # joined regardless
     assert saved_for_backward_bytes(model, autocast) > joint
+
+
+def test_a_rope_step_without_a_cache_keeps_no_joint_output():
+    """Joined (fp32 weights under bf16 autocast), RoPE makes new query and key tensors while the value views the
+    joint q/k/v output, and sdpa's flash kernel keeps the tensors it is given: a copy of the value lets that output
+    go. So a step given labels, which builds no cache, keeps for backward what the same step with a cache keeps (the
+    cache's copies of keys and values let it go too); without the value's copy it kept the whole joint output."""
+    torch.manual_seed(0)
+    model = perturb(TfmDecoderForCausalLM(tiny_config(position_embedding_type="rope", loss_chunk_size=0)), 0.5).train()
+    input_ids = torch.randint(3, 90, (2, 16))  # no padding: no mask, so the CPU's sdpa runs its flash kernel
+    parameters = {parameter.untyped_storage().data_ptr() for parameter in model.parameters()}
+
+    def saved_bytes(**kwargs) -> int:
+        saved = {}
+
+        def pack(tensor):
+            storage = tensor.untyped_storage()
+            if storage.data_ptr() not in parameters:
+                saved[storage.data_ptr()] = storage.nbytes()
+            return tensor
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                model(input_ids=input_ids, labels=input_ids, **kwargs)
+        return sum(saved.values())
+
+    with_cache = saved_bytes(use_cache=True)
+    assert saved_bytes() == with_cache
+    with pytest.MonkeyPatch.context() as patch:  # the projections did join
+        assert joined_calls(model, patch, lambda model: saved_bytes())
