@@ -129,7 +129,10 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
         if grad_hidden is not None:
             grad_hidden.mul_(row_scale)
         if grad_weight is not None:  # without the rows aligned_rows added
-            grad_weight = grad_weight[: weight.shape[0]].to(weight.dtype)
+            if grad_weight.shape[0] != weight.shape[0]:
+                # detached: autograd would copy a view (of the padded buffer) into the parameter's gradient
+                grad_weight = grad_weight[: weight.shape[0]].detach()
+            grad_weight = grad_weight.to(weight.dtype)
         ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
         if not target_log_probs:  # no token to score (a masked-LM batch that masks none)
             return torch.zeros((), device=hidden.device)

@@ -204,3 +204,31 @@ def test_a_step_scored_against_labels_builds_no_cache_unless_asked():
     classifier = TfmDecoderForSequenceClassification(tiny_config(num_labels=2, pad_token_id=0)).train()
     assert classifier(input_ids=batch["input_ids"], labels=torch.tensor([0, 1])).get(CACHE_NAME) is None
     assert classifier(input_ids=batch["input_ids"]).get(CACHE_NAME).get_seq_length() == 7
+
+
+def test_aligned_rows_cost_a_step_no_memory(monkeypatch):
+    """The weight gradient summed over the aligned rows goes to the head's weight without them, as a tensor of its
+    own: a view of the padded sum would be copied by autograd into the parameter's gradient (a whole weight gradient
+    more at the step's peak). The step under bf16 autocast peaks where the unaligned step does, give or take the 7
+    zero rows. Peak bytes from the profiler's allocation records: exact, not timed."""
+    from benchmarks.measure import peak_bytes
+    from hf_tfm import modeling_tfm_loss
+
+    torch.manual_seed(0)
+    # a large table and few tokens: the step peaks in backward, where the head's gradient arrives
+    config = tiny_config(vocab_size=20001, hidden_size=64, num_hidden_layers=1, loss_chunk_size=None)
+    model = TfmDecoderForCausalLM(config).train()
+    input_ids = torch.randint(3, 20001, (2, 8))
+
+    def step():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(input_ids=input_ids, labels=input_ids).loss
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+
+    step()
+    aligned = peak_bytes(step, torch.device("cpu"))
+    monkeypatch.setattr(modeling_tfm_loss, "aligned_rows", lambda table, dtype: table.to(dtype))
+    unaligned = peak_bytes(step, torch.device("cpu"))
+    weight_gradient = 20001 * 64 * 4
+    assert aligned <= unaligned + weight_gradient / 8, (aligned, unaligned)
