@@ -78,6 +78,15 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
         summed = torch.promote_types(weight.dtype, torch.float32)  # chunks add up in float32 even for bf16 weights
         grad_bias = torch.zeros_like(bias) if bias is not None and ctx.needs_input_grad[2] else None
         weight_c, bias_c = aligned_rows(weight, dtype), None if bias is None else aligned_rows(bias, dtype)
+        width = weight_c.shape[0]
+        # the logits past the vocabulary (a padded table's rows, the rows aligned_rows added) are biased to -inf, so
+        # log_softmax runs over whole rows and gives them probability 0 (aten's _log_softmax copies a sliced row into
+        # a contiguous one first); a soft cap would bound the -inf, so capped logits are sliced instead
+        sliced = softcap is not None and vocab_size < width
+        if vocab_size < width and not sliced:
+            beyond = torch.zeros(width, dtype=dtype, device=hidden.device)
+            beyond[vocab_size:] = float("-inf")
+            bias_c = beyond if bias_c is None else bias_c + beyond
         minus_one = torch.full((1, 1), -1.0, device=hidden.device).expand(target.shape)  # the one-hot, subtracted
         target_log_probs = []  # each chunk's [rows, 1], joined once at the end
         for start in range(0, hidden.shape[0], chunk):
@@ -90,8 +99,7 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
             if softcap is not None:  # in the projection's dtype, as transformers' heads cap their logits
                 capped = torch.tanh(projected / softcap)
                 projected = capped * softcap
-            padded_width = projected.shape[-1]
-            logits = projected[:, :vocab_size] if vocab_size < padded_width else projected
+            logits = projected[:, :vocab_size] if sliced else projected
             # in float32, by the kernel transformers' loss (cross_entropy) runs
             log_probs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
             del logits
@@ -105,10 +113,10 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
                 grad_logits.mul_(1.0 - capped[:, :vocab_size] * capped[:, :vocab_size])
             if grad_bias is not None:  # an unscored row's softmax is not 0: the bias gradient leaves it out
                 grad_logits.mul_(keep[rows])
-            if grad_logits.dtype != dtype or vocab_size < padded_width:
-                # into the projection's buffer: the matmul's dtype at the padded width, no new [rows, vocab] buffer
-                projected[:, :vocab_size] = grad_logits
-                if vocab_size < weight.shape[0]:  # a padded table's rows project values: their gradient is 0
+            if grad_logits.dtype != dtype or sliced:
+                # into the projection's buffer: the matmul's dtype at the full width, no new [rows, vocab] buffer
+                projected[:, : grad_logits.shape[1]] = grad_logits
+                if sliced and vocab_size < weight.shape[0]:  # a padded table's rows project values: gradient 0
                     projected[:, vocab_size:] = 0
                 grad_logits = projected  # (the rows aligned_rows added project exactly 0 already)
             del log_probs, projected  # one [rows, vocab] buffer left, whichever holds the gradient
