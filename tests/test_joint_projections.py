@@ -159,8 +159,9 @@ def test_a_checkpoint_saved_before_the_change_loads_with_its_logits():
     torch.testing.assert_close(logits, expected, rtol=0, atol=1e-5)
 
 
-def saved_for_backward_bytes(model, autocast: bool) -> int:
-    """The bytes a training step keeps for its backward pass beyond the parameters (unique storages)."""
+def saved_for_backward_bytes(model, autocast: bool, run=None) -> int:
+    """The bytes a training step (`step`, or `run(model)`) keeps for its backward pass beyond the parameters (unique
+    storages)."""
     parameters = {parameter.untyped_storage().data_ptr() for parameter in model.parameters()}
     saved = {}
 
@@ -171,7 +172,7 @@ def saved_for_backward_bytes(model, autocast: bool) -> int:
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        step(model, autocast=autocast)
+        (run or partial(step, autocast=autocast))(model)
     return sum(saved.values())
 
 
@@ -199,23 +200,12 @@ def test_a_rope_step_without_a_cache_keeps_no_joint_output():
     torch.manual_seed(0)
     model = perturb(TfmDecoderForCausalLM(tiny_config(position_embedding_type="rope", loss_chunk_size=0)), 0.5).train()
     input_ids = torch.randint(3, 90, (2, 16))  # no padding: no mask, so the CPU's sdpa runs its flash kernel
-    parameters = {parameter.untyped_storage().data_ptr() for parameter in model.parameters()}
 
-    def saved_bytes(**kwargs) -> int:
-        saved = {}
+    def forward(model, **kwargs):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            model(input_ids=input_ids, labels=input_ids, **kwargs)
 
-        def pack(tensor):
-            storage = tensor.untyped_storage()
-            if storage.data_ptr() not in parameters:
-                saved[storage.data_ptr()] = storage.nbytes()
-            return tensor
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                model(input_ids=input_ids, labels=input_ids, **kwargs)
-        return sum(saved.values())
-
-    with_cache = saved_bytes(use_cache=True)
-    assert saved_bytes() == with_cache
+    with_cache = saved_for_backward_bytes(model, True, partial(forward, use_cache=True))
+    assert saved_for_backward_bytes(model, True, forward) == with_cache
     with pytest.MonkeyPatch.context() as patch:  # the projections did join
-        assert joined_calls(model, patch, lambda model: saved_bytes())
+        assert joined_calls(model, patch, forward)
