@@ -132,7 +132,8 @@ class StepTrace(TorchDispatchMode):
         self.allocated = WeakIdKeyDictionary()  # the storages the counted step made: freed, they leave `live`
 
     def allocate(self, tensors: list[torch.Tensor]) -> None:
-        for storage in {id(t.untyped_storage()): t.untyped_storage() for t in tensors}.values():
+        for tensor in tensors:
+            storage = tensor.untyped_storage()
             if storage not in self.allocated:  # a view or an in-place result shares a storage already counted
                 self.allocated[storage] = None
                 self.live += storage.nbytes()

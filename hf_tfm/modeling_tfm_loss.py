@@ -39,8 +39,9 @@ def aligned_rows(table: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     a multiple of 8: a [tokens, table] product then has 16-byte-aligned rows, which the GPU's tensor-core matmul
     kernels need. GPT-2's 50257 tokens are not: in the H200 run (benchmarks/results/gpu-2026-11-27.json, eager
     kernel tables) the head's three matmuls ran in unaligned (align1) kernels for 30-31 of a step's 108 ms, on both
-    sides, where the compiled reference's aligned ones took 5. The zero rows project zero logits, never scored, and
-    their gradients are dropped. Under autocast the cast copies the weight anyway; bf16 weights pay a copy."""
+    sides, where the compiled reference's aligned ones took 5. The zero rows' logits are never scored (the loss
+    biases them to -inf, or slices capped logits short of them) and their gradients are dropped. Under autocast the
+    cast copies the weight anyway; bf16 weights pay a copy."""
     padding = -table.shape[0] % 8 if dtype.itemsize == 2 else 0
     if not padding:
         return table.to(dtype)
@@ -118,7 +119,7 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
                 projected[:, : grad_logits.shape[1]] = grad_logits
                 if sliced and vocab_size < weight.shape[0]:  # a padded table's rows project values: gradient 0
                     projected[:, vocab_size:] = 0
-                grad_logits = projected  # (the rows aligned_rows added project exactly 0 already)
+                grad_logits = projected  # (sliced, the rows aligned_rows added project exactly 0 already)
             del log_probs, projected  # one [rows, vocab] buffer left, whichever holds the gradient
             if grad_hidden is not None:
                 torch.mm(grad_logits, weight_c, out=grad_hidden[rows])
