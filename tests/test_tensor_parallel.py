@@ -15,8 +15,10 @@ The tests without processes check the plans' rules and the layouts refused by co
 
 import json
 import os
+import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -251,6 +253,11 @@ def write_runs(directory: Path) -> None:
     (directory / "runs.json").write_text(json.dumps(runs, indent=1))
 
 
+def died_in_native_code(launcher_output: str) -> bool:
+    """Whether torchrun reports a rank killed by SIGABRT, SIGSEGV or SIGBUS (a Python error exits with 1)."""
+    return re.search(r"Signal (6|7|11) \(SIG(ABRT|BUS|SEGV)\) received", launcher_output) is not None
+
+
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory) -> list[dict]:
     """Both ranks' results: {run name: {what was measured}}."""
@@ -258,9 +265,15 @@ def measured(tmp_path_factory) -> list[dict]:
     write_runs(directory)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     env = os.environ | {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    result = subprocess.run(
-        [*command, str(WORKER), str(directory)], env=env, capture_output=True, text=True, timeout=300, check=False
-    )
+    for attempt in range(2):
+        result = subprocess.run(
+            [*command, str(WORKER), str(directory)], env=env, capture_output=True, text=True, timeout=300, check=False
+        )
+        if result.returncode == 0 or not died_in_native_code(result.stderr) or attempt == 1:
+            break
+        # once in CI (2026-11-27) rank 0 aborted in the t5_like run with glibc's "malloc(): unaligned fastbin chunk
+        # detected", and 25 launches under a busy loop here did not repeat it; a crash twice in a row still fails
+        warnings.warn(f"a rank died in native code; launching once more:\n{result.stderr[-1500:]}", stacklevel=1)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     ranks = [json.loads((directory / f"rank{rank}.json").read_text())["runs"] for rank in range(2)]
     for runs in ranks:
@@ -448,3 +461,9 @@ ALLOWED = [
 @pytest.mark.parametrize(("config_class", "fields", "sizes"), ALLOWED)
 def test_layouts_the_plans_shard_exactly_are_not_refused(config_class, fields, sizes):
     check_parallel_layout(config_class(**SMALL | fields), distributed(**sizes))
+
+
+def test_only_a_rank_killed_by_a_signal_is_launched_again():
+    crashed = "  traceback : Signal 6 (SIGABRT) received by PID 2564\n"  # torchrun's report, as CI printed it
+    raised = "  exitcode  : 1 (pid: 2564)\n  traceback : To enable traceback see: ...\n"
+    assert died_in_native_code(crashed) and not died_in_native_code(raised)
