@@ -51,6 +51,8 @@ NO_KERNEL = frozenset(
         "empty",
         "empty_strided",
         "empty_like",
+        "new_empty",
+        "_unsafe_view",  # a view of a tensor just made (reshape's, after a copy); not flagged as one
         "lift_fresh",
         "_to_copy_noop",
         "set_",
@@ -60,6 +62,9 @@ NO_KERNEL = frozenset(
         "sym_storage_offset",
         "is_same_size",
         "_has_compatible_shallow_copy_type",
+        "promote_types",
+        "_record_function_enter_new",  # the profiler's markers (the optimizer's step)
+        "_record_function_exit",
     }
 )
 
