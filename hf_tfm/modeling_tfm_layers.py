@@ -37,9 +37,13 @@ class TfmRMSNorm(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         input_dtype = hidden_states.dtype
-        hidden_states = hidden_states.to(torch.float32)
-        variance = hidden_states.pow(2).mean(-1, keepdim=True)
-        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        in_float32 = hidden_states.to(torch.float32)
+        variance = in_float32.pow(2).mean(-1, keepdim=True)
+        # a 16-bit input without gradients is scaled itself, as T5's norm does: the same values (it widens exactly in
+        # the product) with 2 bytes an element read instead of 4, and the float32 copy freed after the variance. With
+        # gradients the copy is scaled, as Llama's: the input's gradient then sums both paths in float32, rounded once
+        scaled = hidden_states if hidden_states.dtype.itemsize == 2 and not torch.is_grad_enabled() else in_float32
+        hidden_states = scaled * torch.rsqrt(variance + self.variance_epsilon)
         if self.unit_offset:  # Gemma scales in float32, then casts (Llama casts, then scales)
             return (hidden_states * (1.0 + self.weight.float())).to(input_dtype)
         if self.scale_in_float32:  # OLMo 2 and GPT-OSS: the float32 states scaled, then cast

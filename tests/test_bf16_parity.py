@@ -125,3 +125,20 @@ def test_bart_adds_its_bias_after_the_matmul(monkeypatch):
     torch.testing.assert_close(output(ours, inputs), output(reference, inputs), rtol=0, atol=0)
     monkeypatch.setattr(modeling_tfm_stack, "reads_its_weight", lambda layer: False)
     assert (output(ours, inputs).float() - output(reference, inputs).float()).abs().max() > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("variant", [{}, {"unit_offset": True}, {"scale_in_float32": True}])
+def test_rmsnorm_without_gradients_gives_the_values_it_gives_with_them(variant, dtype):
+    """Without gradients a 16-bit input is scaled itself (T5's form: its float32 copy dies after the variance), with
+    them its float32 copy (Llama's, whose gradient rounds once): the same values either way, bit for bit."""
+    norm = TfmRMSNorm(64, **variant)
+    with torch.no_grad():
+        norm.weight.normal_()
+    norm = norm.to(dtype)
+    hidden = torch.randn(3, 7, 64, generator=torch.Generator().manual_seed(0)).mul(5).to(dtype)
+    with torch.no_grad():
+        without = norm(hidden)
+    with_gradients = norm(hidden.requires_grad_())
+    assert with_gradients.dtype == without.dtype == dtype
+    assert torch.equal(with_gradients.detach(), without)
