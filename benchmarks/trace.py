@@ -115,9 +115,13 @@ def _made_up(func, args, kwargs):
     raise NotImplementedError(f"the trace cannot make up the result of {func}")
 
 
+def _keep(*alive) -> None:
+    """A finalizer that does nothing: what it was given stays referenced until it runs."""
+
+
 def hands_back_its_input(name: str, args) -> bool:
     """Dropout in eval mode or with p=0 returns its input (aten's `_dropout_impl`): no kernel, no memory, though a
-    fake tensor makes a new one."""
+    fake tensor makes a new one, and no freeing: the input lives on as the output."""
     return name in ("dropout", "feature_dropout", "alpha_dropout") and (not args[2] or args[1] == 0)
 
 
@@ -159,7 +163,11 @@ class StepTrace(TorchDispatchMode):
                 return _made_up(func, args, kwargs)
         out = func(*args, **kwargs)
         name = func.overloadpacket.__name__
-        if not self.counting or func.namespace == "prim" or func.is_view or hands_back_its_input(name, args):
+        if hands_back_its_input(name, args):
+            # the device hands back the input: it lives as long as the fake's new output does
+            weakref.finalize(out.untyped_storage(), _keep, args[0].untyped_storage())
+            return out
+        if not self.counting or func.namespace == "prim" or func.is_view:
             return out
         self.allocate(_tensors(out))
         if name in NO_KERNEL:
