@@ -214,10 +214,12 @@ class TfmRelativePositionBias(nn.Module):
 
     def forward(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
         """[B, q] and [B, kv] positions (B = 1 for positions every row shares) -> additive bias [B, heads, q, kv] in
-        float32."""
+        float32, contiguous: the embedding gives heads innermost, and a mask made from it would keep that layout,
+        whose last dimension's stride (heads) keeps sdpa on a GPU off its fused kernels (they need stride 1)."""
         relative_position = key_positions[:, None, :] - query_positions[:, :, None]
         buckets = relative_position_bucket(relative_position, self.bidirectional, self.num_buckets, self.max_distance)
-        return self.relative_attention_bias(buckets).permute(0, 3, 1, 2).float()
+        bias = self.relative_attention_bias(buckets).permute(0, 3, 1, 2)
+        return bias.to(torch.float32, memory_format=torch.contiguous_format)
 
 
 def relative_position_bucket(
@@ -264,6 +266,8 @@ def merge_position_bias(attention_mask, position_bias: torch.Tensor, dtype: torc
     bias = position_bias.to(dtype)
     if attention_mask is None:
         return bias
+    if attention_mask.shape[0] > 1 and attention_mask.stride(0) == 0:
+        attention_mask = attention_mask[:1]  # one row expanded over the batch (causal, no padding): merged once
     if attention_mask.dtype == torch.bool:
         attention_mask = torch.zeros_like(attention_mask, dtype=dtype).masked_fill(~attention_mask, min_value)
     attention_mask = attention_mask[..., : bias.shape[-1]]

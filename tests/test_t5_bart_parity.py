@@ -258,3 +258,31 @@ def test_t5_position_bias_is_built_once_for_the_batch():
     stack.position_bias.register_forward_hook(lambda module, args, output: shapes.append(tuple(output.shape)))
     ours(input_ids=torch.randint(3, VOCAB, (3, 6)), decoder_input_ids=torch.randint(3, VOCAB, (3, 4)))
     assert shapes == [(1, 4, 6, 6)]
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_t5_masks_reach_the_attention_as_a_gpu_kernel_reads_them(padded):
+    """The masks that carry the relative bias are contiguous (sdpa's fused GPU kernels refuse a mask whose last
+    dimension has another stride, and take the math path: the embedding's heads-innermost layout did that), and
+    one [1, heads, q, kv] mask where the rows share it: the decoder's causal mask is one row expanded over the
+    batch."""
+    ours = to_tfm(t5())
+    masks = {}
+
+    def record(name):
+        def hook(module, args, kwargs):
+            masks.setdefault(name, kwargs["attention_mask"])
+
+        return hook
+
+    ours.model.encoder.layers[0].self_attn.register_forward_pre_hook(record("encoder"), with_kwargs=True)
+    ours.model.decoder.layers[0].self_attn.register_forward_pre_hook(record("decoder"), with_kwargs=True)
+    source = torch.randint(3, VOCAB, (3, 6))
+    attention_mask = torch.ones_like(source)
+    if padded:
+        attention_mask[0, -2:] = 0
+    ours(input_ids=source, attention_mask=attention_mask, decoder_input_ids=torch.randint(3, VOCAB, (3, 4)))
+    assert masks["encoder"].shape == ((3 if padded else 1), 4, 6, 6)
+    assert masks["decoder"].shape == (1, 4, 4, 4)
+    for mask in masks.values():
+        assert mask.is_contiguous(), mask.stride()
