@@ -15,7 +15,10 @@ operator the step runs (forward, backward and the AdamW update), as a GPU would 
   `benchmarks.beyond_sync.waits_for_device`), each named with the code that made it;
 - peak memory: the most bytes held at once by the storages the counted step allocated (each counted from the operator
   that made it until it is freed), as a GPU allocator's peak above the memory held when the step starts (the
-  parameters and the optimizer's state; allocator rounding and a backend's workspace aside).
+  parameters and the optimizer's state; allocator rounding and a backend's workspace aside);
+- unfused attention: sdpa calls whose query, key, value or mask has a last dimension of another stride than 1, which
+  a GPU's fused kernels (flash, memory-efficient, cuDNN) refuse, running them on the math path (`UnfusedAttention`;
+  the CPU's kernels take any layout, so a CPU run cannot show it).
 A value-dependent operator gets a made-up answer (0, or every element selected), so the step runs on.
 
 The dtype policy is the GPU profile's: fp32 weights under bf16 autocast (CPU autocast here: its lists of operators
@@ -33,6 +36,7 @@ from pathlib import Path
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 from torch.utils.weak import WeakIdKeyDictionary
@@ -207,6 +211,25 @@ class StepTrace(TorchDispatchMode):
         }
 
 
+class UnfusedAttention(TorchFunctionMode):
+    """Records, while `trace.counting`, each `scaled_dot_product_attention` call that CUDA's fused kernels would refuse
+    for its layout (torch's `check_last_dim_stride_equals_1_dense`: query, key, value and mask need a last dimension
+    of stride 1 on a GPU), with the code that made it."""
+
+    def __init__(self, trace: StepTrace):
+        super().__init__()
+        self.trace = trace
+        self.places: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.nn.functional.scaled_dot_product_attention and self.trace.counting:
+            inputs = [*args[:4], kwargs.get("attn_mask")]
+            if any(isinstance(x, torch.Tensor) and x.shape[-1] > 1 and x.stride(-1) != 1 for x in inputs):
+                self.places.append(caller())
+        return func(*args, **kwargs)
+
+
 def build_fake_pair(name: str, config_fields: dict) -> dict:
     """The reference model and hf_tfm's model of the converted config, with fake weights (the same shapes; values
     do not exist, so "the same weights" is the same shapes). Call inside FakeTensorMode."""
@@ -234,7 +257,8 @@ def trace_step(model, inputs: dict, autocast_dtype, steps: int = 2) -> dict:
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)  # as the GPU profile
     trace = StepTrace()
-    with trace:
+    attention = UnfusedAttention(trace)
+    with trace, attention:
         for step in range(steps):
             trace.counting = step == steps - 1
             with autocast_policy(autocast_dtype):
@@ -242,7 +266,7 @@ def trace_step(model, inputs: dict, autocast_dtype, steps: int = 2) -> dict:
             loss.backward()
             optimizer.step()
             model.zero_grad(set_to_none=True)
-    return trace.summary()
+    return {**trace.summary(), "unfused_attention": sorted(Counter(attention.places).items())}
 
 
 def trace_forward(model, features: dict) -> dict:
@@ -250,11 +274,12 @@ def trace_forward(model, features: dict) -> dict:
     evaluation or serving forward costs. Composite operators (linear) show as themselves here."""
     model.eval()
     trace = StepTrace()
-    with torch.inference_mode(), trace:
+    attention = UnfusedAttention(trace)
+    with torch.inference_mode(), trace, attention:
         for step in range(2):
             trace.counting = step == 1
             model(**features)
-    return trace.summary()
+    return {**trace.summary(), "unfused_attention": sorted(Counter(attention.places).items())}
 
 
 def trace_pair(name: str, spec: dict) -> dict:
@@ -312,6 +337,7 @@ def run(profile_name: str, pairs: list[str] | None = None, output: Path | None =
             f"{name:12s} kernels {ours['kernels']:6d} / {reference['kernels']:6d}  "
             f"GiB {ours['bytes_gib']:8.2f} / {reference['bytes_gib']:8.2f}  "
             f"syncs {ours['host_syncs']} / {reference['host_syncs']}  "
+            f"unfused attention {len(ours['unfused_attention'])} / {len(reference['unfused_attention'])}  "
             f"matmul TFLOP {ours['matmul_tflops']} / {reference['matmul_tflops']}",
             flush=True,
         )

@@ -1,8 +1,9 @@
 """A GPU training step, traced on the CPU (benchmarks/trace.py): for the causal, masked, seq2seq and MoE pairs of the
 GPU profile, at their real shapes and dtype policy (fp32 weights under bf16 autocast; bf16 weights for MoE), one
 hf_tfm step costs at most the reference's bytes, runs no matmul in a wider dtype than the reference's, and makes no
-host synchronisation (a masked-LM step one: the selection of its scored rows). Counts of a fake-tensor trace are
-exact, so they hold on a loaded machine; each pair costs about a second."""
+host synchronisation (a masked-LM step one: the selection of its scored rows), and hands sdpa no input that a GPU's
+fused kernels refuse. Counts of a fake-tensor trace are exact, so they hold on a loaded machine; each pair costs
+about a second."""
 
 import functools
 
@@ -16,10 +17,11 @@ from hf_tfm import modeling_tfm_loss
 
 PAIRS = ["gpt2", "llama", "bert", "t5", "bart", "mixtral", "gpt_oss"]
 # Kernels at or below the reference's, but for GPT-2: its reference joins q/k/v in one Conv1D weight, hf_tfm
-# concatenates its three weights and biases in every step (two kernels a layer), and GPT-2's 50257-token vocabulary
-# takes six loss chunks at 16 x 1024 tokens where the reference's loss is one (ten kernels a chunk):
-# 1574 against 1476 kernels, while its bytes are below the reference's.
-KERNEL_RATIO = {"gpt2": 1.07}
+# concatenates its three weights and biases in every step (two kernels a layer), GPT-2's 50257-token vocabulary
+# takes six loss chunks at 16 x 1024 tokens where the reference's loss is a few kernels (about nine a chunk), and the
+# CPU's math sdpa copies hf_tfm's strided keys and values where the reference's cache has copied them:
+# 1473 against 1401 kernels, while its bytes are below the reference's.
+KERNEL_RATIO = {"gpt2": 1.06}
 SYNCS = {"causal": 0, "seq2seq": 0, "masked": 1}
 # Issue 29's GPU memory target (at most 0.65x the reference's peak), for the pairs whose traced peak is the GPU's: the
 # H200 run (gpu-2026-11-27.json) measured 0.662x (Llama) and 0.653x (Mixtral), the trace of the same code 0.662x and
@@ -51,14 +53,15 @@ def test_a_gpu_training_step_costs_no_more_than_the_references(name):
     # the loss's 16-bit matmuls project up to 7 zero rows more (aligned_rows: GPT-2's 50257 tokens on 50264 rows)
     assert sum(ours["matmul_tflops"].values()) <= sum(reference["matmul_tflops"].values()) * (1 + ALIGNED_ROWS)
     assert ours["host_syncs"] <= SYNCS[KINDS[name].task], ours["sync_places"]
+    assert not ours["unfused_attention"], ours["unfused_attention"]
 
 
-# An inference forward may cost a little more than the reference's: separate q/k/v matmuls read their input three
-# times where GPT-2's c_attn reads it once (joined, a decode step would copy the weights at every token), and the
-# RMSNorm scales its float32 copy (Llama's form, which training saves anyway) where T5's reads the bf16 input.
-# GPT-2's kernels: three q/k/v matmuls a layer where the reference launches one c_attn addmm (+24 of 259)
-FORWARD_RATIO = {"gpt2": 1.11}
-FORWARD_SLACK = 1.05
+# An inference forward moves at most the reference's bytes at no higher peak, but for GPT-2's bytes: separate q/k/v
+# matmuls read their input three times where its c_attn reads it once (joined, a decode step would copy the weights
+# at every token): 32.31 against 31.75 GiB. Kernels: a few more (the input check's bounds, BERT 160 against 155), and
+# GPT-2's three q/k/v matmuls a layer where the reference launches one c_attn addmm (+24 of 259).
+FORWARD_RATIO = {("gpt2", "kernels"): 1.11, ("gpt2", "bytes_gib"): 1.02, ("bert", "kernels"): 1.04}
+FORWARD_KERNELS = 1.01
 
 
 @pytest.mark.parametrize("name", PAIRS)
@@ -66,8 +69,21 @@ def test_an_inference_forward_costs_about_the_references(name):
     forward = traced_once(name)["forward"]
     ours, reference = forward["ours"], forward["reference"]
     for count in ("kernels", "bytes_gib", "peak_gib"):
-        slack = FORWARD_RATIO.get(name, FORWARD_SLACK) if count == "kernels" else FORWARD_SLACK
+        slack = FORWARD_RATIO.get((name, count), FORWARD_KERNELS if count == "kernels" else 1.0)
         assert ours[count] <= reference[count] * slack, (count, ours[count], reference[count])
+    assert not ours["unfused_attention"], ours["unfused_attention"]
+
+
+def test_the_trace_sees_attention_a_gpu_would_not_fuse():
+    """The control: a mask whose last dimension is strided (heads innermost, as an embedding's output permuted) is an
+    sdpa call CUDA's fused kernels refuse; a contiguous one is not."""
+    step = trace.StepTrace()
+    with FakeTensorMode(), step, trace.UnfusedAttention(step) as attention:
+        query = torch.ones(2, 4, 8, 16)
+        strided = torch.zeros(1, 8, 8, 4).permute(0, 3, 1, 2)  # [1, heads, q, kv], heads innermost
+        torch.nn.functional.scaled_dot_product_attention(query, query, query, attn_mask=strided)
+        torch.nn.functional.scaled_dot_product_attention(query, query, query, attn_mask=strided.contiguous())
+    assert len(attention.places) == 1
 
 
 def test_the_trace_sees_small_loss_chunks(monkeypatch):
