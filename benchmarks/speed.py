@@ -202,12 +202,12 @@ def training_rows(
 
 
 def run_pair(name: str, profile: dict, device, options: dict) -> dict:
-    """Every row of one pair. `options`: `train_only` (no inference rows), `compiled` (whether this pair gets compiled
-    rows), `kernels` (a profiler kernel table of each training variant)."""
+    """Every row of one pair. `options`: `parts` (of "inference" and "training"), `compiled` (whether this pair gets
+    compiled rows), `kernels` (a profiler kernel table of each training variant)."""
     spec = profile["pairs"][name]
     dtype = getattr(torch, profile["dtype"])
     result = {"reference": KINDS[name].reference, "shape": spec, "rows": [], "errors": []}
-    parts = ("training",) if options["train_only"] else ("inference", "training")
+    parts = options["parts"]
     for part in parts:
         try:
             if part == "inference":
@@ -231,7 +231,7 @@ def run(
     pairs: list[str] | None = None,
     output: Path | None = None,
     command: str | None = None,
-    train_only: bool = False,
+    parts: tuple[str, ...] = ("inference", "training"),
     compiled_pairs: list[str] | None = None,
     kernels: bool = False,
 ) -> dict:
@@ -250,7 +250,7 @@ def run(
     path = results_path(record, output)
     for name in pairs or list(profile["pairs"]):
         compiled = profile["compile"] if compiled_pairs is None else name in compiled_pairs
-        options = {"train_only": train_only, "compiled": compiled, "kernels": kernels}
+        options = {"parts": parts, "compiled": compiled, "kernels": kernels}
         record["pairs"][name] = run_pair(name, profile, device, options)
         for row in record["pairs"][name]["rows"]:
             ratio = row.get("time_ratio", row.get("memory_ratio", float("nan")))
@@ -299,12 +299,18 @@ def merge_and_write(record: dict, path: Path) -> dict:
     return record
 
 
+# (--train-only, --inference-only) -> the parts of each pair that run
+PARTS = {(False, False): ("inference", "training"), (True, False): ("training",), (False, True): ("inference",)}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", choices=sorted(PROFILES), default="cpu")
     parser.add_argument("--pairs", nargs="+", choices=sorted(KINDS), help="default: every pair of the profile")
     parser.add_argument("--output", type=Path, help="default: benchmarks/results/<profile>-<date>.json")
-    parser.add_argument("--train-only", action="store_true", help="training rows only (no forward or generation)")
+    only = parser.add_mutually_exclusive_group()
+    only.add_argument("--train-only", action="store_true", help="training rows only (no forward or generation)")
+    only.add_argument("--inference-only", action="store_true", help="forward and generation rows only")
     parser.add_argument(
         "--compiled-pairs",
         nargs="*",
@@ -320,7 +326,7 @@ def main(argv: list[str] | None = None) -> None:
         args.pairs,
         args.output,
         command="python -m benchmarks.speed " + " ".join(argv or sys.argv[1:]),
-        train_only=args.train_only,
+        parts=PARTS[(args.train_only, args.inference_only)],
         compiled_pairs=args.compiled_pairs,
         kernels=args.kernels,
     )

@@ -244,6 +244,23 @@ def test_bench_gpu_runs_its_arguments_on_the_cpu(tmp_path):
             assert table["kernels"] > 0 and table["top"], (variant, side)
 
 
+def test_bench_gpu_inference_runs_its_arguments_on_the_cpu(tmp_path):
+    """`make bench-gpu-inference`'s arguments at the smoke shapes on the CPU, for its encoder-decoder pair: forward
+    and generation rows, no training row."""
+    makefile = (Path(__file__).parent.parent / "Makefile").read_text()
+    line = next(line for line in makefile.splitlines() if line.startswith("BENCH_GPU_INFERENCE_ARGS :="))
+    arguments = line.split(":=")[1].split()
+    assert arguments[:2] == ["--inference-only", "--pairs"] and "t5" in arguments
+    output = tmp_path / "gpu-inference.json"
+    speed.main(["--profile", "smoke", "--inference-only", "--pairs", "t5", "--output", str(output)])
+    pair = json.loads(output.read_text())["pairs"]["t5"]
+    assert pair["errors"] == []
+    measures = {row["measure"] for row in pair["rows"]}
+    assert {"forward latency", "forward peak memory", "max logit difference"} <= measures
+    assert "generate batch 1" in measures
+    assert not any(measure.startswith("train") for measure in measures)
+
+
 def test_a_compiled_row_that_ran_eagerly_fails_loudly(monkeypatch):
     monkeypatch.setattr(speed, "ran_compiled", lambda work, device: False)
     with pytest.raises(RuntimeError, match="ran eagerly"):
