@@ -501,6 +501,24 @@ def trace_section(record: dict, source: Path) -> list[str]:
                 cell(ours["peak_gib"], theirs["peak_gib"], 3),
             ]
             lines.append(f"| {name} | " + " | ".join(rows) + " |")
+    decodes = {name: pair["decode"] for name, pair in record["pairs"].items() if "decode" in pair}
+    if decodes:
+        lines += [
+            "",
+            "A batch-1 decode step on a static cache after a prompt of the profile's length (launch-bound on a GPU: "
+            "kernels are what it pays), traced alike:",
+            "",
+            "| pair | kernels | GiB read + written | host syncs |",
+            "|---|---|---|---|",
+        ]
+        for name, decode in decodes.items():
+            ours, theirs = decode["ours"], decode["reference"]
+            rows = [
+                cell(ours["kernels"], theirs["kernels"], 0),
+                cell(ours["bytes_gib"], theirs["bytes_gib"], 3),
+                cell(ours["host_syncs"], theirs["host_syncs"], 0),
+            ]
+            lines.append(f"| {name} | " + " | ".join(rows) + " |")
     return [*lines, ""]
 
 

@@ -19,7 +19,9 @@ operator the step runs (forward, backward and the AdamW update), as a GPU would 
 - unfused attention: sdpa calls whose query, key, value or mask has a last dimension of another stride than 1, which
   a GPU's fused kernels (flash, memory-efficient, cuDNN) refuse, running them on the math path (`UnfusedAttention`;
   the CPU's kernels take any layout, so a CPU run cannot show it).
-A value-dependent operator gets a made-up answer (0, or every element selected), so the step runs on.
+A value-dependent operator gets a made-up answer (0, or every element selected), so the step runs on. Each pair's
+inference forward of the same batch is traced alike (`trace_forward`), and a causal pair's batch-1 decode step on a
+static cache (`trace_decode`), which a GPU pays in launches.
 
 The dtype policy is the GPU profile's: fp32 weights under bf16 autocast (CPU autocast here: its lists of operators
 cast down are CUDA's for matmuls), or bf16 weights where the profile trains that way (`train_weights`). The step
@@ -40,11 +42,13 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 from torch.utils.weak import WeakIdKeyDictionary
+from transformers import StaticCache
 
 from benchmarks.beyond_sync import caller, waits_for_device
 from benchmarks.measure import training_batch
 from benchmarks.pairs import KINDS, PROFILES
 from benchmarks.record import RESULTS, header, write
+from hf_tfm.compat import CACHE_NAME
 from hf_tfm.convert import tfm_model_for
 
 # metadata and aliasing: no kernel, no bytes
@@ -282,6 +286,25 @@ def trace_forward(model, features: dict) -> dict:
     return {**trace.summary(), "unfused_attention": sorted(Counter(attention.places).items())}
 
 
+def trace_decode(model, prompt_length: int) -> dict:
+    """One batch-1 decode step on a static cache, after a prompt of `prompt_length` tokens and an untraced step: what
+    generate() pays a token where the GPU waits on the launches (batch-1 decoding is launch-bound), so kernels are the
+    count that matters here."""
+    model.eval()
+    cache = StaticCache(config=model.config, max_cache_len=prompt_length + 2)
+    prompt = torch.zeros(1, prompt_length, dtype=torch.long)
+    trace = StepTrace()
+    attention = UnfusedAttention(trace)
+    with torch.inference_mode(), trace, attention:
+        trace.counting = False
+        model(input_ids=prompt, use_cache=True, **{CACHE_NAME: cache})
+        for step in range(2):
+            trace.counting = step == 1
+            position = torch.tensor([prompt_length + step])
+            model(input_ids=prompt[:, :1], cache_position=position, use_cache=True, **{CACHE_NAME: cache})
+    return {**trace.summary(), "unfused_attention": sorted(Counter(attention.places).items())}
+
+
 def trace_pair(name: str, spec: dict) -> dict:
     """Both sides' training step at the pair's `spec` shape, under the GPU profile's dtype policy whatever the
     profile, and both sides' inference forward in the profile's dtype (its weights, as the GPU profile runs it)."""
@@ -311,6 +334,9 @@ def trace_pair(name: str, spec: dict) -> dict:
         if models["ours"].config.is_encoder_decoder:
             features["decoder_input_ids"] = inputs["labels"].clamp(min=0)  # (the labels' -100 padding, if any)
         forward = {side: trace_forward(model, features) for side, model in models.items()}
+        decode = None
+        if KINDS[name].task == "causal":  # its two steps end at the profile's length (GPT-2's position table)
+            decode = {side: trace_decode(model, spec["length"] - 2) for side, model in models.items()}
     ratios = {
         key: sides["ours"][key] / sides["reference"][key] if sides["reference"][key] else math.nan
         for key in ("kernels", "bytes_gib")
@@ -323,6 +349,7 @@ def trace_pair(name: str, spec: dict) -> dict:
         **sides,
         "ratios": ratios,
         "forward": forward,
+        **({"decode": decode} if decode else {}),
     }
 
 
