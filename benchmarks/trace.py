@@ -223,11 +223,13 @@ class UnfusedAttention(TorchFunctionMode):
     def __init__(self, trace: StepTrace):
         super().__init__()
         self.trace = trace
+        self.calls = 0  # every sdpa call seen while counting
         self.places: list[str] = []
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is torch.nn.functional.scaled_dot_product_attention and self.trace.counting:
+            self.calls += 1
             inputs = [*args[:4], kwargs.get("attn_mask")]
             if any(isinstance(x, torch.Tensor) and x.shape[-1] > 1 and x.stride(-1) != 1 for x in inputs):
                 self.places.append(caller())

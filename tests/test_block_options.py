@@ -2,10 +2,13 @@
 sliding windows and per-layer attention kinds, RoPE per layer type and NoPE layers, soft-capping, the (1 + weight)
 RMSNorm, padding-aware positions, and that each option survives save and load."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from conftest import VOCAB, tiny_config
 
+from benchmarks.trace import UnfusedAttention
 from hf_tfm import (
     TfmDecoderForCausalLM,
     TfmEncoderConfig,
@@ -60,6 +63,27 @@ def test_option_trains_saves_and_loads(overrides, tmp_path):
     loaded = TfmDecoderForCausalLM.from_pretrained(tmp_path).eval()
     with torch.no_grad():
         torch.testing.assert_close(loaded(input_ids).logits, model(input_ids).logits, rtol=0, atol=0)
+
+
+GPU_LAYOUT_OPTIONS = {**DECODER_OPTIONS, "alibi": dict(position_embedding_type="alibi")}
+
+
+@pytest.mark.parametrize("overrides", GPU_LAYOUT_OPTIONS.values(), ids=GPU_LAYOUT_OPTIONS.keys())
+def test_no_option_hands_sdpa_a_layout_gpu_kernels_refuse(overrides):
+    """A training step and a padded decode: every sdpa call gets a query, key, value and mask whose last dimension
+    has stride 1, which CUDA's fused kernels need (a CPU takes any layout, so only this check shows it)."""
+    model = decoder(**overrides)  # sdpa where the option allows it (soft-capping runs eager: no call)
+    counting = SimpleNamespace(counting=True)
+    input_ids = torch.randint(3, VOCAB, (2, 7))
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[0, :2] = 0
+    with UnfusedAttention(counting) as attention:
+        model.train()
+        model(input_ids, attention_mask=attention_mask, labels=input_ids).loss.backward()
+        model.eval()
+        model.generate(input_ids, attention_mask=attention_mask, max_new_tokens=2, do_sample=False)
+    assert attention.places == []
+    assert attention.calls == (0 if "attn_logit_softcapping" in overrides else 2 * 3)  # 2 layers x 3 forwards
 
 
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
