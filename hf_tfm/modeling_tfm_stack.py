@@ -565,8 +565,10 @@ class TfmStack(TfmPreTrainedModel):
         if sequence_ids is not None:
             options["and_mask_function"] = packed_sequence_mask_function(sequence_ids)
         if self.is_causal:
-            # an additive position bias needs the full causal mask to add to; sdpa would otherwise get None
-            options |= {MASK_CACHE_ARGUMENT: cache, "allow_is_causal_skip": self.position_bias is None}
+            # an additive position bias needs the full causal mask to add to (sdpa would otherwise get None and the
+            # bias alone, not causal), unless one query sees every key: a decode step's mask may be skipped then
+            one_query = inputs_embeds.shape[1] == 1
+            options |= {MASK_CACHE_ARGUMENT: cache, "allow_is_causal_skip": self.position_bias is None or one_query}
         return {
             kind: MASK_HELPERS[self.is_causal, kind](
                 config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask, **options

@@ -7,6 +7,7 @@ import torch
 from conftest import VOCAB, assert_same_state_dict, perturb, tiny_model
 from transformers import BartConfig, BartForConditionalGeneration, T5Config, T5ForConditionalGeneration
 
+from hf_tfm import modeling_tfm_stack
 from hf_tfm.convert import config_from_tfm, config_to_tfm, from_tfm, to_tfm
 
 ATOL = 1e-4
@@ -286,3 +287,26 @@ def test_t5_masks_reach_the_attention_as_a_gpu_kernel_reads_them(padded):
     assert masks["decoder"].shape == (1, 4, 4, 4)
     for mask in masks.values():
         assert mask.is_contiguous(), mask.stride()
+
+
+def test_a_t5_decode_step_adds_the_bias_without_a_mask(monkeypatch):
+    """One query sees every cached key: its causal mask is skipped and the bias goes to the attention alone (no
+    bool-to-float mask merged per step: T5's batch-1 decode step launched 8 kernels more than the reference for it).
+    A prompt keeps its causal mask, which the bias needs; the tokens are the reference's."""
+    reference = t5()
+    ours = to_tfm(reference)
+    merged = []  # (query length, whether a mask came with the bias), for the decoder's self-attention
+    original = modeling_tfm_stack.merge_position_bias
+
+    def recording(mask, bias, dtype):
+        merged.append((bias.shape[-2], mask is not None))
+        return original(mask, bias, dtype)
+
+    monkeypatch.setattr(modeling_tfm_stack, "merge_position_bias", recording)
+    source = torch.randint(3, VOCAB, (1, 6), generator=torch.Generator().manual_seed(0))
+    options = dict(max_new_tokens=3, do_sample=False)
+    assert torch.equal(ours.generate(source, **options), reference.generate(source, **options))
+    decoder_steps = merged[1:]  # the first merge is the encoder's (no mask: no padding)
+    assert decoder_steps == [(1, False)] * 3
+    ours(input_ids=source, decoder_input_ids=torch.randint(3, VOCAB, (1, 4)))
+    assert merged[-1] == (4, True)
