@@ -505,8 +505,9 @@ def trace_section(record: dict, source: Path) -> list[str]:
     if decodes:
         lines += [
             "",
-            "A batch-1 decode step on a static cache after a prompt of the profile's length (launch-bound on a GPU: "
-            "kernels are what it pays), traced alike:",
+            "A batch-1 decode step after a prompt of the profile's length (a decoder on a static cache; an "
+            "encoder-decoder with the prompt as its source, on dynamic caches), launch-bound on a GPU, so kernels are "
+            "what it pays; traced alike:",
             "",
             "| pair | kernels | GiB read + written | host syncs |",
             "|---|---|---|---|",

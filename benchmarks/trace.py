@@ -20,8 +20,8 @@ operator the step runs (forward, backward and the AdamW update), as a GPU would 
   a GPU's fused kernels (flash, memory-efficient, cuDNN) refuse, running them on the math path (`UnfusedAttention`;
   the CPU's kernels take any layout, so a CPU run cannot show it).
 A value-dependent operator gets a made-up answer (0, or every element selected), so the step runs on. Each pair's
-inference forward of the same batch is traced alike (`trace_forward`), and a causal pair's batch-1 decode step on a
-static cache (`trace_decode`), which a GPU pays in launches.
+inference forward of the same batch is traced alike (`trace_forward`), and a generating pair's batch-1 decode step
+(`trace_decode`), which a GPU pays in launches.
 
 The dtype policy is the GPU profile's: fp32 weights under bf16 autocast (CPU autocast here: its lists of operators
 cast down are CUDA's for matmuls), or bf16 weights where the profile trains that way (`train_weights`). The step
@@ -42,7 +42,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 from torch.utils.weak import WeakIdKeyDictionary
-from transformers import StaticCache
+from transformers import DynamicCache, EncoderDecoderCache, StaticCache
 
 from benchmarks.beyond_sync import caller, waits_for_device
 from benchmarks.measure import training_batch
@@ -289,21 +289,28 @@ def trace_forward(model, features: dict) -> dict:
 
 
 def trace_decode(model, prompt_length: int) -> dict:
-    """One batch-1 decode step on a static cache, after a prompt of `prompt_length` tokens and an untraced step: what
-    generate() pays a token where the GPU waits on the launches (batch-1 decoding is launch-bound), so kernels are the
-    count that matters here."""
+    """One batch-1 decode step after a prompt of `prompt_length` tokens and an untraced step: what generate() pays a
+    token where the GPU waits on the launches (batch-1 decoding is launch-bound), so kernels are the count that
+    matters here. A decoder-only model decodes on a static cache; an encoder-decoder reads the prompt as its source
+    (encoded once, untraced) and decodes from one token on dynamic caches, as generate() does by default."""
     model.eval()
-    cache = StaticCache(config=model.config, max_cache_len=prompt_length + 2)
     prompt = torch.zeros(1, prompt_length, dtype=torch.long)
     trace = StepTrace()
     attention = UnfusedAttention(trace)
     with torch.inference_mode(), trace, attention:
         trace.counting = False
-        model(input_ids=prompt, use_cache=True, **{CACHE_NAME: cache})
-        for step in range(2):
-            trace.counting = step == 1
-            position = torch.tensor([prompt_length + step])
-            model(input_ids=prompt[:, :1], cache_position=position, use_cache=True, **{CACHE_NAME: cache})
+        if model.config.is_encoder_decoder:
+            cache = EncoderDecoderCache(DynamicCache(config=model.config), DynamicCache(config=model.config))
+            step = {"encoder_outputs": model.get_encoder()(input_ids=prompt), "decoder_input_ids": prompt[:, :1]}
+        else:
+            cache = StaticCache(config=model.config, max_cache_len=prompt_length + 2)
+            model(input_ids=prompt, use_cache=True, **{CACHE_NAME: cache})
+            step = {"input_ids": prompt[:, :1]}
+        for number in range(2):
+            trace.counting = number == 1
+            if not model.config.is_encoder_decoder:
+                step["cache_position"] = torch.tensor([prompt_length + number])
+            model(**step, use_cache=True, **{CACHE_NAME: cache})
     return {**trace.summary(), "unfused_attention": sorted(Counter(attention.places).items())}
 
 
@@ -337,7 +344,7 @@ def trace_pair(name: str, spec: dict) -> dict:
             features["decoder_input_ids"] = inputs["labels"].clamp(min=0)  # (the labels' -100 padding, if any)
         forward = {side: trace_forward(model, features) for side, model in models.items()}
         decode = None
-        if KINDS[name].task == "causal":  # its two steps end at the profile's length (GPT-2's position table)
+        if KINDS[name].task != "masked":  # a decoder's two steps end at the profile's length (GPT-2's positions)
             decode = {side: trace_decode(model, spec["length"] - 2) for side, model in models.items()}
     ratios = {
         key: sides["ours"][key] / sides["reference"][key] if sides["reference"][key] else math.nan

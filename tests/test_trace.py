@@ -74,17 +74,17 @@ def test_an_inference_forward_costs_about_the_references(name):
     assert not ours["unfused_attention"], ours["unfused_attention"]
 
 
-# A decode step launches the reference's kernels, but for GPT-2's three q/k/v matmuls a layer where its reference
-# launches one c_attn addmm (+24 of 279); no host sync, no unfused attention
-DECODE_RATIO = {"gpt2": 1.09}
+# A decode step launches at most the reference's kernels, but for GPT-2's three q/k/v matmuls a layer where its
+# reference launches one c_attn addmm (+24), and T5's key positions, counted back from the newest token so that a
+# left-padded row keeps its own (+1); no host sync, no unfused attention
+DECODE_EXTRA = {"gpt2": 24, "t5": 1}
 
 
-@pytest.mark.parametrize("name", [name for name in PAIRS if KINDS[name].task == "causal"])
+@pytest.mark.parametrize("name", [name for name in PAIRS if KINDS[name].task != "masked"])
 def test_a_decode_step_launches_about_the_references_kernels(name):
     decode = traced_once(name)["decode"]
     ours, reference = decode["ours"], decode["reference"]
-    kernels = (ours["kernels"], reference["kernels"])
-    assert kernels[0] <= kernels[1] * DECODE_RATIO.get(name, 1.0), kernels
+    assert ours["kernels"] <= reference["kernels"] + DECODE_EXTRA.get(name, 0), (ours["kernels"], reference["kernels"])
     assert ours["host_syncs"] == 0, ours["sync_places"]
     assert not ours["unfused_attention"], ours["unfused_attention"]
 
