@@ -484,41 +484,30 @@ def trace_section(record: dict, source: Path) -> list[str]:
             cell(sum(ours["matmul_tflops"].values()), sum(theirs["matmul_tflops"].values()), 2),
         ]
         lines.append(f"| {name} | " + " | ".join(rows) + " |")
-    forwards = {name: pair["forward"] for name, pair in record["pairs"].items() if "forward" in pair}
-    if forwards:
-        lines += [
-            "",
+    # the inference forward and the decode step: (the record's key, the table's title, its columns as
+    # (heading, count, digits))
+    tables = [
+        (
+            "forward",
             "An inference forward of the same batch (eval mode, no labels, the profile's bf16 weights), traced alike:",
-            "",
-            "| pair | kernels | GiB read + written | peak GiB |",
-            "|---|---|---|---|",
-        ]
-        for name, forward in forwards.items():
-            ours, theirs = forward["ours"], forward["reference"]
-            rows = [
-                cell(ours["kernels"], theirs["kernels"], 0),
-                cell(ours["bytes_gib"], theirs["bytes_gib"], 2),
-                cell(ours["peak_gib"], theirs["peak_gib"], 3),
-            ]
-            lines.append(f"| {name} | " + " | ".join(rows) + " |")
-    decodes = {name: pair["decode"] for name, pair in record["pairs"].items() if "decode" in pair}
-    if decodes:
-        lines += [
-            "",
+            [("kernels", "kernels", 0), ("GiB read + written", "bytes_gib", 2), ("peak GiB", "peak_gib", 3)],
+        ),
+        (
+            "decode",
             "A batch-1 decode step after a prompt of the profile's length (a decoder on a static cache; an "
             "encoder-decoder with the prompt as its source, on dynamic caches), launch-bound on a GPU, so kernels are "
             "what it pays; traced alike:",
-            "",
-            "| pair | kernels | GiB read + written | host syncs |",
-            "|---|---|---|---|",
-        ]
-        for name, decode in decodes.items():
-            ours, theirs = decode["ours"], decode["reference"]
-            rows = [
-                cell(ours["kernels"], theirs["kernels"], 0),
-                cell(ours["bytes_gib"], theirs["bytes_gib"], 3),
-                cell(ours["host_syncs"], theirs["host_syncs"], 0),
-            ]
+            [("kernels", "kernels", 0), ("GiB read + written", "bytes_gib", 3), ("host syncs", "host_syncs", 0)],
+        ),
+    ]
+    for key, title, columns in tables:
+        traced = {name: pair[key] for name, pair in record["pairs"].items() if key in pair}
+        if not traced:
+            continue
+        header = "| pair | " + " | ".join(heading for heading, _, _ in columns) + " |"
+        lines += ["", title, "", header, "|---" * (len(columns) + 1) + "|"]
+        for name, sides in traced.items():
+            rows = [cell(sides["ours"][count], sides["reference"][count], digits) for _, count, digits in columns]
             lines.append(f"| {name} | " + " | ".join(rows) + " |")
     return [*lines, ""]
 
