@@ -133,6 +133,28 @@ def hands_back_its_input(name: str, args) -> bool:
     return name in ("dropout", "feature_dropout", "alpha_dropout") and (not args[2] or args[1] == 0)
 
 
+class UnfusedAttention(TorchFunctionMode):
+    """Records, while `trace.counting`, each `scaled_dot_product_attention` call that CUDA's fused kernels would refuse
+    for its layout (torch's `check_last_dim_stride_equals_1_dense`: query, key, value and mask need a last dimension
+    of stride 1 on a GPU), with the code that made it. A `StepTrace` enters its own; `trace` is whatever has a
+    `counting` flag."""
+
+    def __init__(self, trace):
+        super().__init__()
+        self.trace = trace
+        self.calls = 0  # every sdpa call seen while counting
+        self.places: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.nn.functional.scaled_dot_product_attention and self.trace.counting:
+            self.calls += 1
+            inputs = [*args[:4], kwargs.get("attn_mask")]
+            if any(isinstance(x, torch.Tensor) and x.shape[-1] > 1 and x.stride(-1) != 1 for x in inputs):
+                self.places.append(caller())
+        return func(*args, **kwargs)
+
+
 class StepTrace(TorchDispatchMode):
     """Counts, per aten operator reaching the dispatcher: kernels, bytes read and written, matmul FLOPs by input
     dtype, host synchronisations (with their places). Pause with `counting = False`."""
@@ -147,6 +169,15 @@ class StepTrace(TorchDispatchMode):
         self.syncs: list[str] = []
         self.live = self.peak = 0
         self.allocated = WeakIdKeyDictionary()  # the storages the counted step made: freed, they leave `live`
+        self.attention = UnfusedAttention(self)  # sdpa calls are seen above the dispatcher: a function mode
+
+    def __enter__(self):
+        self.attention.__enter__()
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        super().__exit__(*exc)
+        return self.attention.__exit__(*exc)
 
     def allocate(self, tensors: list[torch.Tensor]) -> None:
         for tensor in tensors:
@@ -212,36 +243,22 @@ class StepTrace(TorchDispatchMode):
             "host_syncs": len(self.syncs),
             "sync_places": sorted(Counter(self.syncs).items()),
             "top_operators": self.operators.most_common(12),
+            "unfused_attention": sorted(Counter(self.attention.places).items()),
         }
 
 
-class UnfusedAttention(TorchFunctionMode):
-    """Records, while `trace.counting`, each `scaled_dot_product_attention` call that CUDA's fused kernels would refuse
-    for its layout (torch's `check_last_dim_stride_equals_1_dense`: query, key, value and mask need a last dimension
-    of stride 1 on a GPU), with the code that made it."""
-
-    def __init__(self, trace: StepTrace):
-        super().__init__()
-        self.trace = trace
-        self.calls = 0  # every sdpa call seen while counting
-        self.places: list[str] = []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is torch.nn.functional.scaled_dot_product_attention and self.trace.counting:
-            self.calls += 1
-            inputs = [*args[:4], kwargs.get("attn_mask")]
-            if any(isinstance(x, torch.Tensor) and x.shape[-1] > 1 and x.stride(-1) != 1 for x in inputs):
-                self.places.append(caller())
-        return func(*args, **kwargs)
-
-
-def build_fake_pair(name: str, config_fields: dict) -> dict:
+def build_fake_pair(name: str, config_fields: dict, dtype: torch.dtype) -> dict:
     """The reference model and hf_tfm's model of the converted config, with fake weights (the same shapes; values
-    do not exist, so "the same weights" is the same shapes). Call inside FakeTensorMode."""
+    do not exist, so "the same weights" is the same shapes) in `dtype`: built in it, because a fake tensor cannot be
+    swapped by `.to()`. Call inside FakeTensorMode."""
     kind = KINDS[name]
-    reference = kind.model_class(kind.config_class(**kind.defaults, **config_fields))
-    ours = tfm_model_for(reference)  # to_tfm's model, without copying (and comparing) values
+    default_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        reference = kind.model_class(kind.config_class(**kind.defaults, **config_fields))
+        ours = tfm_model_for(reference)  # to_tfm's model, without copying (and comparing) values
+    finally:
+        torch.set_default_dtype(default_dtype)
     for model in (reference, ours):
         if kind.experts_implementation is not None:
             model.set_experts_implementation(kind.experts_implementation)
@@ -263,8 +280,7 @@ def trace_step(model, inputs: dict, autocast_dtype, steps: int = 2) -> dict:
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)  # as the GPU profile
     trace = StepTrace()
-    attention = UnfusedAttention(trace)
-    with trace, attention:
+    with trace:
         for step in range(steps):
             trace.counting = step == steps - 1
             with autocast_policy(autocast_dtype):
@@ -272,7 +288,7 @@ def trace_step(model, inputs: dict, autocast_dtype, steps: int = 2) -> dict:
             loss.backward()
             optimizer.step()
             model.zero_grad(set_to_none=True)
-    return {**trace.summary(), "unfused_attention": sorted(Counter(attention.places).items())}
+    return trace.summary()
 
 
 def trace_forward(model, features: dict) -> dict:
@@ -280,12 +296,11 @@ def trace_forward(model, features: dict) -> dict:
     evaluation or serving forward costs. Composite operators (linear) show as themselves here."""
     model.eval()
     trace = StepTrace()
-    attention = UnfusedAttention(trace)
-    with torch.inference_mode(), trace, attention:
+    with torch.inference_mode(), trace:
         for step in range(2):
             trace.counting = step == 1
             model(**features)
-    return {**trace.summary(), "unfused_attention": sorted(Counter(attention.places).items())}
+    return trace.summary()
 
 
 def trace_decode(model, prompt_length: int) -> dict:
@@ -296,8 +311,7 @@ def trace_decode(model, prompt_length: int) -> dict:
     model.eval()
     prompt = torch.zeros(1, prompt_length, dtype=torch.long)
     trace = StepTrace()
-    attention = UnfusedAttention(trace)
-    with torch.inference_mode(), trace, attention:
+    with torch.inference_mode(), trace:
         trace.counting = False
         if model.config.is_encoder_decoder:
             cache = EncoderDecoderCache(DynamicCache(config=model.config), DynamicCache(config=model.config))
@@ -311,7 +325,7 @@ def trace_decode(model, prompt_length: int) -> dict:
             if not model.config.is_encoder_decoder:
                 step["cache_position"] = torch.tensor([prompt_length + number])
             model(**step, use_cache=True, **{CACHE_NAME: cache})
-    return {**trace.summary(), "unfused_attention": sorted(Counter(attention.places).items())}
+    return trace.summary()
 
 
 def trace_pair(name: str, spec: dict) -> dict:
@@ -322,29 +336,20 @@ def trace_pair(name: str, spec: dict) -> dict:
     weights = getattr(torch, gpu["train_weights"]) if "train_weights" in gpu else torch.float32
     low = getattr(torch, PROFILES["gpu"]["dtype"])
     autocast_dtype = low if weights == torch.float32 else None
-    default_dtype = torch.get_default_dtype()
     with FakeTensorMode(allow_non_fake_inputs=True):
-        torch.set_default_dtype(weights)  # built in the training dtype: a fake tensor cannot be swapped by .to()
-        try:
-            models = build_fake_pair(name, spec["config"])
-        finally:
-            torch.set_default_dtype(default_dtype)
+        models = build_fake_pair(name, spec["config"], weights)
         vocab = models["reference"].config.vocab_size
         inputs = training_batch(task, vocab, spec["batch"], spec["length"], spec.get("target_length"), "cpu")
         sides = {}
         for side, model in models.items():
             sides[side] = trace_step(model, inputs, autocast_dtype)
-        torch.set_default_dtype(low)
-        try:
-            models = build_fake_pair(name, spec["config"])
-        finally:
-            torch.set_default_dtype(default_dtype)
+        models = build_fake_pair(name, spec["config"], low)
         features = {key: value for key, value in inputs.items() if key != "labels"}
         if models["ours"].config.is_encoder_decoder:
             features["decoder_input_ids"] = inputs["labels"].clamp(min=0)  # (the labels' -100 padding, if any)
         forward = {side: trace_forward(model, features) for side, model in models.items()}
         decode = None
-        if KINDS[name].task != "masked":  # a decoder's two steps end at the profile's length (GPT-2's positions)
+        if task != "masked":  # a decoder's two steps end at the profile's length (GPT-2's positions)
             decode = {side: trace_decode(model, spec["length"] - 2) for side, model in models.items()}
     ratios = {
         key: sides["ours"][key] / sides["reference"][key] if sides["reference"][key] else math.nan

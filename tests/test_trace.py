@@ -92,13 +92,12 @@ def test_a_decode_step_launches_about_the_references_kernels(name):
 def test_the_trace_sees_attention_a_gpu_would_not_fuse():
     """The control: a mask whose last dimension is strided (heads innermost, as an embedding's output permuted) is an
     sdpa call CUDA's fused kernels refuse; a contiguous one is not."""
-    step = trace.StepTrace()
-    with FakeTensorMode(), step, trace.UnfusedAttention(step) as attention:
+    with FakeTensorMode(), trace.StepTrace() as step:
         query = torch.ones(2, 4, 8, 16)
         strided = torch.zeros(1, 8, 8, 4).permute(0, 3, 1, 2)  # [1, heads, q, kv], heads innermost
         torch.nn.functional.scaled_dot_product_attention(query, query, query, attn_mask=strided)
         torch.nn.functional.scaled_dot_product_attention(query, query, query, attn_mask=strided.contiguous())
-    assert len(attention.places) == 1
+    assert len(step.attention.places) == 1 and step.attention.calls == 2
 
 
 def test_the_trace_sees_small_loss_chunks(monkeypatch):
