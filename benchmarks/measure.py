@@ -135,10 +135,15 @@ def profiled(work: Callable[[], object], device: torch.device):
 
 def kernel_table(work: Callable[[], object], device: torch.device, top: int = 12) -> dict:
     """One call of `work`: how many kernels it launched and their device time, and the `top` kernels by time (name,
-    launches, ms). On the CPU the aten operators stand for the kernels and their own CPU time for device time."""
+    launches, ms); on CUDA also the device's idle time and the host's runtime calls (`device_gaps`). On the CPU the
+    aten operators stand for the kernels and their own CPU time for device time."""
     events = profiled(work, device).events()
+    gaps = {}
     if device.type == "cuda":
-        kernels = [(e.name, e.device_time_total) for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+        # a user annotation (the optimizer's `Optimizer.step#AdamW.step`) spans kernels on the device: not one itself
+        on_device = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA and not e.is_user_annotation]
+        kernels = [(e.name, e.device_time_total) for e in on_device]
+        gaps = device_gaps(on_device, events)
     else:
         kernels = [(e.name, e.self_cpu_time_total) for e in events if e.name.startswith("aten::")]
     totals: dict[str, list] = {}
@@ -151,7 +156,25 @@ def kernel_table(work: Callable[[], object], device: torch.device, top: int = 12
         "kernels": len(kernels),
         "device_ms": sum(micros for _, micros in kernels) / 1e3,
         "top": [[name[:120], count, round(ms, 3)] for name, count, ms in ranked],
+        **gaps,
     }
+
+
+def device_gaps(on_device: list, events: list) -> dict:
+    """Where a step's time goes besides its kernels: `idle_ms`, the time between the first kernel's start and the
+    last one's end when none ran (the device waiting for the host: launches, a synchronisation, Python), and
+    `host_calls`, how often the host called the CUDA runtime for anything but a launch (synchronisations, copies,
+    allocations, each of which can stall the queue)."""
+    if not on_device:
+        return {}
+    span = max(e.time_range.end for e in on_device) - min(e.time_range.start for e in on_device)
+    calls: dict[str, int] = {}
+    for event in events:
+        if event.device_type == torch.autograd.DeviceType.CPU and event.name.startswith("cuda"):
+            if "Launch" not in event.name:
+                calls[event.name] = calls.get(event.name, 0) + 1
+    busy = sum(e.device_time_total for e in on_device)
+    return {"idle_ms": round(max(span - busy, 0) / 1e3, 3), "host_calls": dict(sorted(calls.items()))}
 
 
 def ran_compiled(work: Callable[[], object], device: torch.device) -> bool:

@@ -89,6 +89,7 @@ def speed_section(record: dict, source: Path, charts: Path, report: Path) -> lis
         f"({record['settings']['generate_repeats']} for generation); "
         f"generation: prompt {record['settings']['prompt_length']}, "
         f"{record['settings']['new_tokens']} new tokens, greedy.",
+        *(f"- Note: {note}" for note in record.get("notes", [])),
         "- **ratio** = ours / reference in seconds (speed rows) or bytes (memory rows): below 1.0, hf_tfm is faster "
         "or smaller. Throughputs are tokens/s, latency ms, memory MiB above what was allocated before the step.",
         "",

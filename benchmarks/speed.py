@@ -83,7 +83,9 @@ def require_compiled(work: dict, device) -> None:
             raise RuntimeError(f"the compiled {name} model ran eagerly: dynamo did not compile it (recompile limit?)")
 
 
-def inference_rows(name: str, spec: dict, profile: dict, device, dtype, errors: list[str]) -> list[dict]:
+def inference_rows(
+    name: str, spec: dict, profile: dict, device, dtype, compiled: bool, errors: list[str]
+) -> list[dict]:
     task = KINDS[name].task
     reference, ours = build_pair(name, spec["config"])
     models = {"reference": reference.to(device, dtype), "ours": ours.to(device, dtype)}
@@ -91,7 +93,7 @@ def inference_rows(name: str, spec: dict, profile: dict, device, dtype, errors: 
         task, reference.config.vocab_size, spec["batch"], spec["length"], spec.get("target_length"), device
     )
     rows = [logit_difference(models, inputs)]
-    for variant in ("eager", "compiled") if profile["compile"] else ("eager",):
+    for variant in ("eager", "compiled") if compiled else ("eager",):
         work = {
             key: forward_work(model, inputs) for key, model in maybe_compiled(models, variant == "compiled").items()
         }
@@ -211,7 +213,9 @@ def run_pair(name: str, profile: dict, device, options: dict) -> dict:
     for part in parts:
         try:
             if part == "inference":
-                result["rows"] += inference_rows(name, spec, profile, device, dtype, result["errors"])
+                result["rows"] += inference_rows(
+                    name, spec, profile, device, dtype, options["compiled"], result["errors"]
+                )
             else:
                 autocast = dtype if dtype != torch.float32 else None
                 rows, facts = training_rows(

@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from benchmarks import beyond, beyond_loss, profile_gap, quality, report, speed
@@ -244,24 +245,59 @@ def test_bench_gpu_runs_its_arguments_on_the_cpu(tmp_path):
             assert table["kernels"] > 0 and table["top"], (variant, side)
 
 
-def test_bench_gpu_inference_runs_its_arguments_on_the_cpu(tmp_path):
+def test_bench_gpu_inference_runs_its_arguments_on_the_cpu(tmp_path, monkeypatch):
     """`make bench-gpu-inference`'s arguments at the smoke shapes on the CPU, for its encoder-decoder pair: forward
-    and generation rows, no training row."""
+    and generation rows, no training row. `--compiled-pairs` reaches the forward rows as it does the training rows:
+    a pair it leaves out gets no compiled row even where the profile compiles (it once compiled every pair)."""
     makefile = (Path(__file__).parent.parent / "Makefile").read_text()
     line = next(line for line in makefile.splitlines() if line.startswith("BENCH_GPU_INFERENCE_ARGS :="))
     arguments = line.split(":=")[1].split()
     assert arguments[:2] == ["--inference-only", "--pairs"] and "t5" in arguments
+    monkeypatch.setitem(speed.PROFILES["smoke"], "compile", True)
     output = tmp_path / "gpu-inference.json"
-    speed.main(["--profile", "smoke", "--inference-only", "--pairs", "t5", "--output", str(output)])
+    speed.main(
+        [
+            "--profile",
+            "smoke",
+            "--inference-only",
+            "--pairs",
+            "t5",
+            "--compiled-pairs",
+            "gpt2",
+            "--output",
+            str(output),
+        ]
+    )
     pair = json.loads(output.read_text())["pairs"]["t5"]
     assert pair["errors"] == []
     measures = {row["measure"] for row in pair["rows"]}
     assert {"forward latency", "forward peak memory", "max logit difference"} <= measures
     assert "generate batch 1" in measures
     assert not any(measure.startswith("train") for measure in measures)
+    assert {row.get("variant") for row in pair["rows"] if row["measure"] == "forward latency"} == {"eager"}
 
 
 def test_a_compiled_row_that_ran_eagerly_fails_loudly(monkeypatch):
     monkeypatch.setattr(speed, "ran_compiled", lambda work, device: False)
     with pytest.raises(RuntimeError, match="ran eagerly"):
         speed.require_compiled({"ours": lambda: None}, speed.torch.device("cpu"))
+
+
+def test_device_gaps_count_the_idle_device_and_the_hosts_non_launch_calls():
+    """The kernel table's figures for a bubble (a GPU run's compiled step took longer than its kernels), from made-up
+    profiler events: two kernels 10 us apart, a synchronisation and a copy among the launches."""
+    from types import SimpleNamespace
+
+    from benchmarks.measure import device_gaps
+
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+
+    def event(name, device_type, start=0, end=0):
+        span = SimpleNamespace(start=start, end=end)
+        return SimpleNamespace(name=name, device_type=device_type, time_range=span, device_time_total=end - start)
+
+    kernels = [event("gemm", cuda, 0, 30), event("softmax", cuda, 40, 50)]
+    host = [event(name, cpu) for name in ("cudaLaunchKernel", "cudaStreamSynchronize", "cudaMemcpyAsync")]
+    gaps = device_gaps(kernels, kernels + host + [event("aten::mm", cpu)])
+    assert gaps == {"idle_ms": 0.01, "host_calls": {"cudaMemcpyAsync": 1, "cudaStreamSynchronize": 1}}
+    assert device_gaps([], host) == {}
