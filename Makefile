@@ -15,7 +15,7 @@ MODEL_TESTS := tests/test_compat.py tests/test_config.py tests/test_modeling.py 
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup run test lint test-lean test-min test-matrix test-vllm test-llama-cpp test-torch bench-gpu bench-gpu-inference
+.PHONY: setup run test lint test-lean test-min test-matrix test-vllm test-llama-cpp test-torch bench-gpu bench-gpu-inference bench-gpu-all
 
 $(BIN)/hf-tfm: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -90,6 +90,15 @@ bench-gpu:
 BENCH_GPU_INFERENCE_ARGS := --inference-only --pairs t5 gpt2
 bench-gpu-inference:
 	PYTHONPATH=. PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 timeout 360 python3 -m benchmarks.speed --profile gpu $(BENCH_GPU_INFERENCE_ARGS) $(BENCH_ARGS)
+
+# Both in one device call with a 600 s limit (what the limit cuts off is the last pairs: each pair is written as it
+# ends), into one results file, $OUT/gpu.json ($OUT: the device's output folder, which make reads from the
+# environment); the inference rows join each pair's training rows. They run even when the training rows stopped at
+# their time limit. Commit the file as benchmarks/results/gpu-<date>.json.
+bench-gpu-all:
+	@test -n "$(OUT)" || { echo "bench-gpu-all writes into \$$OUT: set it to a folder"; exit 2; }
+	-$(MAKE) bench-gpu BENCH_ARGS="--output $(OUT)/gpu.json"
+	$(MAKE) bench-gpu-inference BENCH_ARGS="--output $(OUT)/gpu.json"
 
 # llama.cpp itself running hf_tfm's GGUF files (tests/support/llama_cpp_running.py), through llama-cpp-python in its own venv:
 # PyPI has it as source only, so pip builds llama.cpp (about 14 minutes on 2 cores, once: the venv is kept). Not run by

@@ -208,8 +208,8 @@ def run_pair(name: str, profile: dict, device, options: dict) -> dict:
     compiled rows), `kernels` (a profiler kernel table of each training variant)."""
     spec = profile["pairs"][name]
     dtype = getattr(torch, profile["dtype"])
-    result = {"reference": KINDS[name].reference, "shape": spec, "rows": [], "errors": []}
     parts = options["parts"]
+    result = {"reference": KINDS[name].reference, "shape": spec, "parts": list(parts), "rows": [], "errors": []}
     for part in parts:
         try:
             if part == "inference":
@@ -240,7 +240,7 @@ def run(
     kernels: bool = False,
 ) -> dict:
     """Measures `pairs` (default: all of the profile's) and writes after each. `compiled_pairs` names the pairs that
-    get compiled rows (default: every pair, when the profile compiles)."""
+    get compiled rows (default: every pair, when the profile compiles); the rows say which were compiled."""
     profile = PROFILES[profile_name]
     device = torch.device(profile["device"])
     if device.type == "cuda":
@@ -248,8 +248,6 @@ def run(
         torch.backends.cudnn.allow_tf32 = True
     command = command or f"python -m benchmarks.speed --profile {profile_name}"
     settings = {key: value for key, value in profile.items() if key != "pairs"}
-    if compiled_pairs is not None:
-        settings["compiled_pairs"] = sorted(compiled_pairs)
     record = {**header(profile_name, command, device), "settings": settings, "pairs": {}}
     path = results_path(record, output)
     for name in pairs or list(profile["pairs"]):
@@ -287,8 +285,9 @@ def same_setup(earlier: dict, record: dict) -> bool:
 
 
 def merge_and_write(record: dict, path: Path) -> dict:
-    """Pairs measured by separate calls on the same day and setup (`--pairs`, to stay within a time limit per call)
-    join one results file; a pair measured again replaces its earlier result."""
+    """Pairs measured by separate calls on the same day and setup (`--pairs`, `--train-only`, `--inference-only`, to
+    stay within a time limit per call) join one results file; a pair measured again replaces its earlier rows of the
+    parts it measured (training, inference) and keeps the others."""
     if path.is_file():
         earlier = json.loads(path.read_text())
         if not same_setup(earlier, record):
@@ -298,9 +297,27 @@ def merge_and_write(record: dict, path: Path) -> dict:
         commands = earlier.get("commands", [earlier["command"]])
         if commands[-1] != record["command"]:
             commands = [*commands, record["command"]]
-        record = {**record, "commands": commands, "pairs": {**earlier["pairs"], **record["pairs"]}}
+        pairs = dict(earlier["pairs"])
+        for name, pair in record["pairs"].items():
+            pairs[name] = joined_pair(pairs[name], pair) if name in pairs else pair
+        record = {**record, "commands": commands, "pairs": pairs}
     write(record, record["profile"], path)
     return record
+
+
+def part_of(measure_or_error: str) -> str:
+    """The part ("training" or "inference") a row's measure or an error line belongs to."""
+    return "training" if measure_or_error.startswith("train") else "inference"
+
+
+def joined_pair(earlier: dict, pair: dict) -> dict:
+    """`pair` with `earlier`'s rows and errors of the parts `pair` did not measure (its training facts too)."""
+    measured = set(pair.get("parts", ("inference", "training")))
+    rows = [row for row in earlier["rows"] if part_of(row["measure"]) not in measured] + pair["rows"]
+    rows.sort(key=lambda row: part_of(row["measure"]) == "training")  # inference rows first, as one call writes them
+    errors = [error for error in earlier["errors"] if part_of(error) not in measured]
+    parts = sorted(measured | set(earlier.get("parts", ())))
+    return {**earlier, **pair, "parts": parts, "rows": rows, "errors": errors + pair["errors"]}
 
 
 # (--train-only, --inference-only) -> the parts of each pair that run

@@ -91,11 +91,23 @@ def test_gpu_calls_add_pairs_to_one_file_and_never_overwrite_another_setup(tmp_p
     second = dict(first, command="b", pairs={"bert": {"rows": []}})
     merged = speed.merge_and_write(second, speed.results_path(second, None))
     assert set(merged["pairs"]) == {"gpt2", "bert"} and merged["commands"] == ["a", "b"]
+    # a call that measured one part of a pair (make bench-gpu-all: training, then inference) keeps the other's rows
+    training = {"parts": ["training"], "rows": [{"measure": "train"}], "errors": ["training: E"], "train_kernels": 1}
+    inference = {"parts": ["inference"], "rows": [{"measure": "forward latency"}], "errors": []}
+    speed.merge_and_write(dict(first, command="c", pairs={"t5": training}), path)
+    merged = speed.merge_and_write(dict(first, command="d", pairs={"t5": inference}), path)["pairs"]["t5"]
+    assert [row["measure"] for row in merged["rows"]] == ["forward latency", "train"]
+    assert merged["parts"] == ["inference", "training"] and merged["errors"] == ["training: E"]
+    assert merged["train_kernels"] == 1
+    again = {"parts": ["training"], "rows": [{"measure": "train peak memory"}], "errors": []}
+    merged = speed.merge_and_write(dict(first, command="e", pairs={"t5": again}), path)["pairs"]["t5"]
+    assert [row["measure"] for row in merged["rows"]] == ["forward latency", "train peak memory"]
+    assert merged["errors"] == []
     other = dict(first, device="H200", pairs={"t5": {"rows": []}})
     assert speed.results_path(other, None) == tmp_path / "gpu-2026-01-01-2.json"
     with pytest.raises(SystemExit, match="another device"):
         speed.merge_and_write(other, path)
-    assert set(json.loads(path.read_text())["pairs"]) == {"gpt2", "bert"}
+    assert set(json.loads(path.read_text())["pairs"]) == {"gpt2", "bert", "t5"}
 
 
 def test_quality_study_matches_parameters_and_reports_every_seed(tmp_path):
@@ -243,6 +255,13 @@ def test_bench_gpu_runs_its_arguments_on_the_cpu(tmp_path):
         for side in ("reference", "ours"):
             table = pair["train_kernels"][variant][side]
             assert table["kernels"] > 0 and table["top"], (variant, side)
+    # make bench-gpu-all: the inference rows join the same file and pair, beside the training rows
+    recipe = makefile.split("\nbench-gpu-all:")[1].split("\n\n")[0]
+    assert recipe.count("--output $(OUT)/gpu.json") == 2
+    speed.main(["--profile", "smoke", "--inference-only", "--pairs", "gpt2", "--output", str(output)])
+    pair = json.loads(output.read_text())["pairs"]["gpt2"]
+    measures = [row["measure"] for row in pair["rows"]]
+    assert measures[0] == "max logit difference" and measures.count("train") == 2 and "train_kernels" in pair
 
 
 def test_bench_gpu_inference_runs_its_arguments_on_the_cpu(tmp_path, monkeypatch):
