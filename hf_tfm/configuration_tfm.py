@@ -103,6 +103,11 @@ class TfmConfig(PreTrainedConfig):
         attention_bias (`bool`): biases on the query, key and value projections.
         attention_out_bias (`bool`, *optional*): a bias on the attention output projection; `attention_bias` by
             default (Qwen2 has q/k/v biases but none on the output).
+        fused_qkv_proj (`bool`): self-attention stores its query, key and value projections as one `qkv_proj`
+            linear layer (rows stacked q, k, v, as GPT-2's `c_attn` and Phi-3's `qkv_proj`) instead of `q_proj`,
+            `k_proj` and `v_proj`: one matmul where three run at every decode step. The same function either way
+            (conversion splits or joins them); GPT-2's conversion sets it. Not with tensor parallelism, whose
+            column split would cut across the three; PEFT targets `qkv_proj` then.
         position_embedding_type (`str`): `"learned"`, `"sinusoidal"`, `"rope"`, `"alibi"`, `"relative_bias"` (T5's
             bucketed relative position bias, learned per head) or `"none"`.
         max_position_embeddings (`int`): rows of the learned position table; pretraining length for RoPE scaling.
@@ -255,6 +260,7 @@ class TfmConfig(PreTrainedConfig):
     mlp_bias: bool = True
     attention_bias: bool = True
     attention_out_bias: bool | None = None
+    fused_qkv_proj: bool = False
     position_embedding_type: str = "learned"
     max_position_embeddings: int = 1024
     position_offset: int = 0
@@ -520,6 +526,7 @@ class TfmConfig(PreTrainedConfig):
             ("attention_sinks", self.attention_sinks),
             ("attn_logit_softcapping", self.attn_logit_softcapping is not None),
             ("is_encoder_decoder", self.is_encoder_decoder),
+            ("fused_qkv_proj", self.fused_qkv_proj),
         ):
             _require(
                 not refused, field, f"{getattr(self, field)!r} is not available with latent attention (kv_lora_rank)"

@@ -398,9 +398,15 @@ class TfmAttention(AttentionModule):
         self.sinks = nn.Parameter(torch.empty(self.num_heads)) if config.attention_sinks else None
         self.rope_in_float32 = config.rope_in_float32
         bias = config.attention_bias
-        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(config.hidden_size, self.num_key_value_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(config.hidden_size, self.num_key_value_heads * self.head_dim, bias=bias)
+        # q, k and v rows: one `qkv_proj` (fused_qkv_proj, self-attention only) or a layer each
+        self.qkv_widths = [width * self.head_dim for width in (self.num_heads, *[self.num_key_value_heads] * 2)]
+        self.qkv_proj = self.q_proj = self.k_proj = self.v_proj = None
+        if config.fused_qkv_proj and not is_cross_attention:
+            self.qkv_proj = nn.Linear(config.hidden_size, sum(self.qkv_widths), bias=bias)
+        else:
+            self.q_proj = nn.Linear(config.hidden_size, self.qkv_widths[0], bias=bias)
+            self.k_proj = nn.Linear(config.hidden_size, self.qkv_widths[1], bias=bias)
+            self.v_proj = nn.Linear(config.hidden_size, self.qkv_widths[2], bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=config.attention_out_bias)
         # absent parts are None, not missing: a failed hasattr on a Module costs an exception per call
         self.q_norm = self.k_norm = None
@@ -426,7 +432,10 @@ class TfmAttention(AttentionModule):
             query_states = self.heads(self.q_proj(hidden_states), self.q_norm)
             key_states, value_states = self.cross_key_values(key_value_states, cache)
         else:
-            query, key, value = joint_projections(hidden_states, [self.q_proj, self.k_proj, self.v_proj])
+            if self.qkv_proj is not None:
+                query, key, value = self.qkv_proj(hidden_states).split(self.qkv_widths, dim=-1)
+            else:
+                query, key, value = joint_projections(hidden_states, [self.q_proj, self.k_proj, self.v_proj])
             query_states, key_states = self.heads(query, self.q_norm), self.heads(key, self.k_norm)
             value_states = self.heads(value, None)
             if position_embeddings is not None:
@@ -437,9 +446,9 @@ class TfmAttention(AttentionModule):
             if cache is not None:
                 key_states, value_states = cache.update(key_states, value_states, self.layer_idx)
             elif position_embeddings is not None and value._base is not None and value._base is query._base:
-                # a value that views the joint q/k/v output (joint_projections) would keep all of it alive for
-                # backward, where RoPE made new query and key tensors: a copy of the value alone lets it go, as a
-                # cache's copy does
+                # a value that views the joint q/k/v output (qkv_proj, joint_projections) would keep all of it
+                # alive for backward, where RoPE made new query and key tensors: a copy of the value alone lets it
+                # go, as a cache's copy does
                 value_states = value_states.contiguous()
 
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(

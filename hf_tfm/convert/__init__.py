@@ -6,7 +6,8 @@ installed with hf_tfm and never copied next to a checkpoint).
 - `common.py`: the config round trip every conversion passes (`converted_config`), exact weight loading;
 - `families.py`: the registry `FAMILIES`, filled from `decoder.py`, `encoder.py` and `encoder_decoder.py`, one record
   per family;
-- `upcycle.py`: a dense GLU model turned into an MoE model that computes the same function.
+- `upcycle.py`: a dense GLU model turned into an MoE model that computes the same function;
+- `qkv.py`: a self-attention's q, k and v as three layers or one (`fused_qkv_proj`), and `with_fused_qkv` between them.
 
     from hf_tfm.convert import to_tfm, from_tfm
 """
@@ -21,6 +22,7 @@ from .engine import (
     weights_from_tfm,
     weights_to_tfm,
 )
+from .qkv import with_fused_qkv
 
 __all__ = [
     "config_from_tfm",
@@ -31,4 +33,5 @@ __all__ = [
     "to_tfm",
     "weights_from_tfm",
     "weights_to_tfm",
+    "with_fused_qkv",
 ]

@@ -174,6 +174,7 @@ COMPUTATION_CHOICES = {
     "pad_vocab_size_to_multiple_of": "the token tables' padding rows are never read (and are not converted)",
     "loss_chunk_size": "the same loss, computed a chunk of tokens at a time",
     "check_input_values": "whether bad inputs are named in an error; a valid input's output is the same",
+    "fused_qkv_proj": "q, k and v stored as one matrix or as three: the same projections",
 }
 
 

@@ -79,8 +79,10 @@ GPT2 = Family(
         fused={"self_attn.qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")},
     ),
     pair={},
-    # n_inner=None is GPT-2's way of writing the default width 4 * n_embd
-    to_tfm=lambda config: {"intermediate_size": config.n_inner or 4 * config.n_embd},
+    # n_inner=None is GPT-2's way of writing the default width 4 * n_embd; q, k and v stay one matrix, as c_attn
+    # (one matmul a layer where three would run at every decode step: the H200 measured GPT-2 generating at 1.03-1.08x
+    # the reference's time with three, benchmarks/results/gpu-2026-11-27-2.json)
+    to_tfm=lambda config: {"intermediate_size": config.n_inner or 4 * config.n_embd, "fused_qkv_proj": True},
     from_tfm=lambda config: {
         "n_inner": None if config.intermediate_size == 4 * config.hidden_size else config.intermediate_size
     },

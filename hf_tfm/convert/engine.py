@@ -20,6 +20,7 @@ from .. import modeling_tfm
 from ..configuration_tfm import PARADIGM_CONFIGS, TfmConfig, TfmEncoderConfig
 from .common import config_with, converted_config, inverted, load_exact, renamed_fields, require_paradigm
 from .families import FAMILIES
+from .qkv import join_qkv, split_qkv
 from .record import Family, Weights
 
 __all__ = ["config_from_tfm", "config_to_tfm", "family", "from_tfm", "to_tfm", "weights_from_tfm", "weights_to_tfm"]
@@ -168,8 +169,8 @@ def _require_copies(weights: Weights, source: dict, model: nn.Module, target: nn
 
 def weights_to_tfm(weights: Weights, source: dict, target: nn.Module) -> dict:
     """A reference state dict in hf_tfm's names and layout, for `target` (whose parameters give the fused parts'
-    rows)."""
-    expected, heads = target.state_dict(), target.config.num_attention_heads
+    rows; records name q, k and v apart, joined at the end for a target with `fused_qkv_proj`)."""
+    expected, heads = split_qkv(target.state_dict(), target.config), target.config.num_attention_heads
     state = {}
     for key, tensor in source.items():
         if key in weights.copies:
@@ -187,7 +188,7 @@ def weights_to_tfm(weights: Weights, source: dict, target: nn.Module) -> dict:
         if missing:
             raise ValueError(f"Converted weights do not fit {type(target).__name__}: {key} has no parts {missing}")
         state.update(zip(parts, _split(weights, tensor, [expected[part].shape[0] for part in parts], heads)))
-    return state
+    return join_qkv(state, target.state_dict().keys()) if target.config.fused_qkv_proj else state
 
 
 def weights_from_tfm(weights: Weights, source: dict, target: nn.Module, heads: int) -> dict:
@@ -264,6 +265,7 @@ def from_tfm(model: nn.Module, name: str) -> nn.Module:
     )
     if record.prepare_reference:
         record.prepare_reference(model, target)
-    state = weights_from_tfm(record.weights, model.state_dict(), target, config.num_attention_heads)
+    source = split_qkv(model.state_dict(), config)  # records name q, k and v apart (hf_tfm/convert/qkv.py)
+    state = weights_from_tfm(record.weights, source, target, config.num_attention_heads)
     # every tensor is given, ties included: loading re-ties nothing (T5's config claims a tie its tensors may lack)
     return load_exact(target, state, tie=False, generation_config=getattr(model, "generation_config", None))
