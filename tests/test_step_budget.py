@@ -24,13 +24,13 @@ from hf_tfm.modeling_tfm_stack import TfmBlock
 
 PYTHON_CALLS_BUDGET = 1.36
 # aten operators per decode step, hf_tfm / reference: at most the reference's (1.00) unless a pair is listed below,
-# measured on transformers 5.24 at the smoke shapes. Decode runs q/k/v as three matmuls, as Llama's reference does
-# (joint_projections joins them only in training): GPT-2's reference runs one (c_attn), so its pairs count two
-# operators more per layer than before issue 29. A listed budget comes down when a change lowers the count.
+# measured on transformers 5.24 at the smoke shapes. GPT-2 runs one q/k/v matmul as its reference's c_attn does
+# (fused_qkv_proj; with three it counted 1.19x and 1.15x): 114 against 108 operators (dynamic cache), 147 against
+# 141 (static). A listed budget comes down when a change lowers the count.
 ATEN_BUDGET = 1.00
 ATEN_BUDGETS = {
-    ("gpt2", "dynamic"): 1.19,
-    ("gpt2", "static"): 1.15,
+    ("gpt2", "dynamic"): 1.06,
+    ("gpt2", "static"): 1.05,
     ("t5", "dynamic"): 1.14,
     ("t5", "static"): 1.01,
     ("bart", "dynamic"): 0.97,

@@ -16,12 +16,11 @@ from benchmarks.pairs import KINDS, PROFILES
 from hf_tfm import modeling_tfm_loss
 
 PAIRS = ["gpt2", "llama", "bert", "t5", "bart", "mixtral", "gpt_oss"]
-# Kernels at or below the reference's, but for GPT-2: its reference joins q/k/v in one Conv1D weight, hf_tfm
-# concatenates its three weights and biases in every step (two kernels a layer), GPT-2's 50257-token vocabulary
-# takes six loss chunks at 16 x 1024 tokens where the reference's loss is a few kernels (about nine a chunk), and the
-# CPU's math sdpa copies hf_tfm's strided keys and values where the reference's cache has copied them:
-# 1473 against 1401 kernels, while its bytes are below the reference's.
-KERNEL_RATIO = {"gpt2": 1.06}
+# Kernels at or below the reference's, but for GPT-2: its 50257-token vocabulary takes six loss chunks at 16 x 1024
+# tokens where the reference's loss is a few kernels (about nine a chunk), and the CPU's math sdpa copies hf_tfm's
+# strided keys and values where the reference's cache has copied them: 1449 against 1401 kernels (1473 until
+# fused_qkv_proj stored q/k/v as one matrix, as the reference's c_attn), while its bytes are below the reference's.
+KERNEL_RATIO = {"gpt2": 1.04}
 SYNCS = {"causal": 0, "seq2seq": 0, "masked": 1}
 # Issue 29's GPU memory target (at most 0.65x the reference's peak), for the pairs whose traced peak is the GPU's: the
 # H200 run (gpu-2026-11-27.json) measured 0.662x (Llama) and 0.653x (Mixtral), the trace of the same code 0.662x and
@@ -56,11 +55,10 @@ def test_a_gpu_training_step_costs_no_more_than_the_references(name):
     assert not ours["unfused_attention"], ours["unfused_attention"]
 
 
-# An inference forward moves at most the reference's bytes at no higher peak, but for GPT-2's bytes: separate q/k/v
-# matmuls read their input three times where its c_attn reads it once (joined, a decode step would copy the weights
-# at every token): 32.31 against 31.75 GiB. Kernels: a few more (the input check's bounds, BERT 160 against 155), and
-# GPT-2's three q/k/v matmuls a layer where the reference launches one c_attn addmm (+24 of 259).
-FORWARD_RATIO = {("gpt2", "kernels"): 1.11, ("gpt2", "bytes_gib"): 1.02, ("bert", "kernels"): 1.04}
+# An inference forward moves at most the reference's bytes (and the input check's few bytes) at no higher peak, with a
+# few kernels more: the input check's bounds (BERT 160 against 155, GPT-2 262 against 259). With three q/k/v layers
+# GPT-2 launched 286 and moved 32.31 against 31.75 GiB (fused_qkv_proj: one matrix, as the reference's c_attn).
+FORWARD_RATIO = {("gpt2", "kernels"): 1.02, ("gpt2", "bytes_gib"): 1.0001, ("bert", "kernels"): 1.04}
 FORWARD_KERNELS = 1.01
 
 
@@ -74,10 +72,10 @@ def test_an_inference_forward_costs_about_the_references(name):
     assert not ours["unfused_attention"], ours["unfused_attention"]
 
 
-# A decode step launches at most the reference's kernels, but for GPT-2's three q/k/v matmuls a layer where its
-# reference launches one c_attn addmm (+24), and T5's key positions, counted back from the newest token so that a
+# A decode step launches at most the reference's kernels (GPT-2 too since fused_qkv_proj: it launched 303 against 279
+# with three q/k/v matmuls a layer), but for T5's key positions, counted back from the newest token so that a
 # left-padded row keeps its own (+1); no host sync, no unfused attention
-DECODE_EXTRA = {"gpt2": 24, "t5": 1}
+DECODE_EXTRA = {"t5": 1}
 
 
 @pytest.mark.parametrize("name", [name for name in PAIRS if KINDS[name].task != "masked"])
