@@ -24,6 +24,8 @@ onnxruntime = pytest.importorskip("onnxruntime", reason="onnxruntime is in the t
 DECODERS = {
     "dense": dict(position_embedding_type="rope", num_key_value_heads=2),
     "moe": dict(position_embedding_type="rope", num_experts=4, num_experts_per_tok=2, hidden_act="silu"),
+    # GPT-2's layout: learned positions, one q/k/v matrix (fused_qkv_proj)
+    "fused-qkv": dict(position_embedding_type="learned", fused_qkv_proj=True),
 }
 
 
