@@ -105,6 +105,7 @@ def served_tokens(folder: Path, **env) -> dict:
 
 DECODERS = {
     "llama": ("llama-1.3m", {}),
+    "llama-fused-qkv": ("llama-1.3m", {"fused_qkv_proj": True}),  # one qkv_proj, as GPT-2's conversion keeps
     "mistral-sliding": ("mistral-1.3m", {"sliding_window": 4}),
     "qwen3-qk-norm": ("qwen3-1.3m", {}),
     "gemma2-softcap": ("gemma2-1.3m", {"sliding_window": 4}),
