@@ -12,6 +12,7 @@ from conftest import perturb
 
 import hf_tfm
 from hf_tfm import TfmDecoderForCausalLM
+from hf_tfm.convert import with_fused_qkv
 from hf_tfm.export.gguf import write_llama_gguf
 from hf_tfm.training.tokenizers import train_tokenizer
 
@@ -52,9 +53,16 @@ def greedy(llm: llama_cpp.Llama, ids: list[int]) -> list[int]:
     return out
 
 
-@pytest.mark.parametrize("with_tokenizer", [True, False], ids=["tokenizer", "ids-only"])
-def test_llama_cpp_computes_hf_tfms_logits_and_tokens(tmp_path, model_and_tokenizer, with_tokenizer):
+@pytest.mark.parametrize(
+    ("with_tokenizer", "fused_qkv"),
+    [(True, False), (False, False), (True, True)],
+    ids=["tokenizer", "ids-only", "fused-qkv"],
+)
+def test_llama_cpp_computes_hf_tfms_logits_and_tokens(tmp_path, model_and_tokenizer, with_tokenizer, fused_qkv):
+    """fused-qkv: the model stores q/k/v as one qkv_proj (fused_qkv_proj); the GGUF file holds llama.cpp's three."""
     model, tokenizer = model_and_tokenizer
+    if fused_qkv:
+        model = with_fused_qkv(model, True)
     path = write_llama_gguf(model, tmp_path / "model.gguf", tokenizer=tokenizer if with_tokenizer else None)
     llm = engine(path)
     ids = tokenizer("the lazy fox saves time")["input_ids"]
