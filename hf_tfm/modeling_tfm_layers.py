@@ -324,6 +324,12 @@ def eager_attention_forward(
     return attn_output.transpose(1, 2).contiguous(), attn_weights
 
 
+def qkv_widths(config: TfmConfig) -> list[int]:
+    """The widths of a self-attention's query, key and value projections: the rows each holds in a fused
+    `qkv_proj` (`fused_qkv_proj`), stacked in that order."""
+    return [heads * config.head_dim for heads in (config.num_attention_heads, *[config.num_key_value_heads] * 2)]
+
+
 def attention_scale(config: TfmConfig) -> float:
     if config.attention_multiplier is not None:
         return config.attention_multiplier
@@ -399,7 +405,7 @@ class TfmAttention(AttentionModule):
         self.rope_in_float32 = config.rope_in_float32
         bias = config.attention_bias
         # q, k and v rows: one `qkv_proj` (fused_qkv_proj, self-attention only) or a layer each
-        self.qkv_widths = [width * self.head_dim for width in (self.num_heads, *[self.num_key_value_heads] * 2)]
+        self.qkv_widths = qkv_widths(config)
         self.qkv_proj = self.q_proj = self.k_proj = self.v_proj = None
         if config.fused_qkv_proj and not is_cross_attention:
             self.qkv_proj = nn.Linear(config.hidden_size, sum(self.qkv_widths), bias=bias)

@@ -170,7 +170,8 @@ def _require_copies(weights: Weights, source: dict, model: nn.Module, target: nn
 def weights_to_tfm(weights: Weights, source: dict, target: nn.Module) -> dict:
     """A reference state dict in hf_tfm's names and layout, for `target` (whose parameters give the fused parts'
     rows; records name q, k and v apart, joined at the end for a target with `fused_qkv_proj`)."""
-    expected, heads = split_qkv(target.state_dict(), target.config), target.config.num_attention_heads
+    own, heads = target.state_dict(), target.config.num_attention_heads
+    expected = split_qkv(own, target.config)
     state = {}
     for key, tensor in source.items():
         if key in weights.copies:
@@ -188,7 +189,7 @@ def weights_to_tfm(weights: Weights, source: dict, target: nn.Module) -> dict:
         if missing:
             raise ValueError(f"Converted weights do not fit {type(target).__name__}: {key} has no parts {missing}")
         state.update(zip(parts, _split(weights, tensor, [expected[part].shape[0] for part in parts], heads)))
-    return join_qkv(state, target.state_dict().keys()) if target.config.fused_qkv_proj else state
+    return join_qkv(state, own.keys())
 
 
 def weights_from_tfm(weights: Weights, source: dict, target: nn.Module, heads: int) -> dict:

@@ -8,15 +8,11 @@ import re
 
 import torch
 
+from ..modeling_tfm_layers import qkv_widths
 from .common import config_with, load_exact
 
 FUSED = re.compile(r"(.*self_attn\.)qkv_proj\.(weight|bias)")
 PARTS = ("q_proj", "k_proj", "v_proj")
-
-
-def qkv_widths(config) -> list[int]:
-    """The rows of q, k and v in a fused `qkv_proj`."""
-    return [heads * config.head_dim for heads in (config.num_attention_heads, *[config.num_key_value_heads] * 2)]
 
 
 def split_qkv(state: dict[str, torch.Tensor], config) -> dict[str, torch.Tensor]:
@@ -35,7 +31,7 @@ def split_qkv(state: dict[str, torch.Tensor], config) -> dict[str, torch.Tensor]
 
 def join_qkv(state: dict[str, torch.Tensor], keys) -> dict[str, torch.Tensor]:
     """`state` (in the three-layer form) with the q, k and v tensors joined into each `qkv_proj` key among `keys`
-    (a fused model's state-dict keys)."""
+    (the target model's state-dict keys: for a model without `qkv_proj`, `state` as it is)."""
     joined = dict(state)
     for key in keys:
         match = FUSED.fullmatch(key)
@@ -50,7 +46,5 @@ def with_fused_qkv(model, fused: bool):
     `q_proj`, `k_proj` and `v_proj` (which tensor parallelism and per-projection PEFT targets need)."""
     config = model.config
     target = type(model)(config_with(config, fused_qkv_proj=fused)).to(model.device, model.dtype)
-    state = split_qkv(model.state_dict(), config)
-    if fused:
-        state = join_qkv(state, target.state_dict().keys())
+    state = join_qkv(split_qkv(model.state_dict(), config), target.state_dict().keys())
     return load_exact(target, state, generation_config=model.generation_config).train(model.training)
