@@ -84,9 +84,10 @@ bench-gpu:
 
 # Second, where device time is left after bench-gpu: T5's forward (latency and memory, eager and compiled) and
 # T5's and GPT-2's generation (batch 1 and 64, dynamic and static cache), at most 6 minutes.
-# `make bench-gpu-inference BENCH_ARGS="--output $$OUT/gpu-inference.json"`. On an H200 (2026-11-27) bench-gpu took
-# about 230 s and these rows 273 s once inductor's cache was warm; a first try at 240 s, cold, ended before T5's rows
-# were written. Both fit one 600 s device call, bench-gpu first.
+# `make bench-gpu-inference BENCH_ARGS="--output $$OUT/gpu.json"` (into bench-gpu's file: each pair keeps both parts).
+# On an H200 (2026-11-27, the notes of benchmarks/results/gpu-2026-11-27-2.json) bench-gpu took about 227 s and these
+# rows 273 s once inductor's cache was warm; a first try at 240 s, cold, ended before T5's rows were written. Both fit
+# one 600 s device call, bench-gpu first: bench-gpu-all.
 BENCH_GPU_INFERENCE_ARGS := --inference-only --pairs t5 gpt2
 bench-gpu-inference:
 	PYTHONPATH=. PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 timeout 360 python3 -m benchmarks.speed --profile gpu $(BENCH_GPU_INFERENCE_ARGS) $(BENCH_ARGS)
