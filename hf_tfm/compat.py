@@ -27,6 +27,7 @@ from transformers import masking_utils
 from transformers.distributed import DistributedConfig
 from transformers.modeling_outputs import BaseModelOutputWithPast
 from transformers.modeling_utils import PreTrainedModel
+from transformers.utils.deprecation import deprecate_kwarg
 
 # ------------------------------------------------------------------------------------------- the cache's name
 
@@ -41,9 +42,13 @@ MASK_CACHE_ARGUMENT = (
 
 
 def accepts_legacy_cache_argument(forward: Callable) -> Callable:
-    """A forward whose cache parameter is `cache` (transformers >= 5.24) also takes it as `past_key_values`, the
-    keyword generate() passes in 5.17-5.23 and the one users and libraries (PEFT) wrote until then. Both at once is an
-    error naming them; the signature shows `cache`, as transformers' own models do."""
+    """A forward whose cache parameter is `cache` also takes it as `past_key_values`. From transformers 5.24 this is
+    transformers' own `deprecate_kwarg`, as on Llama's forwards: the old name is renamed with a FutureWarning, and
+    `cache` wins when both are given. 5.17-5.23 pass `past_key_values` at every generate() step (and users and PEFT
+    wrote it), so there it is renamed silently, and both at once is an error naming them. The signature shows
+    `cache` either way, as transformers' own models do."""
+    if CACHE_NAME == "cache":
+        return deprecate_kwarg(LEGACY_CACHE_ARGUMENT, "5.40.0", new_name="cache")(forward)
 
     @functools.wraps(forward)
     def wrapper(self, *args, **kwargs):
@@ -183,7 +188,9 @@ def _probe_cache_field() -> str | None:
     names = generation.ALL_CACHE_NAMES
     if CACHE_NAME not in names:
         return f"generate() reads the cache as one of {names}, hf_tfm returns it as {CACHE_NAME!r}"
-    return _has_parameters(masking_utils.create_sliding_window_causal_mask, MASK_CACHE_ARGUMENT)
+    return _has_parameters(masking_utils.create_sliding_window_causal_mask, MASK_CACHE_ARGUMENT) or _has_parameters(
+        deprecate_kwarg, "old_name", "version", "new_name"
+    )
 
 
 def _probe_attention_choice() -> str | None:
@@ -250,7 +257,7 @@ TABLE = [
     Row(
         "cache argument",
         "the cache's keyword and output field (`cache` from 5.24, `past_key_values` before): CACHE_NAME, "
-        "MASK_CACHE_ARGUMENT, accepts_legacy_cache_argument",
+        "MASK_CACHE_ARGUMENT, accepts_legacy_cache_argument (transformers' deprecate_kwarg from 5.24)",
         "5.17-5.23 pass `past_key_values`; 5.24+ `cache` (the old name is removed in 5.40)",
         "forwards take `cache` only once the lower bound reaches 5.24",
         _probe_cache_field,

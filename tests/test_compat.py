@@ -157,8 +157,26 @@ def test_both_names_give_the_same_cached_step():
         results.append(out.logits)
     torch.testing.assert_close(results[0], results[1], rtol=0, atol=0)
     cache = model(prompt, use_cache=True).get(compat.CACHE_NAME)
-    with pytest.raises(ValueError, match="not both"):
-        model(step, cache=cache, past_key_values=cache)
+    if compat.CACHE_NAME == "cache":  # transformers' deprecate_kwarg, as Llama's forwards: `cache` wins, with a warning
+        with pytest.warns(FutureWarning, match="Both `past_key_values` and `cache`"):
+            out = model(step, cache=cache, past_key_values=None, use_cache=True)
+        assert out.get(compat.CACHE_NAME) is cache and cache.get_seq_length() == 5
+    else:
+        with pytest.raises(ValueError, match="not both"):
+            model(step, cache=cache, past_key_values=cache)
+
+
+def test_legacy_cache_name_warns_as_on_llama():
+    """On transformers >= 5.24 the old name is renamed by transformers' own decorator, so it warns exactly where
+    Llama's forwards warn; on 5.17-5.23 (generate() passes it at every step) it is silent."""
+    model, prompt = tiny_model(), torch.tensor([[5, 6, 7, 8]])
+    cache = model(prompt, use_cache=True).get(compat.CACHE_NAME)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model(torch.tensor([[9]]), past_key_values=cache, use_cache=True)
+    renamed = [w for w in caught if issubclass(w.category, FutureWarning) and "past_key_values" in str(w.message)]
+    assert len(renamed) == (1 if compat.CACHE_NAME == "cache" else 0)
+    assert cache.get_seq_length() == 5
 
 
 def assert_generate_carries_cache(model, input_ids):
