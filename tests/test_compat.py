@@ -157,7 +157,7 @@ def test_both_names_give_the_same_cached_step():
         results.append(out.logits)
     torch.testing.assert_close(results[0], results[1], rtol=0, atol=0)
     cache = model(prompt, use_cache=True).get(compat.CACHE_NAME)
-    if compat.CACHE_NAME == "cache":  # transformers' deprecate_kwarg, as Llama's forwards: `cache` wins, with a warning
+    if compat.CACHE_NAME == "cache":  # deprecate_kwarg, as on Llama: `cache` wins, with a warning
         with pytest.warns(FutureWarning, match="Both `past_key_values` and `cache`"):
             out = model(step, cache=cache, past_key_values=None, use_cache=True)
         assert out.get(compat.CACHE_NAME) is cache and cache.get_seq_length() == 5
