@@ -173,13 +173,6 @@ PARALLEL_RULES = (
     ParallelRule(("tensor", "expert"), "expert_mlp_bias", lambda config: config.expert_mlp_bias, UNSHARDED),
     ParallelRule(
         ("tensor",),
-        "fused_qkv_proj",
-        lambda config: config.fused_qkv_proj,
-        "a column split of the one q/k/v matrix would cut across the three; save the model with fused_qkv_proj=False "
-        "(`hf_tfm.convert.with_fused_qkv(model, False)`) or run it with data parallelism (FSDP)",
-    ),
-    ParallelRule(
-        ("tensor",),
         "kv_lora_rank",
         lambda config: config.kv_lora_rank is not None,
         f"latent attention's projections: {UNSHARDED}",

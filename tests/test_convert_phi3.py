@@ -7,6 +7,7 @@ from functools import partial
 import pytest
 import torch
 from conftest import perturb, tiny_config
+from peft import LoraConfig, get_peft_model
 from support.parity_harness import (
     LLAMA_SHAPED,
     TINY_DECODER,
@@ -60,6 +61,25 @@ def test_phi3_parity(overrides):
     assert_converts_exactly(
         phi3(**overrides), to_tfm, partial(from_tfm, name="phi3"), max_new_tokens=6, back_attn="sdpa"
     )
+
+
+def test_phi3_keeps_q_k_v_as_one_matrix_that_lora_targets_by_phi3s_name():
+    """Phi-3's qkv_proj converts into hf_tfm's qkv_proj as it is (one matmul a layer, as the reference runs), so a
+    LoRA configuration written for Phi-3 (target_modules naming qkv_proj and o_proj) adapts the converted model's
+    same layers."""
+    reference = phi3()
+    ours = to_tfm(reference)
+    assert ours.config.fused_qkv_proj and ours.model.layers[0].self_attn.q_proj is None
+    assert torch.equal(
+        ours.model.layers[0].self_attn.qkv_proj.weight, reference.model.layers[0].self_attn.qkv_proj.weight
+    )
+    targets = LoraConfig(target_modules=["qkv_proj", "o_proj"], r=4)
+    adapted = {name: get_peft_model(model, targets) for name, model in (("reference", reference), ("ours", ours))}
+    names = {
+        side: sorted(n.split(".layers.")[1] for n, _ in m.named_parameters() if "lora_A" in n)
+        for side, m in adapted.items()
+    }
+    assert names["ours"] == names["reference"] and names["ours"]
 
 
 def test_phi3_static_cache_generation_past_the_window():

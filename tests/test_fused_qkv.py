@@ -1,7 +1,8 @@
 """`fused_qkv_proj`: a self-attention's q, k and v stored as one `qkv_proj` (as GPT-2's `c_attn`) instead of three
 layers. The same function either way: GPT-2 converts into it exactly and back, `with_fused_qkv` switches a model's
 layout with the same logits, every family converts from a fused model (the engine reads q, k and v apart), a decode
-step runs one q/k/v matmul where three ran, and what cannot shard it or see through it refuses it by name."""
+step runs one q/k/v matmul where three ran, tensor parallelism gathers its output, and what cannot see through it
+refuses it by name."""
 
 import pytest
 import torch
@@ -87,10 +88,18 @@ def test_cross_attention_keeps_its_three_layers():
     assert block.cross_attn.q_proj is not None
 
 
-def test_what_cannot_run_it_refuses_it_by_name():
+def test_tensor_parallelism_gathers_the_one_matrix_as_phi3s_plan():
+    """A column split of one q/k/v matrix would give a rank rows of the three mixed: its output is gathered (and
+    every rank attends over every head) as in Phi-3's own plan; tests/test_tensor_parallel.py runs it on two ranks."""
     config = tiny_config(fused_qkv_proj=True)
-    with pytest.raises(ValueError, match="fused_qkv_proj"):
-        check_parallel_layout(config, DistributedConfig(tp_size=2))
+    check_parallel_layout(config, DistributedConfig(tp_size=2))
+    plan = config.base_model_tp_plan
+    assert plan["layers.*.self_attn.qkv_proj"] == "colwise_gather_output"
+    assert plan["layers.*.self_attn.o_proj"] == "rowwise_split_input"
+    assert not {name.rsplit(".", 1)[-1] for name in plan} & {"q_proj", "k_proj", "v_proj"}
+
+
+def test_what_cannot_run_it_refuses_it_by_name():
     with pytest.raises(ValueError, match="fused_qkv_proj"):
         tiny_config(
             fused_qkv_proj=True, position_embedding_type="rope", kv_lora_rank=16, qk_nope_head_dim=8, v_head_dim=8

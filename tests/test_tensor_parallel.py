@@ -113,6 +113,19 @@ CASES = {
             norm_position="output",
         ),
     ),
+    # GPT-2/Phi-3-like: q, k and v as one matrix (attention gathered, as Phi-3's plan), GQA, gated feed-forward
+    "decoder_fused": (
+        TfmDecoderForCausalLM,
+        TfmDecoderConfig,
+        dict(
+            num_key_value_heads=2,
+            position_embedding_type="rope",
+            fused_qkv_proj=True,
+            attention_bias=True,
+            ffn_type="glu",
+            hidden_act="silu",
+        ),
+    ),
     # BERT/RoBERTa-like: post-norm, token types, padding-aware learned positions, embedding norm, tied MLM head
     "encoder": (
         TfmEncoderForMaskedLM,
@@ -178,6 +191,7 @@ RUNS = {
     "decoder_gqa": ("decoder_gqa", {"tp_plan": "auto"}, ["generate", "train"]),
     "decoder_moe": ("decoder_moe", {"tp_plan": "auto"}, ["generate", "train", "save"]),
     "decoder_alibi": ("decoder_alibi", {"tp_plan": "auto"}, ["generate", "train"]),
+    "decoder_fused": ("decoder_fused", {"tp_plan": "auto"}, ["generate", "train"]),
     "encoder": ("encoder", {"tp_plan": "auto"}, ["train"]),
     "t5_like": ("t5_like", {"tp_plan": "auto"}, ["generate", "train", "save"]),
     "bart_like": ("bart_like", {"tp_size": 2}, ["generate", "train"]),  # the DistributedConfig spelling
@@ -188,7 +202,7 @@ RUNS = {
 }
 if "replicate" in ALL_PARALLEL_STYLES:
     RUNS["control_partial_norm_gradients"] = ("decoder_gqa", PARTIAL_NORM_GRADIENTS, ["train"])
-TENSOR_PARALLEL = ["decoder_gqa", "decoder_moe", "decoder_alibi", "encoder", "t5_like", "bart_like"]
+TENSOR_PARALLEL = ["decoder_gqa", "decoder_moe", "decoder_alibi", "decoder_fused", "encoder", "t5_like", "bart_like"]
 
 # what each run must hold in slices (wildcard name -> its placement): proof that the plan was applied as meant
 SHARDED = {
@@ -209,6 +223,11 @@ SHARDED = {
         "model.layers.*.mlp.up_proj.weight": "Shard(dim=0)",  # the dense first layer
     },
     "decoder_alibi": {"model.layers.*.self_attn.q_proj.weight": "Shard(dim=0)"},  # sharded, output gathered
+    "decoder_fused": {
+        "model.layers.*.self_attn.qkv_proj.weight": "Shard(dim=0)",  # sharded, output gathered
+        "model.layers.*.self_attn.qkv_proj.bias": "Shard(dim=0)",
+        "model.layers.*.self_attn.o_proj.weight": "Shard(dim=1)",
+    },
     "encoder": {"lm_head.decoder.bias": "Shard(dim=0)", "model.layers.*.mlp.up_proj.weight": "Shard(dim=0)"},
     "t5_like": {
         "model.shared.weight": "Shard(dim=0)",

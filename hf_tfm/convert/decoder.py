@@ -870,8 +870,11 @@ PHI3 = llama_family(
         "mlp_bias": False,
     },
     implicit_head_dim_field=True,
+    # q, k and v stay one matrix, as Phi-3's qkv_proj (its name too: LoRA targets written for Phi-3 find it)
     to_tfm=lambda config: dict(
-        hidden_dropout=float(config.resid_pdrop), rope_parameters=_phi3_rope(config.rope_parameters)
+        hidden_dropout=float(config.resid_pdrop),
+        rope_parameters=_phi3_rope(config.rope_parameters),
+        fused_qkv_proj=True,
     ),
     from_tfm=_phi3_from_tfm,
     weights=Weights(
