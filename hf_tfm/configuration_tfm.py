@@ -17,7 +17,6 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.utils import logging
 
 from .compat import CACHE_NAMES
-from .configuration_tfm_parallel import ConfigPlan, expert_parallel_plan, pipeline_parallel_plan, tensor_parallel_plan
 
 logger = logging.get_logger(__name__)
 
@@ -635,11 +634,6 @@ class TfmConfig(PreTrainedConfig):
     def stacks(self) -> list[tuple[str, int, bool]]:
         """Each stack of the base model: (its name prefix there, its depth, whether it has cross-attention)."""
         return [("", self.num_hidden_layers, False)]
-
-    # transformers reads these on the config instance; they follow its fields (configuration_tfm_parallel.py)
-    base_model_tp_plan = ConfigPlan(tensor_parallel_plan)
-    base_model_ep_plan = ConfigPlan(expert_parallel_plan)
-    base_model_pp_plan = ConfigPlan(pipeline_parallel_plan)
 
     def convert_rope_params_to_dict(self, **kwargs):
         # transformers 5.17 gives a nested dict (one per layer type) a top-level `rope_theta` and then fails to

@@ -1,8 +1,8 @@
-"""Parallelism plans of an hf_tfm config: how transformers' tensor, expert and pipeline parallelism shard the model
+"""Parallelism plans of an hf_tfm model: how transformers' tensor, expert and pipeline parallelism shard it
 (`from_pretrained(path, tp_plan="auto")` or `distributed_config=DistributedConfig(...)`), computed from the config's
-fields, and the layouts those plans would shard wrongly, refused by field before anything is sharded; the one
-reduction hf_tfm itself runs over data-parallel ranks (the routers' expert loads); and the model methods that use them
-(`TfmParallelMixin`).
+fields when the model is built, and the layouts those plans would shard wrongly, refused by field before anything is
+sharded; the one reduction hf_tfm itself runs over data-parallel ranks (the routers' expert loads); and the model
+methods that use them (`TfmParallelMixin`).
 """
 
 import torch
@@ -12,13 +12,13 @@ from transformers.distributed import DistributedConfig
 from .capabilities import parallel_refusal
 from .compat import TOKEN_DISPATCH
 
-# Every `config` here is an hf_tfm config (configuration_tfm.TfmConfig, whose plan properties call these functions):
-# annotated as its transformers base class, so that the two modules do not import each other.
+# Every `config` here is an hf_tfm config (configuration_tfm.TfmConfig), annotated as its transformers base class.
 
-# transformers shards a model by module name: the config's `base_model_tp_plan` / `base_model_ep_plan` map the base
-# model's modules to its parallel styles, each head class adds its own (`_tp_plan`), and
-# `from_pretrained(path, tp_plan="auto")` (or `distributed_config=DistributedConfig(tp_size=N, ep_size=M)`) applies
-# them. Only transformers' styles are used; what a block may shard depends on the options the config picks.
+# transformers shards a model by module name: the base model's plans (`tp_plan`, `ep_plan`, `pp_plan`, which
+# transformers' own models copy from their config's class attributes) map its modules to parallel styles, each head
+# class adds its own (`_tp_plan`), and `from_pretrained(path, tp_plan="auto")` (or
+# `distributed_config=DistributedConfig(tp_size=N, ep_size=M)`) applies them. Only transformers' styles are used;
+# what a block may shard depends on the options the config picks.
 
 
 def gathered_attention(config: PreTrainedConfig, cross_attention: bool) -> bool:
@@ -119,33 +119,6 @@ def pipeline_parallel_plan(config: PreTrainedConfig) -> dict | None:
     return plan | ({"norm": (["hidden_states"], ["hidden_states"])} if config.final_norm else {})
 
 
-class ConfigPlan:
-    """A config's parallelism plan, computed from its fields whenever transformers reads it (a class attribute in
-    transformers' own configs). transformers may also assign one (5.17 adds the token table's rule, FP8 quantizers
-    rewrite styles): the rules an assignment adds or changes are kept over the computed plan, in the instance's
-    `__dict__` under the plan's name (`to_dict` leaves out the tensor and pipeline plans there)."""
-
-    def __init__(self, compute):
-        self.compute = compute
-
-    def __set_name__(self, owner, name):
-        self.name = name
-
-    def __get__(self, config, owner=None) -> dict | None:
-        if config is None:  # no class-wide plan: it depends on the fields
-            return None
-        plan, assigned = self.compute(config), config.__dict__.get(self.name)
-        return {**(plan or {}), **assigned} if assigned else plan
-
-    def __set__(self, config, plan) -> None:
-        computed = self.compute(config) or {}
-        changed = {name: style for name, style in (plan or {}).items() if computed.get(name) != style}
-        if changed:
-            config.__dict__[self.name] = changed
-        else:
-            config.__dict__.pop(self.name, None)
-
-
 def check_parallel_layout(config: PreTrainedConfig, distributed_config: DistributedConfig) -> None:
     """Refuse, naming the field, a layout (`DistributedConfig`'s sizes, known only when a model is distributed)
     that the plans would shard wrongly: a rank must hold whole heads and equal slices of each width."""
@@ -201,7 +174,19 @@ def sum_over_data_parallel_ranks(model: torch.nn.Module, tensor: torch.Tensor) -
 
 class TfmParallelMixin:
     """What an hf_tfm model adds to transformers' parallelism (a base of TfmPreTrainedModel, before PreTrainedModel):
-    the layout check before sharding, and the routers' bias update, summed over data-parallel ranks."""
+    the plans computed from the config, the layout check before sharding, and the routers' bias update, summed over
+    data-parallel ranks."""
+
+    def init_parallel_plans(self) -> None:
+        # transformers' own models copy fixed class-level plans from their config here; hf_tfm's follow the config's
+        # fields (which attentions gather their heads, which layers hold experts), so a base model computes them as it
+        # is built. Rules assigned to the config (`config.base_model_tp_plan = {...}`) stay on top.
+        super().init_parallel_plans()
+        if self.base_model is self:
+            config = self.config
+            self._tp_plan = {**tensor_parallel_plan(config), **self._tp_plan}
+            self._ep_plan = {**(expert_parallel_plan(config) or {}), **self._ep_plan}
+            self._pp_plan = {**(pipeline_parallel_plan(config) or {}), **self._pp_plan}
 
     @classmethod
     def maybe_distribute_model(cls, model, distributed_config, *args, **kwargs):

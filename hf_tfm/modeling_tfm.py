@@ -594,11 +594,6 @@ class TfmEncoderDecoderModel(TfmPreTrainedModel):
         )
         self.post_init()
 
-    def init_parallel_plans(self) -> None:
-        super().init_parallel_plans()
-        # transformers 5.17 adds an `embed_tokens` rule to the plan of a tied config; this body's table is `shared`
-        self._tp_plan.pop("embed_tokens", None)
-
     def get_input_embeddings(self):
         return self.shared
 

@@ -511,8 +511,8 @@ class TfmStack(TfmPreTrainedModel):
     def init_parallel_plans(self) -> None:
         super().init_parallel_plans()
         if self.config.is_encoder_decoder:
-            # a stack of an encoder-decoder is part of the body, whose plans (the config's) name both stacks by
-            # prefix: transformers would give each stack the body's plans again, and a rule for the table it shares
+            # a stack of an encoder-decoder is part of the body, whose plans name both stacks by prefix: the body
+            # gives them out (a stack's own would be the body's again, with a rule for the table it shares)
             self._tp_plan, self._ep_plan, self._pp_plan = {}, {}, {}
 
     def packed_sequence_ids(self, position_ids, attention_mask, cache, batch: int) -> torch.Tensor | None:

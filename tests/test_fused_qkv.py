@@ -11,7 +11,7 @@ from peft import LoraConfig, get_peft_model
 from transformers import DistributedConfig, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from hf_tfm import TfmDecoderForCausalLM, TfmEncoderDecoderConfig, TfmEncoderDecoderForConditionalGeneration
-from hf_tfm.configuration_tfm_parallel import check_parallel_layout
+from hf_tfm.configuration_tfm_parallel import check_parallel_layout, tensor_parallel_plan
 from hf_tfm.convert import from_tfm, to_tfm, with_fused_qkv
 
 TOKENS = torch.tensor([[5, 6, 7, 8, 9, 10, 11], [12, 13, 14, 15, 16, 17, 18]])
@@ -93,7 +93,7 @@ def test_tensor_parallelism_gathers_the_one_matrix_as_phi3s_plan():
     every rank attends over every head) as in Phi-3's own plan; tests/test_tensor_parallel.py runs it on two ranks."""
     config = tiny_config(fused_qkv_proj=True)
     check_parallel_layout(config, DistributedConfig(tp_size=2))
-    plan = config.base_model_tp_plan
+    plan = tensor_parallel_plan(config)
     assert plan["layers.*.self_attn.qkv_proj"] == "colwise_gather_output"
     assert plan["layers.*.self_attn.o_proj"] == "rowwise_split_input"
     assert not {name.rsplit(".", 1)[-1] for name in plan} & {"q_proj", "k_proj", "v_proj"}

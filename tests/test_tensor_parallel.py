@@ -1,17 +1,16 @@
 """Tensor, expert and pipeline parallelism through transformers' own engine, proved with two CPU processes (gloo).
 
-hf_tfm declares transformers' plans, computed from the config (`config.base_model_tp_plan`, `base_model_ep_plan`,
-`base_model_pp_plan`) plus the heads' `_tp_plan`; `from_pretrained(path, tp_plan="auto")` under
-`torchrun --nproc_per_node 2` shards a model with them. One launch of tests/support/tp_worker.py runs every check
+hf_tfm declares transformers' plans, computed from the config when the base model is built (`tensor_parallel_plan`,
+`expert_parallel_plan`, `pipeline_parallel_plan`) plus the heads' `_tp_plan`; `from_pretrained(path, tp_plan="auto")`
+under `torchrun --nproc_per_node 2` shards a model with them. One launch of tests/support/tp_worker.py runs every check
 against the same model in one process and writes what it measured (float32, largest differences); the tests here read
 it. The cases cover every paradigm and each block option whose sharding differs: GQA, gated and plain feed-forwards,
 MoE experts with a gated shared expert, per-head and whole-projection QK-norms, ALiBi and T5's relative bias (attention
 gathered), parallel residual, sandwich, output and post norms, soft-capping, sliding and NoPE layers, partial and
-nested RoPE, padding-aware positions, cross-attention, tied and untied heads with biases. The training step also
-proves the LM heads' fallback: a tensor-parallel head computes its loss from gathered logits (the reference uses the
-chunked loss), with the same value and gradients.
-The tests without processes check the plans' rules and the layouts refused by config field.
-"""
+nested RoPE, padding-aware positions, cross-attention, tied and untied heads with biases. The training step also proves
+the LM heads' fallback: a tensor-parallel head computes its loss from gathered logits (the reference uses the chunked
+loss), with the same value and gradients. The tests without processes check the plans' rules and the layouts refused by
+config field."""
 
 import json
 import os
@@ -28,7 +27,12 @@ from transformers.distributed.tensor_parallel import ALL_PARALLEL_STYLES
 
 from hf_tfm import TfmDecoderConfig, TfmEncoderConfig, TfmEncoderDecoderConfig
 from hf_tfm.compat import TOKEN_DISPATCH
-from hf_tfm.configuration_tfm_parallel import check_parallel_layout
+from hf_tfm.configuration_tfm_parallel import (
+    check_parallel_layout,
+    expert_parallel_plan,
+    pipeline_parallel_plan,
+    tensor_parallel_plan,
+)
 from hf_tfm.modeling_tfm import (
     TfmDecoderForCausalLM,
     TfmDecoderForSequenceClassification,
@@ -357,7 +361,7 @@ def test_pipeline_stages_split_the_layers(measured):
 
 
 def rules(config) -> dict[str, str]:
-    return config.base_model_tp_plan
+    return tensor_parallel_plan(config)
 
 
 def test_attention_is_sharded_by_heads_unless_a_step_needs_them_all():
@@ -381,7 +385,7 @@ def test_attention_is_sharded_by_heads_unless_a_step_needs_them_all():
 def test_feed_forward_and_expert_rules_follow_the_layers():
     mlp = rules(TfmDecoderConfig(**SMALL))
     assert "layers.*.mlp.gate_proj" not in mlp and mlp["layers.*.mlp.down_proj"] == "rowwise"
-    assert not any("experts" in name for name in mlp) and TfmDecoderConfig(**SMALL).base_model_ep_plan is None
+    assert not any("experts" in name for name in mlp) and expert_parallel_plan(TfmDecoderConfig(**SMALL)) is None
     moe = rules(TfmDecoderConfig(**SMALL, num_experts=4, shared_expert_intermediate_size=16))
     assert "layers.*.mlp.up_proj" not in moe  # every layer is MoE
     assert moe["layers.*.mlp.experts.gate_up_proj"] == "packed_colwise"
@@ -390,7 +394,7 @@ def test_feed_forward_and_expert_rules_follow_the_layers():
     assert {"encoder.layers.*.mlp.experts", "decoder.layers.*.mlp.experts", "decoder.layers.*.mlp.up_proj"} <= set(
         rules(seq2seq)
     )
-    assert {name.split(".")[0] for name in seq2seq.base_model_ep_plan} == {"encoder", "decoder"}
+    assert {name.split(".")[0] for name in expert_parallel_plan(seq2seq)} == {"encoder", "decoder"}
 
 
 MODELS = [
@@ -421,16 +425,19 @@ def test_every_rule_names_a_module_of_the_model(model_class, config_class, field
         assert model.model.encoder.tp_plan == {} and "model.decoder.layers.*.cross_attn.q_proj" in model.tp_plan
 
 
-def test_a_plan_follows_the_fields_and_keeps_what_transformers_assigns():
-    """transformers 5.17 assigns the plan back with the token table's rule, quantizers rewrite styles: an assignment
-    keeps the rules it changes, is never written to config.json, and the rest still follows the fields."""
+def test_a_models_plans_follow_its_configs_fields_and_keep_assigned_rules():
+    """The base model computes its plans from the config as it is built (a field changed before then counts); a rule
+    assigned to the config, as transformers' own configs carry theirs, stays on top; none is written to
+    config.json."""
     config = TfmEncoderDecoderConfig(**SMALL)
-    config.base_model_tp_plan = config.base_model_tp_plan | {"embed_tokens": "embedding_rowwise"}
-    config.qk_norm = "projection"  # read afresh: a field changed after construction changes the plan
-    plan = config.base_model_tp_plan
-    assert plan["embed_tokens"] == "embedding_rowwise" and plan["decoder.layers.*.cross_attn.q_proj"] != "colwise"
+    config.qk_norm = "projection"
+    config.base_model_tp_plan = {"shared": "replicate"}
+    model = TfmEncoderDecoderForConditionalGeneration(config)
+    assert model.tp_plan["model.decoder.layers.*.cross_attn.q_proj"] == "colwise_gather_output"
+    assert model.tp_plan["model.shared"] == "replicate"
     assert "base_model_tp_plan" not in config.to_dict()
-    assert TfmDecoderConfig(**SMALL, position_embedding_type="rope").base_model_pp_plan["layers"]
+    decoder = TfmDecoderForCausalLM(TfmDecoderConfig(**SMALL, position_embedding_type="rope"))
+    assert decoder.pp_plan["model.layers"] and decoder.model.pp_plan == pipeline_parallel_plan(decoder.config)
 
 
 def distributed(**sizes) -> DistributedConfig:
