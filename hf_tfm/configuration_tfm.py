@@ -355,10 +355,14 @@ class TfmConfig(PreTrainedConfig):
             self.mlp_only_layers = []
         if self.attention_out_bias is None:
             self.attention_out_bias = self.attention_bias
-        if self.layer_types is None and not self.is_encoder_decoder:
+        kinds = self.layer_types
+        if kinds is None and not self.is_encoder_decoder:
             kind = "full_attention" if self.sliding_window is None else "sliding_attention"
             self.layer_types = [kind] * self.num_hidden_layers
-        self.num_hidden_layers = self.num_hidden_layers  # a config.json edited to another depth: see __setattr__
+        elif kinds and len(set(kinds)) == 1 and len(kinds) != self.num_hidden_layers:
+            # one kind for every layer follows a new depth (`from_pretrained(path, num_hidden_layers=N)`, a config.json
+            # edited); a per-layer pattern cannot be stretched (_check_layers names the mismatch)
+            self.layer_types = [kinds[0]] * self.num_hidden_layers
         self._check_moe()
         self._check_layers()
         super().__post_init__(**kwargs)
@@ -576,14 +580,6 @@ class TfmConfig(PreTrainedConfig):
             "every key)",
         )
 
-    def __setattr__(self, name, value):
-        super().__setattr__(name, value)
-        # a depth set after construction (`from_pretrained(path, num_hidden_layers=N)`) takes along a layer_types
-        # that says the same of every layer; a per-layer pattern cannot be stretched (layer_type names the mismatch)
-        kinds = getattr(self, "layer_types", None)
-        if name == "num_hidden_layers" and kinds and len(set(kinds)) == 1 and len(kinds) != value:
-            super().__setattr__("layer_types", [kinds[0]] * value)
-
     @classmethod
     def from_dict(cls, config_dict: dict, **kwargs):
         # a config.json's model_type names its paradigm: a misspelled one, or another paradigm's, would build this
@@ -598,7 +594,11 @@ class TfmConfig(PreTrainedConfig):
                 f"config.json has model_type {model_type!r}: the valid hf_tfm model types are "
                 f"{', '.join(map(repr, PARADIGM_CONFIGS))}; {cls.__name__} reads {cls.model_type!r} ({reads})"
             )
-        return super().from_dict(config_dict, **kwargs)
+        # hf_tfm's fields given as keywords (`from_pretrained(path, num_hidden_layers=N)`) build the config together
+        # with the file's, so that validation sees them (transformers sets them on the finished config)
+        ours = cls.__dataclass_fields__.keys() - PreTrainedConfig.__dataclass_fields__.keys()
+        given = {key: value for key, value in kwargs.items() if key in ours}
+        return super().from_dict({**config_dict, **given}, **kwargs)
 
     def padded_vocab_size(self) -> int:
         """Rows of the token table and the LM head: `vocab_size` rounded up to `pad_vocab_size_to_multiple_of`."""

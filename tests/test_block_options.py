@@ -10,6 +10,7 @@ from conftest import VOCAB, tiny_config
 
 from benchmarks.trace import UnfusedAttention
 from hf_tfm import (
+    TfmDecoderConfig,
     TfmDecoderForCausalLM,
     TfmEncoderConfig,
     TfmEncoderDecoderConfig,
@@ -196,14 +197,17 @@ def test_encoder_decoder_refuses_per_layer_attention_kinds():
         TfmEncoderDecoderConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=2, sliding_window=4)
 
 
-def test_layer_types_follow_a_new_depth_only_when_uniform():
-    """`from_pretrained(path, num_hidden_layers=N)` sets the depth after construction: a layer_types that says the same
-    of every layer follows it, a per-layer pattern is an error naming layer_types (not an IndexError)."""
-    uniform = tiny_config(**ROPE)
-    uniform.num_hidden_layers = 3
-    assert uniform.layer_types == ["full_attention"] * 3
-    assert len(TfmDecoderForCausalLM(uniform).model.layers) == 3
-    alternating = tiny_config(**ALTERNATING)
-    alternating.num_hidden_layers = 3
+def test_layer_types_follow_a_new_depth_only_when_uniform(tmp_path):
+    """`from_pretrained(path, num_hidden_layers=N)` builds the config at the new depth: a layer_types that says the
+    same of every layer follows it, a per-layer pattern is an error naming layer_types (not an IndexError). A depth
+    assigned to a finished config is named too when a model is built from it."""
+    tiny_config(**ROPE).save_pretrained(tmp_path / "uniform")
+    uniform = TfmDecoderConfig.from_pretrained(tmp_path / "uniform", num_hidden_layers=3)
+    assert uniform.layer_types == ["full_attention"] * 3 and len(TfmDecoderForCausalLM(uniform).model.layers) == 3
+    tiny_config(**ALTERNATING).save_pretrained(tmp_path / "alternating")
     with pytest.raises(ValueError, match="layer_types"):
-        TfmDecoderForCausalLM(alternating)
+        TfmDecoderConfig.from_pretrained(tmp_path / "alternating", num_hidden_layers=3)
+    assigned = tiny_config(**ROPE)
+    assigned.num_hidden_layers = 3
+    with pytest.raises(ValueError, match="`layer_types`: has 2 entries for num_hidden_layers=3"):
+        TfmDecoderForCausalLM(assigned)
