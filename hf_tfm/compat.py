@@ -89,25 +89,6 @@ except ImportError:  # transformers 5.17-5.20: the same function, as 5.21 added 
 # ------------------------------------------------------------------------- hooks transformers calls by private name
 
 
-class ClassOrInstanceMethod:
-    """A method transformers calls on the class (tools probing a class before building a model) and on an instance:
-    the class answers `class_answer`, an instance runs the method. hf_tfm's answers depend on the config (an MoE
-    model can set an experts backend, a dense one cannot), which only an instance has."""
-
-    def __init__(self, method, class_answer):
-        self.method, self.class_answer = method, class_answer
-
-    def __get__(self, instance, owner=None):
-        return (lambda: self.class_answer) if instance is None else self.method.__get__(instance, owner)
-
-
-def experts_settable(method):
-    """`_can_set_experts_implementation` (a classmethod in transformers, which greps the model class's own file for
-    `@use_experts_implementation`; hf_tfm's experts live in another file, so it would say no and grouped_mm would
-    silently run eager): any hf_tfm class can hold experts, an instance answers from its config."""
-    return ClassOrInstanceMethod(method, True)
-
-
 def upload_folder(model, folder, repo_id: str, *, token=None, keep_hub_card: bool = False, **commit):
     """Upload every file of `folder` to `repo_id` in one commit, as transformers' push_to_hub does it (its private
     `_upload_modified_files`: one create_commit, an error at once when the Hub refuses it; huggingface_hub's public
@@ -279,7 +260,8 @@ TABLE = [
     ),
     Row(
         "PreTrainedModel._can_set_experts_implementation",
-        "overridden (experts_settable) so grouped_mm runs: transformers greps the class's own file for the decorator",
+        "overridden by an instance method that answers from the config (TfmPreTrainedModel), so grouped_mm runs: "
+        "transformers' classmethod greps the class's own file for the decorator; every caller asks an instance",
         "all",
         "a public flag for 'this class has experts'",
         _probe_experts,

@@ -52,6 +52,7 @@ from .modeling_tfm_stack import (
     lm_logits,
     make_lm_head,
     share_embeddings,
+    stores_signature,
 )
 
 # ------------------------------------------------------------------------------------------------------- outputs
@@ -339,6 +340,7 @@ class TfmDecoderForCausalLM(TfmDecoderHead, TfmGenerationMixin):
     def build_task_layer(self, config):
         return make_lm_head(config)
 
+    @stores_signature
     @accepts_legacy_cache_argument
     @can_return_tuple
     def forward(
@@ -687,6 +689,7 @@ class TfmEncoderDecoderForConditionalGeneration(TfmHead, TfmGenerationMixin):
                 raise ValueError(f"labels can only be shifted into decoder_input_ids when the config sets {field}")
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
+    @stores_signature
     @accepts_legacy_cache_argument
     @can_return_tuple
     def forward(
