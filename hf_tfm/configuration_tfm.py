@@ -105,8 +105,9 @@ class TfmConfig(PreTrainedConfig):
         fused_qkv_proj (`bool`): self-attention stores its query, key and value projections as one `qkv_proj`
             linear layer (rows stacked q, k, v, as GPT-2's `c_attn` and Phi-3's `qkv_proj`) instead of `q_proj`,
             `k_proj` and `v_proj`: one matmul where three run at every decode step. The same function either way
-            (conversion splits or joins them); GPT-2's and Phi-3's conversions set it. Tensor parallelism
-            gathers its output (Phi-3's plan: a column split would cut across the three); PEFT targets `qkv_proj`.
+            (conversion splits or joins them); GPT-2's, Phi-3's, GPT-NeoX's and ModernBERT's conversions set it.
+            Tensor parallelism gathers its output (Phi-3's plan: a column split would cut across the three); PEFT
+            targets `qkv_proj`.
         position_embedding_type (`str`): `"learned"`, `"sinusoidal"`, `"rope"`, `"alibi"`, `"relative_bias"` (T5's
             bucketed relative position bias, learned per head) or `"none"`.
         max_position_embeddings (`int`): rows of the learned position table; pretraining length for RoPE scaling.

@@ -68,17 +68,20 @@ def test_converted_gpt_neox_saves_and_loads(tmp_path):
 
 
 def test_fused_qkv_is_split_per_head():
-    """query_key_value's output rows are [heads, 3, head_dim]: head h's query is rows [3h*d, 3h*d + d)."""
+    """query_key_value's output rows are [heads, 3, head_dim]: head h's query is rows [3h*d, 3h*d + d). hf_tfm keeps
+    one matrix too (`fused_qkv_proj`, one matmul a layer) with the rows stacked [3, heads, head_dim]: q, then k, then
+    v."""
     ref = gpt_neox()
     ours = to_tfm(ref)
     fused = ref.gpt_neox.layers[0].attention.query_key_value.weight
-    d = ref.config.hidden_size // ref.config.num_attention_heads
-    attn = ours.model.layers[0].self_attn
-    for name, part in (("q_proj", 0), ("k_proj", 1), ("v_proj", 2)):
-        split = getattr(attn, name).weight
-        for head in range(ref.config.num_attention_heads):
-            rows = slice((3 * head + part) * d, (3 * head + part + 1) * d)
-            assert torch.equal(split[head * d : (head + 1) * d], fused[rows])
+    heads = ref.config.num_attention_heads
+    d = ref.config.hidden_size // heads
+    stacked = ours.model.layers[0].self_attn.qkv_proj.weight
+    assert ours.config.fused_qkv_proj and stacked.shape == fused.shape
+    for part in range(3):  # q, k, v
+        for head in range(heads):
+            ours_rows = slice((part * heads + head) * d, (part * heads + head + 1) * d)
+            assert torch.equal(stacked[ours_rows], fused[(3 * head + part) * d : (3 * head + part + 1) * d])
 
 
 def test_full_rotary_round_trips_configs():

@@ -134,6 +134,7 @@ GPT_NEOX = Family(
     preset=dict(PRESET_SIZE, **PRESET_UNSET_TOKENS, intermediate_size=512, rotary_pct=0.25, tie_word_embeddings=False),
     to_tfm=lambda config: dict(
         attention_out_bias=config.attention_bias,  # one flag for query_key_value and dense
+        fused_qkv_proj=True,  # q, k and v stay one matrix, as query_key_value (rows stacked, not interleaved)
         attention_dropout=float(config.attention_dropout),
         hidden_dropout=float(config.hidden_dropout),  # after each sublayer and on the embeddings
         embedding_dropout=float(config.hidden_dropout),

@@ -195,6 +195,7 @@ def _modernbert_to_tfm(config) -> dict:
     # attention_dropout and mlp_dropout have no counterpart: they come back as 0, so only 0 converts
     return dict(
         attention_out_bias=config.attention_bias,  # one flag for Wqkv and Wo
+        fused_qkv_proj=True,  # q, k and v stay one matrix, as Wqkv: one matmul a layer
         embedding_dropout=float(config.embedding_dropout),
         layer_types=list(config.layer_types),
         sliding_window=config.sliding_window if "sliding_attention" in config.layer_types else None,
