@@ -3,6 +3,7 @@ computing anything, for hf_tfm and the reference class.
 
     python -m benchmarks.trace --profile gpu      # writes benchmarks/results/trace-gpu-<date>.json
     python -m benchmarks.trace --profile smoke    # every pair at toy shapes, in seconds
+    python -m benchmarks.trace --pairs bart --peak-places   # what the peak holds, by the line that allocated it
 
 The models are built and run under `FakeTensorMode`: every tensor has a shape, a dtype and a device but no values, so
 a GPT-2 124M step at 16 x 1024 costs seconds and no memory. `StepTrace`, a dispatch mode above it, sees every aten
@@ -15,7 +16,9 @@ operator the step runs (forward, backward and the AdamW update), as a GPU would 
   `benchmarks.beyond_sync.waits_for_device`), each named with the code that made it;
 - peak memory: the most bytes held at once by the storages the counted step allocated (each counted from the operator
   that made it until it is freed), as a GPU allocator's peak above the memory held when the step starts (the
-  parameters and the optimizer's state; allocator rounding and a backend's workspace aside);
+  parameters and the optimizer's state; allocator rounding and a backend's workspace aside); with `--peak-places`,
+  what is held at that moment, summed by the line of hf_tfm or transformers that allocated it (backward's allocations
+  count under "outside hf_tfm and transformers");
 - unfused attention: sdpa calls whose query, key, value or mask has a last dimension of another stride than 1, which
   a GPU's fused kernels (flash, memory-efficient, cuDNN) refuse, running them on the math path (`UnfusedAttention`;
   the CPU's kernels take any layout, so a CPU run cannot show it).
@@ -157,10 +160,14 @@ class UnfusedAttention(TorchFunctionMode):
 
 class StepTrace(TorchDispatchMode):
     """Counts, per aten operator reaching the dispatcher: kernels, bytes read and written, matmul FLOPs by input
-    dtype, host synchronisations (with their places). Pause with `counting = False`."""
+    dtype, host synchronisations (with their places); with `places`, what the peak holds, by allocating line. Pause
+    with `counting = False`."""
 
-    def __init__(self):
+    def __init__(self, places: bool = False):
         super().__init__()
+        self.places = places
+        self.held: dict[int, tuple[str, int]] = {}  # with places: each live storage's allocating line and bytes
+        self.peak_places: Counter = Counter()
         self.counting = True
         self.kernels = 0
         self.bytes_read = self.bytes_written = 0
@@ -185,11 +192,18 @@ class StepTrace(TorchDispatchMode):
             if storage not in self.allocated:  # a view or an in-place result shares a storage already counted
                 self.allocated[storage] = None
                 self.live += storage.nbytes()
-                weakref.finalize(storage, self.free, storage.nbytes())
+                if self.places:
+                    self.held[id(storage)] = (caller().split(" <- ")[0], storage.nbytes())
+                weakref.finalize(storage, self.free, storage.nbytes(), id(storage))
+        if self.live > self.peak and self.places:
+            self.peak_places = Counter()
+            for place, nbytes in self.held.values():
+                self.peak_places[place] += nbytes
         self.peak = max(self.peak, self.live)
 
-    def free(self, nbytes: int) -> None:
+    def free(self, nbytes: int, key: int) -> None:
         self.live -= nbytes
+        self.held.pop(key, None)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -244,6 +258,11 @@ class StepTrace(TorchDispatchMode):
             "sync_places": sorted(Counter(self.syncs).items()),
             "top_operators": self.operators.most_common(12),
             "unfused_attention": sorted(Counter(self.attention.places).items()),
+            **(
+                {"peak_places": [(place, nbytes / 2**30) for place, nbytes in self.peak_places.most_common(8)]}
+                if self.places
+                else {}
+            ),
         }
 
 
@@ -271,7 +290,7 @@ def autocast_policy(dtype: torch.dtype | None):
     return torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None)
 
 
-def trace_step(model, inputs: dict, autocast_dtype, steps: int = 2) -> dict:
+def trace_step(model, inputs: dict, autocast_dtype, steps: int = 2, places: bool = False) -> dict:
     """One training step (forward with labels, backward, fused-style AdamW step, gradients freed) traced after
     `steps - 1` untraced ones."""
     config = model.config
@@ -279,7 +298,7 @@ def trace_step(model, inputs: dict, autocast_dtype, steps: int = 2) -> dict:
     inputs = {**inputs, "output_router_logits": True} if moe else inputs
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)  # as the GPU profile
-    trace = StepTrace()
+    trace = StepTrace(places)
     with trace:
         for step in range(steps):
             trace.counting = step == steps - 1
@@ -328,7 +347,7 @@ def trace_decode(model, prompt_length: int) -> dict:
     return trace.summary()
 
 
-def trace_pair(name: str, spec: dict) -> dict:
+def trace_pair(name: str, spec: dict, places: bool = False) -> dict:
     """Both sides' training step at the pair's `spec` shape, under the GPU profile's dtype policy whatever the
     profile, and both sides' inference forward in the profile's dtype (its weights, as the GPU profile runs it)."""
     task = KINDS[name].task
@@ -342,7 +361,7 @@ def trace_pair(name: str, spec: dict) -> dict:
         inputs = training_batch(task, vocab, spec["batch"], spec["length"], spec.get("target_length"), "cpu")
         sides = {}
         for side, model in models.items():
-            sides[side] = trace_step(model, inputs, autocast_dtype)
+            sides[side] = trace_step(model, inputs, autocast_dtype, places=places)
         models = build_fake_pair(name, spec["config"], low)
         features = {key: value for key, value in inputs.items() if key != "labels"}
         if models["ours"].config.is_encoder_decoder:
@@ -372,12 +391,12 @@ def unfused_calls(counts: dict) -> int:
     return sum(calls for _, calls in counts["unfused_attention"])
 
 
-def run(profile_name: str, pairs: list[str] | None = None, output: Path | None = None) -> dict:
+def run(profile_name: str, pairs: list[str] | None = None, output: Path | None = None, places: bool = False) -> dict:
     profile = PROFILES[profile_name]
     command = f"python -m benchmarks.trace --profile {profile_name}" + (f" --pairs {' '.join(pairs)}" if pairs else "")
     record = {**header(f"trace-{profile_name}", command, torch.device("cpu")), "pairs": {}}
     for name in pairs or list(profile["pairs"]):
-        result = record["pairs"][name] = trace_pair(name, profile["pairs"][name])
+        result = record["pairs"][name] = trace_pair(name, profile["pairs"][name], places)
         ours, reference = result["ours"], result["reference"]
         print(
             f"{name:12s} kernels {ours['kernels']:6d} / {reference['kernels']:6d}  "
@@ -387,8 +406,12 @@ def run(profile_name: str, pairs: list[str] | None = None, output: Path | None =
             f"matmul TFLOP {ours['matmul_tflops']} / {reference['matmul_tflops']}",
             flush=True,
         )
+        for side in ("ours", "reference") if places else ():
+            print(f"  {side}: peak {result[side]['peak_gib']:.2f} GiB, of it")
+            for place, gib in result[side]["peak_places"]:
+                print(f"    {gib:7.3f} GiB  {place}")
     path = output or RESULTS / f"trace-{profile_name}-{record['date']}.json"
-    if profile_name != "smoke" or output is not None:
+    if (profile_name != "smoke" and not places) or output is not None:  # a look at the peak is not a results file
         write(record, f"trace-{profile_name}", path)
     return record
 
@@ -398,8 +421,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile", choices=sorted(PROFILES), default="gpu")
     parser.add_argument("--pairs", nargs="+", choices=sorted(KINDS), help="default: every pair of the profile")
     parser.add_argument("--output", type=Path, help="default: benchmarks/results/trace-<profile>-<date>.json")
+    parser.add_argument(
+        "--peak-places",
+        action="store_true",
+        help="print what each side's peak holds, by allocating line (written only with --output)",
+    )
     args = parser.parse_args(argv if argv is not None else sys.argv[1:])
-    run(args.profile, args.pairs, args.output)
+    run(args.profile, args.pairs, args.output, args.peak_places)
 
 
 if __name__ == "__main__":

@@ -162,3 +162,15 @@ def test_an_eval_dropout_keeps_the_input_it_hands_back():
         third = second + 1  # 4 KiB more: 12 KiB alive
     assert counted.peak == 3 * 4096
     del first, second, third
+
+
+def test_the_peak_is_told_by_the_lines_that_allocated_it():
+    """`--peak-places`: what each side's peak holds, summed by allocating line, adds up to no more than the peak, and
+    ours is named in hf_tfm's modeling files."""
+    result = trace.trace_pair("llama", PROFILES["smoke"]["pairs"]["llama"], places=True)
+    for side in ("ours", "reference"):
+        places = result[side]["peak_places"]
+        assert places and all(gib > 0 for _, gib in places), places
+        assert sum(gib for _, gib in places) <= result[side]["peak_gib"] * (1 + 1e-9), places
+    assert any(place.startswith("modeling_tfm") for place, _ in result["ours"]["peak_places"])
+    assert "peak_places" not in traced_once("llama")["ours"]  # only when asked
