@@ -394,6 +394,7 @@ def unfused_calls(counts: dict) -> int:
 def run(profile_name: str, pairs: list[str] | None = None, output: Path | None = None, places: bool = False) -> dict:
     profile = PROFILES[profile_name]
     command = f"python -m benchmarks.trace --profile {profile_name}" + (f" --pairs {' '.join(pairs)}" if pairs else "")
+    command += " --peak-places" if places else ""
     record = {**header(f"trace-{profile_name}", command, torch.device("cpu")), "pairs": {}}
     for name in pairs or list(profile["pairs"]):
         result = record["pairs"][name] = trace_pair(name, profile["pairs"][name], places)

@@ -41,7 +41,7 @@ def attention_tp_plan(config: PreTrainedConfig, prefix: str, cross_attention: bo
         styles = dict.fromkeys(projections, "colwise_gather_output")
         styles["o_proj"] = "rowwise_split_input"
     else:
-        styles = dict.fromkeys(("q_proj", "k_proj", "v_proj"), "colwise") | {"o_proj": "rowwise"}
+        styles = dict.fromkeys(projections, "colwise") | {"o_proj": "rowwise"}
         if config.qk_norm == "per_head":  # replicated weights that see only this rank's heads: gradients summed
             styles |= dict.fromkeys(("q_norm", "k_norm"), "replicated_with_grad_allreduce")
     return {f"{prefix}.{name}": style for name, style in styles.items()}
