@@ -103,24 +103,34 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
             logits = projected[:, :vocab_size] if sliced else projected
             # in float32, by the kernel transformers' loss (cross_entropy) runs
             log_probs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
-            del logits
-            target_log_probs.append(log_probs.gather(-1, target[rows]))
+            target_log_prob = log_probs.gather(-1, target[rows])
+            target_log_probs.append(target_log_prob)
             if not wants:
-                del projected, log_probs, capped
+                del projected, logits, log_probs, capped
                 continue
-            # d(loss)/d(logits) = softmax - one_hot(target), written over the log-probabilities
-            grad_logits = log_probs.exp_().scatter_add_(-1, target[rows], minus_one[rows])
+            # d(loss)/d(logits) = softmax - one_hot(target)
+            if torch.compiler.is_compiling():
+                # written over the logits, then the target's column (p - 1, rounded once as transformers' loss
+                # rounds it): one kernel with log_softmax, in the matmul's dtype. A float32 buffer between them
+                # costs a write and a read: GPT-2's compiled step, 1.08x the compiled reference's bytes with one,
+                # 1.00x without (benchmarks.compiled)
+                grad_logits = logits.copy_(torch.exp(log_probs))
+                grad_logits.scatter_(-1, target[rows], torch.expm1(target_log_prob).to(grad_logits.dtype))
+            else:
+                # eager: in float32 over the log-probabilities, cast into the projection's buffer below (a CPU
+                # runs float32 math written as bf16 4x slower, and a scatter into bf16 orders of magnitude slower)
+                grad_logits = log_probs.exp_().scatter_add_(-1, target[rows], minus_one[rows])
             if softcap is not None:  # through the cap's 1 - tanh^2
                 grad_logits.mul_(1.0 - capped[:, :vocab_size] * capped[:, :vocab_size])
             if grad_bias is not None:  # an unscored row's softmax is not 0: the bias gradient leaves it out
                 grad_logits.mul_(keep[rows])
-            if grad_logits.dtype != dtype or sliced:
-                # into the projection's buffer: the matmul's dtype at the full width, no new [rows, vocab] buffer
-                projected[:, : grad_logits.shape[1]] = grad_logits
+            if grad_logits.dtype != dtype or sliced:  # the projection's buffer holds it, at the full width
+                if grad_logits is not logits:
+                    logits.copy_(grad_logits)
                 if sliced and vocab_size < weight.shape[0]:  # a padded table's rows project values: gradient 0
                     projected[:, vocab_size:] = 0
                 grad_logits = projected  # (sliced, the rows aligned_rows added project exactly 0 already)
-            del log_probs, projected  # one [rows, vocab] buffer left, whichever holds the gradient
+            del log_probs, logits, projected  # one [rows, vocab] buffer left, whichever holds the gradient
             if grad_hidden is not None:
                 torch.mm(grad_logits, weight_c, out=grad_hidden[rows])
             if ctx.needs_input_grad[1]:
@@ -131,7 +141,7 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
                 else:  # a low-precision product summed in float32
                     grad_weight += grad_logits.t() @ inputs
             if grad_bias is not None:
-                grad_bias += grad_logits[:, : bias.shape[0]].sum(dim=0)
+                grad_bias += grad_logits[:, : bias.shape[0]].sum(dim=0, dtype=grad_bias.dtype)
             # this chunk's [rows, vocab] buffers are freed before the next chunk projects: names left bound would
             # hold them through it, as many again as one chunk needs
             del grad_logits, capped

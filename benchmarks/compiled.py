@@ -1,0 +1,139 @@
+"""A compiled training step, predicted on the CPU: what torch.compile's kernels read and write, by inductor's own count,
+for hf_tfm and the reference class.
+
+    python -m benchmarks.compiled --profile gpu      # writes benchmarks/results/compiled-gpu-<date>.json
+    python -m benchmarks.compiled --profile smoke    # toy shapes, in seconds
+
+`benchmarks.trace` counts an eager step (every aten operator a kernel); a compiled step runs what inductor generated
+from the whole graph instead, and a formulation that costs nothing in eager can cost a compiled step a pass over a
+large buffer (a float32 gradient buffer between two fusable passes, for example). So each pair of the profile is
+built at its configuration (depth, widths, vocabulary) and the GPU profile's dtype policy, and one training step
+(forward with labels, then backward) is compiled by inductor on the CPU, for a batch of `--batch` x `--length` tokens
+(default 4 x 256: a CPU runs it in seconds; the counts grow with tokens). For every graph it compiles, inductor's
+scheduler counts the bytes its kernels read and write (`GraphLowering.count_bytes`, the figure of its
+`inductor_metrics` log: fused kernels and the matmuls they call) and the kernels it generated; the sum over the step's
+graphs is recorded, with the graphs and graph breaks. Fusion is decided by inductor's scheduler for CPU and GPU code
+alike, though each backend may refuse some fusions: the ratio is a prediction for a GPU, as the eager trace is.
+"""
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch._inductor.metrics as inductor_metrics
+from torch._dynamo.utils import counters
+from torch._inductor.compile_fx import inductor_metrics_log
+
+from benchmarks.measure import training_batch
+from benchmarks.pairs import KINDS, PROFILES, build_pair
+from benchmarks.record import RESULTS, header, write
+
+
+def count_inductor_bytes() -> None:
+    """Make inductor count the bytes of every graph it compiles (it does when its metrics log is on), without
+    printing that log."""
+    inductor_metrics_log.setLevel(logging.INFO)
+    inductor_metrics_log.propagate = False
+    if not inductor_metrics_log.handlers:
+        inductor_metrics_log.addHandler(logging.NullHandler())
+
+
+def inductor_counts(step) -> dict:
+    """Run `step` (a callable that compiles and runs) from a fresh compiler state: inductor's bytes and kernels over
+    every graph it compiled, the graphs and the graph breaks."""
+    torch._dynamo.reset()
+    inductor_metrics.reset()
+    counters.clear()
+    start = time.perf_counter()
+    step()
+    return {
+        "gb": inductor_metrics.num_bytes_accessed / 1e9,
+        "kernels": inductor_metrics.generated_kernel_count,
+        "graphs": counters["stats"]["unique_graphs"],
+        "graph_breaks": sum(counters["graph_break"].values()),
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+
+
+def compiled_step(model: torch.nn.Module, inputs: dict, autocast_dtype: torch.dtype | None) -> dict:
+    """One training step of `model` (forward with labels, backward), compiled: `inductor_counts` and the loss."""
+    model.train()
+    compiled = torch.compile(model)
+    losses = []
+
+    def step():
+        with torch.autocast("cpu", dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
+            loss = compiled(**inputs).loss
+        loss.backward()
+        losses.append(loss.item())
+
+    counts = inductor_counts(step)
+    model.zero_grad(set_to_none=True)
+    return {**counts, "loss": losses[0]}
+
+
+def compiled_pair(name: str, spec: dict, batch: int, length: int) -> dict:
+    """Both sides' compiled step for the pair's configuration under the GPU profile's dtype policy: float32 weights
+    under bf16 autocast, or bf16 weights where the profile trains that way."""
+    gpu = PROFILES["gpu"]["pairs"][name]
+    weights = getattr(torch, gpu.get("train_weights", "float32"))
+    autocast_dtype = getattr(torch, PROFILES["gpu"]["dtype"]) if weights == torch.float32 else None
+    reference, ours = build_pair(name, spec["config"])
+    vocab = reference.config.vocab_size
+    # an encoder-decoder's targets keep their share of the profile's length
+    target_length = spec["target_length"] * length // spec["length"] if "target_length" in spec else None
+    inputs = training_batch(KINDS[name].task, vocab, batch, length, target_length, "cpu")
+    sides = {}
+    for side, model in (("reference", reference), ("ours", ours)):
+        sides[side] = compiled_step(model.to(weights), inputs, autocast_dtype)
+    return {
+        "reference": KINDS[name].reference,
+        "shape": {"config": spec["config"], "batch": batch, "length": length},
+        "weights": str(weights).removeprefix("torch."),
+        **sides,
+        "ratios": {key: sides["ours"][key] / sides["reference"][key] for key in ("gb", "kernels")},
+    }
+
+
+def run(profile_name: str, pairs: list[str] | None, batch: int, length: int, output: Path | None = None) -> dict:
+    count_inductor_bytes()
+    profile = PROFILES[profile_name]
+    command = f"python -m benchmarks.compiled --profile {profile_name} --batch {batch} --length {length}"
+    command += f" --pairs {' '.join(pairs)}" if pairs else ""
+    record = {**header(f"compiled-{profile_name}", command, torch.device("cpu")), "pairs": {}, "errors": {}}
+    for name in pairs or list(profile["pairs"]):
+        try:
+            result = record["pairs"][name] = compiled_pair(name, profile["pairs"][name], batch, length)
+        except Exception as error:  # a pair inductor cannot compile on the CPU is recorded, not fatal
+            record["errors"][name] = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
+            print(f"{name:12s} failed: {record['errors'][name]}", flush=True)
+            continue
+        ours, reference = result["ours"], result["reference"]
+        print(
+            f"{name:12s} GB {ours['gb']:8.3f} / {reference['gb']:8.3f} ({result['ratios']['gb']:.3f}x)  "
+            f"kernels {ours['kernels']:5d} / {reference['kernels']:5d}  "
+            f"graphs {ours['graphs']} / {reference['graphs']}  breaks {ours['graph_breaks']} / "
+            f"{reference['graph_breaks']}",
+            flush=True,
+        )
+    if profile_name != "smoke" or output is not None:
+        write(record, f"compiled-{profile_name}", output or RESULTS / f"compiled-{profile_name}-{record['date']}.json")
+    return record
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="gpu")
+    parser.add_argument("--pairs", nargs="+", choices=sorted(KINDS), help="default: every pair of the profile")
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--length", type=int, default=256)
+    parser.add_argument("--output", type=Path, help="default: benchmarks/results/compiled-<profile>-<date>.json")
+    args = parser.parse_args(argv if argv is not None else sys.argv[1:])
+    run(args.profile, args.pairs, args.batch, args.length, args.output)
+
+
+if __name__ == "__main__":
+    main()
