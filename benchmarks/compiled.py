@@ -1,5 +1,5 @@
-"""A compiled training step, predicted on the CPU: what torch.compile's kernels read and write, by inductor's own count,
-for hf_tfm and the reference class.
+"""A compiled training step, predicted on the CPU: what torch.compile's kernels read and write, by inductor's own
+count, for hf_tfm and the reference class.
 
     python -m benchmarks.compiled --profile gpu      # writes benchmarks/results/compiled-gpu-<date>.json
     python -m benchmarks.compiled --profile smoke    # toy shapes, in seconds

@@ -1,7 +1,8 @@
 """A compiled training step, predicted on the CPU (benchmarks/compiled.py): inductor's own count of the bytes its
 kernels read and write. hf_tfm's chunked loss, compiled, writes its gradient straight into the matmul's dtype (no
-float32 [tokens, vocab] buffer between log_softmax and the cast), and every pair's compiled step is one graph. Inductor's
-counts are exact for a given torch, so they hold on a loaded machine; the CPU compiles each case in seconds."""
+float32 [tokens, vocab] buffer between log_softmax and the cast), and every pair's compiled step is one graph.
+Inductor's counts are exact for a given torch, so they hold on a loaded machine; the CPU compiles each case in
+seconds."""
 
 import pytest
 import torch
