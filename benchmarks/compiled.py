@@ -8,12 +8,15 @@ count, for hf_tfm and the reference class.
 from the whole graph instead, and a formulation that costs nothing in eager can cost a compiled step a pass over a
 large buffer (a float32 gradient buffer between two fusable passes, for example). So each pair of the profile is
 built at its configuration (depth, widths, vocabulary) and the GPU profile's dtype policy, and one training step
-(forward with labels, then backward) is compiled by inductor on the CPU, for a batch of `--batch` x `--length` tokens
-(default 4 x 256: a CPU runs it in seconds; the counts grow with tokens). For every graph it compiles, inductor's
-scheduler counts the bytes its kernels read and write (`GraphLowering.count_bytes`, the figure of its
-`inductor_metrics` log: fused kernels and the matmuls they call) and the kernels it generated; the sum over the step's
-graphs is recorded, with the graphs and graph breaks. Fusion is decided by inductor's scheduler for CPU and GPU code
-alike, though each backend may refuse some fusions: the ratio is a prediction for a GPU, as the eager trace is.
+(forward with labels, then backward) is compiled by inductor on the CPU, for batches of `--batches` (default 2 and 4)
+sequences of `--length` (default 256) tokens, which a CPU compiles and runs in about a minute. For every graph it
+compiles, inductor's scheduler counts the bytes its kernels read and write (`GraphLowering.count_bytes`, the figure
+of its `inductor_metrics` log: fused kernels and the matmuls they call) and the kernels it generated; the sums over
+the step's graphs are recorded, with the graphs and graph breaks. The bytes grow by the same amount with each
+sequence (a fixed part is the passes over the weights and their gradients), so the two batches also give the bytes
+at the profile's own token count, where the fixed part weighs far less. Fusion is decided by inductor's scheduler
+for CPU and GPU code alike, though each backend may refuse some fusions: the ratio is a prediction for a GPU, as the
+eager trace is.
 """
 
 import argparse
@@ -75,9 +78,11 @@ def compiled_step(model: torch.nn.Module, inputs: dict, autocast_dtype: torch.dt
     return {**counts, "loss": losses[0]}
 
 
-def compiled_pair(name: str, spec: dict, batch: int, length: int) -> dict:
-    """Both sides' compiled step for the pair's configuration under the GPU profile's dtype policy: float32 weights
-    under bf16 autocast, or bf16 weights where the profile trains that way."""
+def compiled_pair(name: str, spec: dict, batches: tuple[int, int], length: int) -> dict:
+    """Both sides' compiled step for the pair's configuration under the GPU profile's dtype policy (float32 weights
+    under bf16 autocast, or bf16 weights where the profile trains that way), at two batch sizes. A step's bytes are
+    a fixed part (passes over weights and their gradients) plus a part per sequence; the two batches give both, and
+    so the bytes at the profile's own token count (`gb_at_profile_tokens`), where the fixed part weighs far less."""
     gpu = PROFILES["gpu"]["pairs"][name]
     weights = getattr(torch, gpu.get("train_weights", "float32"))
     autocast_dtype = getattr(torch, PROFILES["gpu"]["dtype"]) if weights == torch.float32 else None
@@ -85,35 +90,50 @@ def compiled_pair(name: str, spec: dict, batch: int, length: int) -> dict:
     vocab = reference.config.vocab_size
     # an encoder-decoder's targets keep their share of the profile's length
     target_length = spec["target_length"] * length // spec["length"] if "target_length" in spec else None
-    inputs = training_batch(KINDS[name].task, vocab, batch, length, target_length, "cpu")
+    profile_batch = spec["batch"] * spec["length"] / length  # the profile's tokens, in sequences of `length`
     sides = {}
     for side, model in (("reference", reference), ("ours", ours)):
-        sides[side] = compiled_step(model.to(weights), inputs, autocast_dtype)
+        model = model.to(weights)
+        by_batch = {}
+        for batch in batches:
+            inputs = training_batch(KINDS[name].task, vocab, batch, length, target_length, "cpu")
+            by_batch[batch] = compiled_step(model, inputs, autocast_dtype)
+        (small, at_small), (large, at_large) = by_batch.items()
+        per_sequence = (at_large["gb"] - at_small["gb"]) / (large - small)
+        sides[side] = {
+            **at_large,
+            "gb_by_batch": {batch: counts["gb"] for batch, counts in by_batch.items()},
+            "gb_at_profile_tokens": at_large["gb"] + per_sequence * (profile_batch - large),
+        }
     return {
         "reference": KINDS[name].reference,
-        "shape": {"config": spec["config"], "batch": batch, "length": length},
+        "shape": {"config": spec["config"], "batches": list(batches), "length": length},
+        "profile_tokens": spec["batch"] * spec["length"],
         "weights": str(weights).removeprefix("torch."),
         **sides,
-        "ratios": {key: sides["ours"][key] / sides["reference"][key] for key in ("gb", "kernels")},
+        "ratios": {
+            key: sides["ours"][key] / sides["reference"][key] for key in ("gb", "gb_at_profile_tokens", "kernels")
+        },
     }
 
 
-def run(profile_name: str, pairs: list[str] | None, batch: int, length: int, output: Path | None = None) -> dict:
+def run(profile_name: str, pairs: list[str] | None, batches: list[int], length: int, output: Path | None = None):
     count_inductor_bytes()
     profile = PROFILES[profile_name]
-    command = f"python -m benchmarks.compiled --profile {profile_name} --batch {batch} --length {length}"
-    command += f" --pairs {' '.join(pairs)}" if pairs else ""
+    command = f"python -m benchmarks.compiled --profile {profile_name} --batches {batches[0]} {batches[1]}"
+    command += f" --length {length}" + (f" --pairs {' '.join(pairs)}" if pairs else "")
     record = {**header(f"compiled-{profile_name}", command, torch.device("cpu")), "pairs": {}, "errors": {}}
     for name in pairs or list(profile["pairs"]):
         try:
-            result = record["pairs"][name] = compiled_pair(name, profile["pairs"][name], batch, length)
+            result = record["pairs"][name] = compiled_pair(name, profile["pairs"][name], tuple(batches), length)
         except Exception as error:  # a pair inductor cannot compile on the CPU is recorded, not fatal
             record["errors"][name] = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
             print(f"{name:12s} failed: {record['errors'][name]}", flush=True)
             continue
-        ours, reference = result["ours"], result["reference"]
+        ours, reference, ratios = result["ours"], result["reference"], result["ratios"]
         print(
-            f"{name:12s} GB {ours['gb']:8.3f} / {reference['gb']:8.3f} ({result['ratios']['gb']:.3f}x)  "
+            f"{name:12s} GB {ours['gb']:8.3f} / {reference['gb']:8.3f} ({ratios['gb']:.3f}x; "
+            f"{ratios['gb_at_profile_tokens']:.3f}x at {result['profile_tokens']} tokens)  "
             f"kernels {ours['kernels']:5d} / {reference['kernels']:5d}  "
             f"graphs {ours['graphs']} / {reference['graphs']}  breaks {ours['graph_breaks']} / "
             f"{reference['graph_breaks']}",
@@ -128,11 +148,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", choices=sorted(PROFILES), default="gpu")
     parser.add_argument("--pairs", nargs="+", choices=sorted(KINDS), help="default: every pair of the profile")
-    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--batches", type=int, nargs=2, default=[2, 4], help="two batch sizes (default: 2 4)")
     parser.add_argument("--length", type=int, default=256)
     parser.add_argument("--output", type=Path, help="default: benchmarks/results/compiled-<profile>-<date>.json")
     args = parser.parse_args(argv if argv is not None else sys.argv[1:])
-    run(args.profile, args.pairs, args.batch, args.length, args.output)
+    run(args.profile, args.pairs, args.batches, args.length, args.output)
 
 
 if __name__ == "__main__":

@@ -513,6 +513,48 @@ def trace_section(record: dict, source: Path) -> list[str]:
     return [*lines, ""]
 
 
+def compiled_section(record: dict, source: Path) -> list[str]:
+    """The compiled training step's inductor counts (benchmarks/compiled.py): per pair, hf_tfm against the
+    reference."""
+    lines = [
+        "## A compiled training step, counted by inductor on the CPU",
+        "",
+        f"- Results: `{shown(source)}` ({record['date']}, torch {record['versions']['torch']}, transformers "
+        f"{record['versions']['transformers']}, commit {record['versions']['commit']}), written by "
+        f"`{record['command']}`.",
+        "- One training step (forward with labels, backward) of each pair at its GPU-profile configuration and dtype "
+        "policy, compiled by torch.compile's inductor on the CPU for two smaller batches; inductor's scheduler counts "
+        "the bytes its kernels (fused kernels and the matmuls they call) read and write. Counted, not timed: a "
+        "prediction for a GPU's compiled step, as the eager trace above is. hf_tfm / reference; above the "
+        "reference's is **bold**. Extrapolated: the bytes at the profile's token count (in brackets) if they grow "
+        "linearly from one batch to the next, which the chunked loss's chunk count (one chunk at these batches, six "
+        "for GPT-2 at 16 x 1024) and inductor's shape-dependent choices can break (BART's reference grows half as "
+        "fast as hf_tfm's between these two batches): a hint, not a count.",
+        *[f"- Note: {note}" for note in record.get("notes", [])],
+        "",
+        "| pair | GB read + written (larger batch) | ratio by batch | extrapolated to the profile's tokens | "
+        "kernels generated | graphs | graph breaks |",
+        "|---|---|---|---|---|---|---|",
+    ]
+
+    def marked(ratio: float) -> str:
+        return f"**{ratio:.3f}**" if ratio > 1 else f"{ratio:.3f}"
+
+    for name, pair in record["pairs"].items():
+        ours, theirs, ratios = pair["ours"], pair["reference"], pair["ratios"]
+        by_batch = ", ".join(
+            f"{batch}: {marked(gb / theirs['gb_by_batch'][batch])}" for batch, gb in ours["gb_by_batch"].items()
+        )
+        lines.append(
+            f"| {name} | {ours['gb']:.3f} / {theirs['gb']:.3f} | {by_batch} | "
+            f"{marked(ratios['gb_at_profile_tokens'])} ({pair['profile_tokens']}) | "
+            f"{ours['kernels']} / {theirs['kernels']} | {ours['graphs']} / {theirs['graphs']} | "
+            f"{ours['graph_breaks']} / {theirs['graph_breaks']} |"
+        )
+    lines += [f"- {name}: not compiled here ({error})" for name, error in record.get("errors", {}).items()]
+    return [*lines, ""]
+
+
 def build(results: Path = RESULTS, report: Path = REPORT) -> str:
     charts = report.parent / "charts"
     lines = [
@@ -536,6 +578,9 @@ def build(results: Path = RESULTS, report: Path = REPORT) -> str:
     source = latest("trace-gpu", results)
     if source is not None:
         lines += trace_section(json.loads(source.read_text()), source)
+    source = latest("compiled-gpu", results)
+    if source is not None:
+        lines += compiled_section(json.loads(source.read_text()), source)
     source = latest("beyond-cpu", results)
     lines += beyond_section(json.loads(source.read_text()) if source else None, source)
     source = latest("profile-cpu", results)
