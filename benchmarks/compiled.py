@@ -31,8 +31,9 @@ from torch._dynamo.utils import counters
 from torch._inductor.compile_fx import inductor_metrics_log
 
 from benchmarks.measure import training_batch
-from benchmarks.pairs import KINDS, PROFILES, build_pair
+from benchmarks.pairs import KINDS, PROFILES, build_pair, training_dtypes
 from benchmarks.record import RESULTS, header, write
+from benchmarks.trace import autocast_policy
 
 
 def count_inductor_bytes() -> None:
@@ -68,7 +69,7 @@ def compiled_step(model: torch.nn.Module, inputs: dict, autocast_dtype: torch.dt
     losses = []
 
     def step():
-        with torch.autocast("cpu", dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
+        with autocast_policy(autocast_dtype):
             loss = compiled(**inputs).loss
         loss.backward()
         losses.append(loss.item())
@@ -83,9 +84,7 @@ def compiled_pair(name: str, spec: dict, batches: tuple[int, int], length: int) 
     under bf16 autocast, or bf16 weights where the profile trains that way), at two batch sizes. A step's bytes are
     a fixed part (passes over weights and their gradients) plus a part per sequence; the two batches give both, and
     so the bytes at the profile's own token count (`gb_at_profile_tokens`), where the fixed part weighs far less."""
-    gpu = PROFILES["gpu"]["pairs"][name]
-    weights = getattr(torch, gpu.get("train_weights", "float32"))
-    autocast_dtype = getattr(torch, PROFILES["gpu"]["dtype"]) if weights == torch.float32 else None
+    weights, autocast_dtype = training_dtypes(PROFILES["gpu"]["pairs"][name], getattr(torch, PROFILES["gpu"]["dtype"]))
     reference, ours = build_pair(name, spec["config"])
     vocab = reference.config.vocab_size
     # an encoder-decoder's targets keep their share of the profile's length

@@ -431,6 +431,15 @@ PROFILES = {
 }
 
 
+def training_dtypes(spec: dict, autocast_dtype: torch.dtype | None) -> tuple[torch.dtype, torch.dtype | None]:
+    """A pair's training step's (weights, autocast dtype): float32 weights under `autocast_dtype` (None: no autocast),
+    except where the pair trains in its low-precision dtype (`train_weights`), without autocast: grouped_mm is not
+    covered by autocast (transformers upcasts the tokens to the fp32 weights, or under compile falls back to a
+    loop)."""
+    weights = getattr(torch, spec.get("train_weights", "float32"))
+    return weights, autocast_dtype if weights == torch.float32 else None
+
+
 def build_pair(name: str, config_fields: dict, seed: int = 0) -> tuple[torch.nn.Module, torch.nn.Module]:
     """The reference model with random weights, and hf_tfm's conversion of it: the same function, the same weights.
     Both are returned in eval mode on the CPU in fp32, running the experts backend the record names."""

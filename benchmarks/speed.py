@@ -27,7 +27,7 @@ from benchmarks.measure import (
     train_step_work,
     training_batch,
 )
-from benchmarks.pairs import KINDS, PROFILES, build_pair, parameter_count, train_flops_per_token
+from benchmarks.pairs import KINDS, PROFILES, build_pair, parameter_count, train_flops_per_token, training_dtypes
 from benchmarks.record import RESULTS, header, write
 
 # peak dense bf16 flop/s by device name, for MFU (NVIDIA data sheets); unknown devices get no MFU
@@ -162,10 +162,7 @@ def training_rows(
 ) -> tuple[list[dict], dict]:
     task = KINDS[name].task
     reference, ours = build_pair(name, spec["config"])
-    # fp32 weights under autocast, except where a pair trains in its low-precision dtype: grouped_mm is not covered
-    # by autocast (transformers upcasts the tokens to the fp32 weights, or under compile falls back to a loop)
-    weights = getattr(torch, spec["train_weights"]) if "train_weights" in spec else torch.float32
-    autocast_dtype = None if weights != torch.float32 else autocast_dtype
+    weights, autocast_dtype = training_dtypes(spec, autocast_dtype)
     models = {"reference": reference.to(device, weights).train(), "ours": ours.to(device, weights).train()}
     inputs = training_batch(
         task, reference.config.vocab_size, spec["batch"], spec["length"], spec.get("target_length"), device

@@ -49,7 +49,7 @@ from transformers import DynamicCache, EncoderDecoderCache, StaticCache
 
 from benchmarks.beyond_sync import caller, waits_for_device
 from benchmarks.measure import training_batch
-from benchmarks.pairs import KINDS, PROFILES
+from benchmarks.pairs import KINDS, PROFILES, training_dtypes
 from benchmarks.record import RESULTS, header, write
 from hf_tfm.compat import CACHE_NAME
 from hf_tfm.convert import tfm_model_for
@@ -351,10 +351,8 @@ def trace_pair(name: str, spec: dict, places: bool = False) -> dict:
     """Both sides' training step at the pair's `spec` shape, under the GPU profile's dtype policy whatever the
     profile, and both sides' inference forward in the profile's dtype (its weights, as the GPU profile runs it)."""
     task = KINDS[name].task
-    gpu = PROFILES["gpu"]["pairs"][name]
-    weights = getattr(torch, gpu["train_weights"]) if "train_weights" in gpu else torch.float32
     low = getattr(torch, PROFILES["gpu"]["dtype"])
-    autocast_dtype = low if weights == torch.float32 else None
+    weights, autocast_dtype = training_dtypes(PROFILES["gpu"]["pairs"][name], low)
     with FakeTensorMode(allow_non_fake_inputs=True):
         models = build_fake_pair(name, spec["config"], weights)
         vocab = models["reference"].config.vocab_size
