@@ -328,6 +328,8 @@ def test_sacrebleu_invalid(metrics):
         metrics["sacrebleu"].compute(predictions=["a", "b"], references=[["a"]])
     with pytest.raises(ValueError):
         metrics["sacrebleu"].compute(predictions=[], references=[])
+    with pytest.raises(TypeError, match="smoothing"):  # a misspelled option of sacrebleu's BLEU, named
+        metrics["sacrebleu"].compute(predictions=["a"], references=["a"], smoothing="exp")
 
 
 # rouge --------------------------------------------------------------------------------------------------------------

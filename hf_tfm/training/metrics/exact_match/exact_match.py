@@ -53,13 +53,10 @@ Examples:
 """
 
 _CITATION = """
-@inproceedings{rajpurkar-etal-2016-squad,
-    title = "{SQ}u{AD}: 100,000+ Questions for Machine Comprehension of Text",
+@inproceedings{rajpurkar-etal-2016-squad, title = "{SQ}u{AD}: 100,000+ Questions for Machine Comprehension of Text",
     author = "Rajpurkar, Pranav and Zhang, Jian and Lopyrev, Konstantin and Liang, Percy",
     booktitle = "Proceedings of the 2016 Conference on Empirical Methods in Natural Language Processing",
-    year = "2016",
-    pages = "2383--2392",
-}
+    year = "2016", pages = "2383--2392"}
 """
 
 _WHITESPACE = re.compile(r"\s+")

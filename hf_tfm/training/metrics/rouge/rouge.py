@@ -57,15 +57,9 @@ Examples:
 """
 
 _CITATION = """
-@inproceedings{lin-2004-rouge,
-    title = "{ROUGE}: A Package for Automatic Evaluation of Summaries",
-    author = "Lin, Chin-Yew",
-    booktitle = "Text Summarization Branches Out",
-    year = "2004",
-    address = "Barcelona, Spain",
-    publisher = "Association for Computational Linguistics",
-    pages = "74--81",
-}
+@inproceedings{lin-2004-rouge, title = "{ROUGE}: A Package for Automatic Evaluation of Summaries",
+    author = "Lin, Chin-Yew", booktitle = "Text Summarization Branches Out", year = "2004",
+    address = "Barcelona, Spain", publisher = "Association for Computational Linguistics", pages = "74--81"}
 """
 
 DEFAULT_ROUGE_TYPES = ("rouge1", "rouge2", "rougeL", "rougeLsum")

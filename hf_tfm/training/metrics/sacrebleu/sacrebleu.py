@@ -59,20 +59,12 @@ Examples:
 """
 
 _CITATION = """
-@inproceedings{post-2018-call,
-    title = "A Call for Clarity in Reporting {BLEU} Scores",
-    author = "Post, Matt",
-    booktitle = "Proceedings of the Third Conference on Machine Translation: Research Papers",
-    year = "2018",
-    pages = "186--191",
-}
-@inproceedings{popovic-2015-chrf,
-    title = "chr{F}: character n-gram {F}-score for automatic {MT} evaluation",
-    author = "Popovi{\'c}, Maja",
-    booktitle = "Proceedings of the Tenth Workshop on Statistical Machine Translation",
-    year = "2015",
-    pages = "392--395",
-}
+@inproceedings{post-2018-call, title = "A Call for Clarity in Reporting {BLEU} Scores", author = "Post, Matt",
+    booktitle = "Proceedings of the Third Conference on Machine Translation: Research Papers", year = "2018",
+    pages = "186--191"}
+@inproceedings{popovic-2015-chrf, title = "chr{F}: character n-gram {F}-score for automatic {MT} evaluation",
+    author = "Popovi{\'c}, Maja", booktitle = "Proceedings of the Tenth Workshop on Statistical Machine Translation",
+    year = "2015", pages = "392--395"}
 """
 
 
@@ -85,42 +77,22 @@ _URLS = {
 
 @shared.with_info(_DESCRIPTION, _KWARGS_DESCRIPTION, _CITATION, shared.TEXTS_WITH_REFERENCES, **_URLS)
 class Sacrebleu(evaluate.Metric):
-    def _compute(
-        self,
-        predictions,
-        references,
-        smooth_method="exp",
-        smooth_value=None,
-        tokenize=None,
-        lowercase=False,
-        force=False,
-        use_effective_order=False,
-        chrf_word_order=0,
-    ):
+    def _compute(self, predictions, references, use_effective_order=False, chrf_word_order=0, **bleu_options):
+        # bleu_options: sacrebleu.BLEU's own keywords (smooth_method, smooth_value, tokenize, lowercase, force), with
+        # its defaults, which are the Hub metric's; an unknown one is sacrebleu's TypeError, naming it
         references = shared.reference_lists("sacrebleu", predictions, references)
         num_refs = {len(refs) for refs in references}
         if len(num_refs) != 1:
             raise ValueError(f"every prediction needs the same number of references, got {sorted(num_refs)}")
         # sacrebleu wants one stream per reference position: streams[i][j] is the i-th reference of prediction j.
         streams = [list(stream) for stream in zip(*references)]
-        bleu = scb.BLEU(
-            lowercase=lowercase,
-            force=force,
-            tokenize=tokenize,
-            smooth_method=smooth_method,
-            smooth_value=smooth_value,
-            effective_order=use_effective_order,
-        )
+        bleu = scb.BLEU(effective_order=use_effective_order, **bleu_options)
         score = bleu.corpus_score(predictions, streams)
-        chrf = scb.CHRF(word_order=chrf_word_order, lowercase=lowercase).corpus_score(predictions, streams)
+        chrf = scb.CHRF(word_order=chrf_word_order, lowercase=bleu_options.get("lowercase", False))
+        chrf_score = chrf.corpus_score(predictions, streams)
+        bleu_fields = ("score", "counts", "totals", "precisions", "bp", "sys_len", "ref_len")
         return {
-            "score": score.score,
-            "counts": score.counts,
-            "totals": score.totals,
-            "precisions": score.precisions,
-            "bp": score.bp,
-            "sys_len": score.sys_len,
-            "ref_len": score.ref_len,
-            "chrf": chrf.score,
+            **{name: getattr(score, name) for name in bleu_fields},
+            "chrf": chrf_score.score,
             "signature": str(bleu.get_signature()),
         }
