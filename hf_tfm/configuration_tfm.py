@@ -625,6 +625,11 @@ class TfmConfig(PreTrainedConfig):
         depth = max(self.num_hidden_layers, getattr(self, "decoder_layers", None) or 0)
         return any(self.is_moe_layer(i) for i in range(depth))
 
+    def joins_qkv(self, cross_attention: bool) -> bool:
+        """Whether an attention holds its q, k and v as one `qkv_proj`: `fused_qkv_proj` joins a self-attention's;
+        a cross-attention's keys and values read another stack's states, so its three stay apart."""
+        return self.fused_qkv_proj and not cross_attention
+
     def is_moe_layer(self, layer_idx: int) -> bool:
         if self.num_experts == 0:
             return False

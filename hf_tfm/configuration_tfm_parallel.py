@@ -25,9 +25,8 @@ def gathered_attention(config: PreTrainedConfig, cross_attention: bool) -> bool:
     """Whether an attention must see every head on every rank: a QK-norm over the whole projection (OLMo2) needs all
     of it, an additive position bias (ALiBi, T5's relative bias) is computed for all heads of a self-attention, and
     one q/k/v matrix (`fused_qkv_proj`) split by columns would give a rank rows of the three mixed."""
-    self_attention = not cross_attention
-    position_bias = config.position_embedding_type in ("alibi", "relative_bias") and self_attention
-    return config.qk_norm == "projection" or position_bias or (config.fused_qkv_proj and self_attention)
+    position_bias = config.position_embedding_type in ("alibi", "relative_bias") and not cross_attention
+    return config.qk_norm == "projection" or position_bias or config.joins_qkv(cross_attention)
 
 
 def attention_tp_plan(config: PreTrainedConfig, prefix: str, cross_attention: bool) -> dict[str, str]:
@@ -35,8 +34,7 @@ def attention_tp_plan(config: PreTrainedConfig, prefix: str, cross_attention: bo
     attends over them, and adds its part of the output projection (`rowwise`). Gathered (OLMo2's and Phi-3's plans):
     the projections' weights are sharded but their outputs gathered, every rank runs all heads, and the output
     projection takes its slice of the replicated input (`rowwise_split_input`)."""
-    fused = config.fused_qkv_proj and not cross_attention
-    projections = ("qkv_proj",) if fused else ("q_proj", "k_proj", "v_proj")
+    projections = ("qkv_proj",) if config.joins_qkv(cross_attention) else ("q_proj", "k_proj", "v_proj")
     if gathered_attention(config, cross_attention):
         styles = dict.fromkeys(projections, "colwise_gather_output")
         styles["o_proj"] = "rowwise_split_input"

@@ -407,7 +407,7 @@ class TfmAttention(AttentionModule):
         # q, k and v rows: one `qkv_proj` (fused_qkv_proj, self-attention only) or a layer each
         self.qkv_widths = qkv_widths(config)
         self.qkv_proj = self.q_proj = self.k_proj = self.v_proj = None
-        if config.fused_qkv_proj and not is_cross_attention:
+        if config.joins_qkv(is_cross_attention):
             self.qkv_proj = nn.Linear(config.hidden_size, sum(self.qkv_widths), bias=bias)
         else:
             self.q_proj = nn.Linear(config.hidden_size, self.qkv_widths[0], bias=bias)
