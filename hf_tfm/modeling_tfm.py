@@ -51,7 +51,6 @@ from .modeling_tfm_stack import (
     check_labels,
     lm_logits,
     make_lm_head,
-    share_embeddings,
     stores_signature,
 )
 
@@ -586,6 +585,11 @@ class TfmEncoderDecoderModel(TfmPreTrainedModel):
     that cross-attends to it. Both read one shared token table."""
 
     config: TfmEncoderDecoderConfig
+    # Both stacks hold the body's token table (one module under three names), saved once, as `shared`, and loaded
+    # from it. Not declared as ties: transformers ties only when `tie_word_embeddings` is set, and here that flag
+    # is the LM head's alone (T5 v1.1 has a head of its own and still one table).
+    _keys_to_ignore_on_save = ["encoder.embed_tokens.weight", "decoder.embed_tokens.weight"]
+    _keys_to_ignore_on_load_missing = [r"(en|de)coder\.embed_tokens\.weight"]
 
     def __init__(self, config: TfmEncoderDecoderConfig):
         super().__init__(config)
@@ -600,9 +604,7 @@ class TfmEncoderDecoderModel(TfmPreTrainedModel):
         return self.shared
 
     def set_input_embeddings(self, new_embeddings):
-        self.shared = new_embeddings
-        share_embeddings(self.encoder, new_embeddings)
-        share_embeddings(self.decoder, new_embeddings)
+        self.shared = self.encoder.embed_tokens = self.decoder.embed_tokens = new_embeddings
 
     def get_encoder(self):
         return self.encoder

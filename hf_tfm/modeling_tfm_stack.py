@@ -422,13 +422,6 @@ def check_labels(labels, input_ids, inputs_embeds, inputs_name: str = "input_ids
         )
 
 
-def share_embeddings(stack: nn.Module, table: nn.Embedding) -> None:
-    """Give a stack its owner's token table without registering it as the stack's own submodule: the owner holds
-    the one parameter, so the state dict has a single copy whatever `tie_word_embeddings` says (transformers would
-    only accept the shared tensor as a declared tie, and ties follow that flag)."""
-    stack.__dict__["embed_tokens"] = table
-
-
 def rotary_module(config: TfmConfig, is_causal: bool) -> nn.Module:
     """RoPE's tables: one, or one per layer type when `rope_parameters` is nested (local and global theta)."""
     if not config.nested_rope():
@@ -477,10 +470,10 @@ class TfmStack(TfmPreTrainedModel):
         super().__init__(config)
         self.is_causal = is_causal
         self.cross_attention = cross_attention  # only an encoder-decoder's decoder attends to another stack
-        if embed_tokens is None:
-            self.embed_tokens = nn.Embedding(config.padded_vocab_size(), config.hidden_size)
-        else:
-            share_embeddings(self, embed_tokens)
+        # an encoder-decoder's stacks are given the body's token table: one module, held by the body and both stacks
+        self.embed_tokens = (
+            embed_tokens if embed_tokens is not None else nn.Embedding(config.padded_vocab_size(), config.hidden_size)
+        )
         # absent parts are None, not missing: a failed hasattr on a Module costs an exception per forward
         self.embed_positions = self.rotary_emb = self.position_bias = self.embed_token_types = None
         if config.position_embedding_type in POSITION_MODULES:  # "none" has no module

@@ -5,6 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import POSITION_TYPES, VOCAB, tiny_config
+from safetensors import safe_open
 from test_save_load import _run_without_hf_tfm
 from transformers import AutoModelForSeq2SeqLM
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
@@ -177,7 +178,11 @@ def test_auto_from_pretrained_identical_logits(tmp_path, variant):
     LM head)."""
     model = seq2seq(**VARIANTS[variant])
     model.save_pretrained(tmp_path)
-    loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
+    with safe_open(tmp_path / "model.safetensors", "pt") as saved:  # the table once, under the body's name
+        assert {key for key in saved.keys() if "embed_tokens" in key or "shared" in key} == {"model.shared.weight"}
+    loaded, info = AutoModelForSeq2SeqLM.from_pretrained(tmp_path, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    loaded.eval()
     assert type(loaded) is TfmEncoderDecoderForConditionalGeneration
     decoder_input_ids = decoder_ids()
     expected = logits(model, decoder_input_ids=decoder_input_ids)

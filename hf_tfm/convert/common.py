@@ -111,7 +111,11 @@ def load_exact(
     (the source model's) is copied onto the model; `may_miss` names weights the caller sets itself."""
     result = model.load_state_dict(without_vocab_padding(model, state_dict), strict=False)
     tied = {"lm_head.weight"} if tie and getattr(model.config, "tie_word_embeddings", False) else set()
-    missing = set(result.missing_keys) - tied - may_miss
+    # a parameter held under more names than one (an encoder-decoder's stacks hold the body's token table) loads
+    # under its first
+    every_name = {name for name, _ in model.named_parameters(remove_duplicate=False)}
+    aliases = every_name - dict(model.named_parameters()).keys()
+    missing = set(result.missing_keys) - tied - may_miss - aliases
     if missing or result.unexpected_keys:
         raise ValueError(
             f"Converted weights do not fit {type(model).__name__}: missing {sorted(missing)}, "
