@@ -3,6 +3,7 @@ checkpoints that survive SIGKILL, and bad input that fails before training with 
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -189,6 +190,18 @@ def test_resume_of_a_finished_run_trains_no_further(tmp_path):
     assert again["before_training"] == first["before_training"] != []
     assert [r["metric"] for r in again["results"]] == [r["metric"] for r in first["results"]]
     assert [r["value"] for r in again["results"]] == pytest.approx([r["value"] for r in first["results"]], rel=1e-5)
+
+
+def test_a_seq2seq_run_resumes_exactly(tmp_path):
+    """An encoder-decoder holds its one token table under three names (the body's and both stacks'), saved once: a
+    run resumed from its step-4 checkpoint takes steps 5 and 6 again (and saves checkpoint-6 again) with the
+    uninterrupted run's losses."""
+    first = train(tiny_spec(tmp_path, "seq2seq", max_steps=6, save_steps=2))
+    last = Path(first["model_dir"]).parent / "checkpoints" / "checkpoint-6"
+    shutil.rmtree(last)
+    again = train(tiny_spec(tmp_path, "seq2seq", max_steps=6, save_steps=2, resume=True))
+    assert last.is_dir()
+    assert logged(again["log"], "loss") == logged(first["log"], "loss")
 
 
 def test_a_diverged_run_stops_at_the_first_non_finite_loss(tmp_path, monkeypatch):
