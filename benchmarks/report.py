@@ -463,8 +463,10 @@ def trace_section(record: dict, source: Path) -> list[str]:
         "FakeTensorMode: counted, not timed. hf_tfm / reference; a count above the reference's is marked **bold**.",
         "",
         "- Peak GiB: the most bytes the step's own storages hold at once (above the weights and optimizer state); "
-        "on the CPU a step with attention dropout materialises [batch, heads, length, length] scores on both sides "
-        "(no flash kernel takes dropout there), so for those pairs the ratio understates the GPU's difference.",
+        "attention that a GPU fuses counts as its fused kernel, dropout included (CUDA's fused kernels apply it, the "
+        "CPU's refuse it). T5's attention, whose position bias needs a gradient, takes the CPU's math path on both "
+        "sides and holds [batch, heads, length, length] scores that the GPU's fused kernel does not, so its ratio "
+        "understates the GPU's difference.",
         "",
         "| pair | kernels | GiB read + written | peak GiB | host syncs | float32 matmul TFLOP | all matmul TFLOP |",
         "|---|---|---|---|---|---|---|",

@@ -21,7 +21,10 @@ operator the step runs (forward, backward and the AdamW update), as a GPU would 
   count under "outside hf_tfm and transformers");
 - unfused attention: sdpa calls whose query, key, value or mask has a last dimension of another stride than 1, which
   a GPU's fused kernels (flash, memory-efficient, cuDNN) refuse, running them on the math path (`UnfusedAttention`;
-  the CPU's kernels take any layout, so a CPU run cannot show it).
+  the CPU's kernels take any layout, so a CPU run cannot show it). The calls a GPU fuses run without their
+  attention dropout, which CUDA's fused kernels apply inside the kernel and the CPU's refuse (the math path, its
+  scores held, would be counted instead); a call whose mask needs a gradient (T5's position bias) still takes the
+  CPU's math path, on both sides.
 A value-dependent operator gets a made-up answer (0, or every element selected), so the step runs on. Each pair's
 inference forward of the same batch is traced alike (`trace_forward`), and a generating pair's batch-1 decode step
 (`trace_decode`), which a GPU pays in launches.
@@ -140,7 +143,13 @@ class UnfusedAttention(TorchFunctionMode):
     """Records, while `trace.counting`, each `scaled_dot_product_attention` call that CUDA's fused kernels would refuse
     for its layout (torch's `check_last_dim_stride_equals_1_dense`: query, key, value and mask need a last dimension
     of stride 1 on a GPU), with the code that made it. A `StepTrace` enters its own; `trace` is whatever has a
-    `counting` flag."""
+    `counting` flag.
+
+    A call the GPU would fuse runs without its dropout here: CUDA's fused kernels apply attention dropout inside the
+    kernel (the H200 run, gpu-2026-11-27-2.json: GPT-2 and BERT, attention dropout 0.1, train on cuDNN's flash kernels
+    on both sides), where the CPU's fused kernel takes none and falls back to the math path, which holds the scores,
+    their softmax and a dropout mask per layer and launches a dozen kernels for the one. The dropout's random numbers
+    are not traced; the counts are the fused kernel's."""
 
     def __init__(self, trace):
         super().__init__()
@@ -150,12 +159,18 @@ class UnfusedAttention(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is torch.nn.functional.scaled_dot_product_attention and self.trace.counting:
-            self.calls += 1
-            inputs = [*args[:4], kwargs.get("attn_mask")]
-            if any(isinstance(x, torch.Tensor) and x.shape[-1] > 1 and x.stride(-1) != 1 for x in inputs):
+        if func is not torch.nn.functional.scaled_dot_product_attention:
+            return func(*args, **kwargs)
+        inputs = [*args[:4], kwargs.get("attn_mask")]
+        if any(isinstance(x, torch.Tensor) and x.shape[-1] > 1 and x.stride(-1) != 1 for x in inputs):
+            if self.trace.counting:
+                self.calls += 1
                 self.places.append(caller())
-        return func(*args, **kwargs)
+            return func(*args, **kwargs)
+        self.calls += self.trace.counting
+        if len(args) > 4:  # dropout_p given by position
+            return func(*args[:4], 0.0, *args[5:], **kwargs)
+        return func(*args, **{**kwargs, "dropout_p": 0.0})
 
 
 class StepTrace(TorchDispatchMode):

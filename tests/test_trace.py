@@ -17,15 +17,18 @@ from hf_tfm import modeling_tfm_loss
 
 PAIRS = ["gpt2", "llama", "bert", "t5", "bart", "mixtral", "gpt_oss"]
 # Kernels at or below the reference's, but for GPT-2: its 50257-token vocabulary takes six loss chunks at 16 x 1024
-# tokens where the reference's loss is a few kernels (about nine a chunk), and the CPU's math sdpa copies hf_tfm's
-# strided keys and values where the reference's cache has copied them: 1449 against 1401 kernels (1473 until
-# fused_qkv_proj stored q/k/v as one matrix, as the reference's c_attn), while its bytes are below the reference's.
-KERNEL_RATIO = {"gpt2": 1.04}
+# tokens where the reference's loss is a few kernels (about nine a chunk, about ten in one pass): 1017 against 993
+# kernels (1449 against 1401 while the trace ran GPT-2's dropout attention on the CPU's math path, which copied hf_tfm's
+# strided keys and values), while its bytes are below the reference's.
+KERNEL_RATIO = {"gpt2": 1.025}
 SYNCS = {"causal": 0, "seq2seq": 0, "masked": 1}
-# Issue 29's GPU memory target (at most 0.65x the reference's peak), for the pairs whose traced peak is the GPU's: the
-# H200 run (gpu-2026-11-27.json) measured 0.662x (Llama) and 0.653x (Mixtral), the trace of the same code 0.662x and
-# 0.653x. Pairs with attention dropout are not held to it here: on the CPU their scores are materialised on both sides.
-PEAK_RATIO = {"llama": 0.65, "mixtral": 0.65}
+# Issue 29's GPU memory target (at most 0.65x the reference's peak). Without attention dropout the traced peak is the
+# GPU's: the H200 run (gpu-2026-11-27-2.json, ac61c4d) measured 0.609x (Llama) and 0.614x (Mixtral), the trace 0.608x
+# and 0.614x. With it (GPT-2, BERT) the trace counts the GPU's fused kernel, and both sides' peaks differ from the
+# H200's by about the same amount, so the ratio does not match to the digit: GPT-2 0.567x traced, 0.627x measured;
+# BERT 0.607x and 0.569x. T5 is not held to it here: its attention takes a position bias that needs a gradient, which
+# the CPU's fused kernel refuses, so both sides hold their scores (the H200 measured 0.406x).
+PEAK_RATIO = {"llama": 0.65, "mixtral": 0.65, "gpt2": 0.65, "bert": 0.65}
 # the share of a step's matmul FLOPs that 7 zero rows of the head add at the largest vocabulary here (GPT-2 and BART:
 # about 1.4e-4 of the head's matmuls, which are a third of the step's), with room
 ALIGNED_ROWS = 1e-4
@@ -96,6 +99,27 @@ def test_the_trace_sees_attention_a_gpu_would_not_fuse():
         torch.nn.functional.scaled_dot_product_attention(query, query, query, attn_mask=strided)
         torch.nn.functional.scaled_dot_product_attention(query, query, query, attn_mask=strided.contiguous())
     assert len(step.attention.places) == 1 and step.attention.calls == 2
+
+
+def test_a_dropout_attention_a_gpu_would_fuse_is_traced_as_its_fused_kernel():
+    """The control: CUDA's fused kernels take attention dropout inside the kernel; the CPU's would fall back to the
+    math path (the scores, their softmax, a dropout mask: more kernels and the scores' memory). The trace runs such a
+    call without dropout, so it costs what the call without dropout costs."""
+
+    def attention_step(dropout: float, as_on_a_gpu: bool = True) -> trace.StepTrace:
+        with FakeTensorMode(), trace.StepTrace() as step:
+            if not as_on_a_gpu:  # the CPU's own choice of kernel
+                step.attention.__exit__(None, None, None)
+            query, key, value = (torch.ones(2, 4, 64, 16, requires_grad=True) for _ in range(3))
+            torch.nn.functional.scaled_dot_product_attention(query, key, value, dropout_p=dropout).sum().backward()
+            if not as_on_a_gpu:
+                step.attention.__enter__()
+        return step
+
+    with_dropout, without, math_path = attention_step(0.1), attention_step(0.0), attention_step(0.1, False)
+    assert (with_dropout.kernels, with_dropout.peak) == (without.kernels, without.peak)
+    assert with_dropout.attention.calls == 1
+    assert "bernoulli_" in math_path.operators and math_path.kernels > without.kernels, math_path.operators
 
 
 def test_the_trace_sees_small_loss_chunks(monkeypatch):
