@@ -16,10 +16,10 @@ from benchmarks.pairs import KINDS, PROFILES
 from hf_tfm import modeling_tfm_loss
 
 PAIRS = ["gpt2", "llama", "bert", "t5", "bart", "mixtral", "gpt_oss"]
-# Kernels at or below the reference's, but for GPT-2: its 50257-token vocabulary takes six loss chunks at 16 x 1024
-# tokens where the reference's loss is a few kernels (about nine a chunk, about ten in one pass): 1017 against 993
-# kernels (1449 against 1401 while the trace ran GPT-2's dropout attention on the CPU's math path, which copied hf_tfm's
-# strided keys and values), while its bytes are below the reference's.
+# Kernels at or below the reference's, but for GPT-2: its 50257-token vocabulary takes six loss chunks of about ten
+# kernels each at 16 x 1024 tokens, where the reference's loss is about ten kernels in one pass: 1017 against 993
+# kernels (1449 against 1401 while the trace ran GPT-2's dropout attention on the CPU's math path, which copied
+# hf_tfm's strided keys and values), while its bytes are below the reference's.
 KERNEL_RATIO = {"gpt2": 1.025}
 SYNCS = {"causal": 0, "seq2seq": 0, "masked": 1}
 # Issue 29's GPU memory target (at most 0.65x the reference's peak). Without attention dropout the traced peak is the
