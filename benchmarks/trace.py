@@ -17,8 +17,8 @@ operator the step runs (forward, backward and the AdamW update), as a GPU would 
 - peak memory: the most bytes held at once by the storages the counted step allocated (each counted from the operator
   that made it until it is freed), as a GPU allocator's peak above the memory held when the step starts (the
   parameters and the optimizer's state; allocator rounding and a backend's workspace aside); with `--peak-places`,
-  what is held at that moment, summed by the line of hf_tfm or transformers that allocated it (backward's allocations
-  count under "outside hf_tfm and transformers");
+  what is held at that moment, summed by the line of hf_tfm or transformers that allocated it, the 16 largest
+  (backward's allocations count under "outside hf_tfm and transformers");
 - unfused attention: sdpa calls whose query, key, value or mask has a last dimension of another stride than 1, which
   a GPU's fused kernels (flash, memory-efficient, cuDNN) refuse, running them on the math path (`UnfusedAttention`;
   the CPU's kernels take any layout, so a CPU run cannot show it). The calls a GPU fuses run without their
@@ -274,7 +274,7 @@ class StepTrace(TorchDispatchMode):
             "top_operators": self.operators.most_common(12),
             "unfused_attention": sorted(Counter(self.attention.places).items()),
             **(
-                {"peak_places": [(place, nbytes / 2**30) for place, nbytes in self.peak_places.most_common(8)]}
+                {"peak_places": [(place, nbytes / 2**30) for place, nbytes in self.peak_places.most_common(16)]}
                 if self.places
                 else {}
             ),
