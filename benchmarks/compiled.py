@@ -16,7 +16,8 @@ the step's graphs are recorded, with the graphs and graph breaks. The bytes grow
 sequence (a fixed part is the passes over the weights and their gradients), so the two batches also give the bytes
 at the profile's own token count, where the fixed part weighs far less. Fusion is decided by inductor's scheduler
 for CPU and GPU code alike, though each backend may refuse some fusions: the ratio is a prediction for a GPU, as the
-eager trace is.
+eager trace is. As there, an attention a GPU fuses runs without its dropout (`benchmarks.trace.FusedAttention`): the
+CPU's math path for attention dropout would count scores that the GPU's fused kernel never writes.
 """
 
 import argparse
@@ -33,7 +34,7 @@ from torch._inductor.compile_fx import inductor_metrics_log
 from benchmarks.measure import training_batch
 from benchmarks.pairs import KINDS, PROFILES, build_pair, training_dtypes
 from benchmarks.record import RESULTS, header, write
-from benchmarks.trace import autocast_policy
+from benchmarks.trace import FusedAttention, autocast_policy
 
 
 def count_inductor_bytes() -> None:
@@ -69,7 +70,7 @@ def compiled_step(model: torch.nn.Module, inputs: dict, autocast_dtype: torch.dt
     losses = []
 
     def step():
-        with autocast_policy(autocast_dtype):
+        with autocast_policy(autocast_dtype), FusedAttention():  # attention dropout as a GPU's fused kernel runs it
             loss = compiled(**inputs).loss
         loss.backward()
         losses.append(loss.item())

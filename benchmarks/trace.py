@@ -139,17 +139,34 @@ def hands_back_its_input(name: str, args) -> bool:
     return name in ("dropout", "feature_dropout", "alpha_dropout") and (not args[2] or args[1] == 0)
 
 
-class UnfusedAttention(TorchFunctionMode):
-    """Records, while `trace.counting`, each `scaled_dot_product_attention` call that CUDA's fused kernels would refuse
-    for its layout (torch's `check_last_dim_stride_equals_1_dense`: query, key, value and mask need a last dimension
-    of stride 1 on a GPU), with the code that made it. A `StepTrace` enters its own; `trace` is whatever has a
-    `counting` flag.
+def refused_by_gpu_kernels(args, kwargs) -> bool:
+    """Whether CUDA's fused sdpa kernels refuse this call for its layout (torch's
+    `check_last_dim_stride_equals_1_dense`: query, key, value and mask need a last dimension of stride 1 on a GPU)."""
+    inputs = [*args[:4], kwargs.get("attn_mask")]
+    return any(isinstance(x, torch.Tensor) and x.shape[-1] > 1 and x.stride(-1) != 1 for x in inputs)
 
-    A call the GPU would fuse runs without its dropout here: CUDA's fused kernels apply attention dropout inside the
-    kernel (the H200 run, gpu-2026-11-27-2.json: GPT-2 and BERT, attention dropout 0.1, train on cuDNN's flash kernels
-    on both sides), where the CPU's fused kernel takes none and falls back to the math path, which holds the scores,
-    their softmax and a dropout mask per layer and launches a dozen kernels for the one. The dropout's random numbers
-    are not traced; the counts are the fused kernel's."""
+
+class FusedAttention(TorchFunctionMode):
+    """Runs each `scaled_dot_product_attention` call that a GPU would fuse without its attention dropout. CUDA's fused
+    kernels apply the dropout inside the kernel (the H200 run, gpu-2026-11-27-2.json: GPT-2 and BERT, attention
+    dropout 0.1, train on cuDNN's flash kernels on both sides), where the CPU's fused kernel takes none and falls back
+    to the math path, which holds the scores, their softmax and a dropout mask per layer and runs a dozen operators
+    for the one. So a trace on the CPU counts the fused kernel, as the GPU runs it; the dropout's random numbers are
+    not counted. torch.compile traces through it (benchmarks.compiled)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is not torch.nn.functional.scaled_dot_product_attention or refused_by_gpu_kernels(args, kwargs):
+            return func(*args, **kwargs)
+        if len(args) > 4:  # dropout_p given by position
+            return func(*args[:4], 0.0, *args[5:], **kwargs)
+        return func(*args, **{**kwargs, "dropout_p": 0.0})
+
+
+class UnfusedAttention(FusedAttention):
+    """`FusedAttention` that also records, while `trace.counting`, each sdpa call that CUDA's fused kernels would
+    refuse for its layout, with the code that made it. A `StepTrace` enters its own; `trace` is whatever has a
+    `counting` flag."""
 
     def __init__(self, trace):
         super().__init__()
@@ -159,18 +176,11 @@ class UnfusedAttention(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is not torch.nn.functional.scaled_dot_product_attention:
-            return func(*args, **kwargs)
-        inputs = [*args[:4], kwargs.get("attn_mask")]
-        if any(isinstance(x, torch.Tensor) and x.shape[-1] > 1 and x.stride(-1) != 1 for x in inputs):
-            if self.trace.counting:
-                self.calls += 1
+        if func is torch.nn.functional.scaled_dot_product_attention and self.trace.counting:
+            self.calls += 1
+            if refused_by_gpu_kernels(args, kwargs):
                 self.places.append(caller())
-            return func(*args, **kwargs)
-        self.calls += self.trace.counting
-        if len(args) > 4:  # dropout_p given by position
-            return func(*args[:4], 0.0, *args[5:], **kwargs)
-        return func(*args, **{**kwargs, "dropout_p": 0.0})
+        return super().__torch_function__(func, types, args, kwargs)
 
 
 class StepTrace(TorchDispatchMode):
