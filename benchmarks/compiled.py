@@ -17,15 +17,17 @@ sequence (a fixed part is the passes over the weights and their gradients), so t
 at the profile's own token count, where the fixed part weighs far less. Two limits of that line:
 - hf_tfm's chunked loss passes once over the float32 weight gradient per chunk, and 2 and 4 sequences take one chunk
   on every pair, so the line leaves out the passes of the profile's further chunks (GPT-2 takes six at 16 x 1024:
-  five passes of about 0.46 GB, about 2.5% of its step's bytes there). Batches that take different chunk counts
+  five passes of about 0.46 GB, about 2.3% of its step's bytes there). Batches that take different chunk counts
   make it worse: through 4 and 8 sequences (one chunk, then two) GPT-2's line reads 1.14x at the profile's tokens
   (`results/compiled-gpu-2026-11-27-2.json`).
 - The reference's BART moves 0.28 GB a sequence from 2 to 4 sequences and 0.59 GB from 4 to 8 (hf_tfm's 0.55 and
   0.55), so through 2 and 4 its line puts hf_tfm at 1.53x at the profile's tokens, through 4 and 8 at 0.94x. The
-  ratio at the measured batch (0.93x at 4 and at 8) is the one to read there. Fusion is decided by inductor's scheduler
-for CPU and GPU code alike, though each backend may refuse some fusions: the ratio is a prediction for a GPU, as the
-eager trace is. As there, an attention a GPU fuses runs without its dropout (`benchmarks.trace.FusedAttention`): the
-CPU's math path for attention dropout would count scores that the GPU's fused kernel never writes.
+  ratio at the measured batch (0.93x at 4 and at 8) is the one to read there.
+
+Fusion is decided by inductor's scheduler for CPU and GPU code alike, though each backend may refuse some fusions:
+the ratio is a prediction for a GPU, as the eager trace is. As there, an attention a GPU fuses runs without its
+dropout (`benchmarks.trace.FusedAttention`): the CPU's math path for attention dropout would count scores that the
+GPU's fused kernel never writes.
 """
 
 import argparse
