@@ -48,7 +48,9 @@ SIZES = {
 
 def listing(folder: Path) -> dict[str, tuple[int, int]]:
     """(size, modification time in ns) of every file under `folder`, folders included (a created one shows)."""
-    return {str(path.relative_to(folder)): (path.stat().st_size, path.stat().st_mtime_ns) for path in folder.rglob("*")}
+    return {
+        str(path.relative_to(folder)): (path.stat().st_size, path.stat().st_mtime_ns) for path in folder.rglob("*")
+    }
 
 
 def timed_load(load, folder: Path) -> float:
@@ -69,7 +71,9 @@ def load_times(size: str = "1gb", repeats: int = 7) -> dict:
         reference.save_pretrained(root / "llama")
         to_tfm(reference).save_pretrained(root / "hf_tfm")
         del reference
-        weights = {side: sum(p.stat().st_size for p in (root / side).glob("*.safetensors")) for side in ("llama", "hf_tfm")}
+        weights = {
+            side: sum(p.stat().st_size for p in (root / side).glob("*.safetensors")) for side in ("llama", "hf_tfm")
+        }
         before = listing(root)
         sides = {
             "llama": lambda folder: LlamaForCausalLM.from_pretrained(folder),

@@ -38,7 +38,7 @@ from benchmarks.measure import alternating_medians
 from benchmarks.record import header, write
 from hf_tfm import TfmDecoderForCausalLM
 from hf_tfm.convert import to_tfm
-from hf_tfm.modeling_tfm_quantization import finish_torchao_loading, is_quantized
+from hf_tfm.model.modeling_tfm_loading import finish_torchao_loading, is_quantized
 
 PAIRS = {
     "gpt2": (GPT2LMHeadModel, GPT2Config(n_embd=768, n_layer=12, n_head=12, vocab_size=50257), to_tfm),

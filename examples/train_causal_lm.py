@@ -7,8 +7,8 @@ the model and tokenizer to --output-dir for `AutoModelForCausalLM.from_pretraine
     python examples/train_causal_lm.py --config llama-19m --max-steps 200
     python examples/train_causal_lm.py --config llama-19m --num-experts 8    # MoE: also writes expert_load.png
     python examples/train_causal_lm.py --train-file corpus.txt --config gpt2-124m
-    accelerate launch --config_file hf_tfm/presets/accelerate/multi_gpu_ddp.yaml examples/train_causal_lm.py
-    accelerate launch --config_file hf_tfm/presets/accelerate/fsdp.yaml examples/train_causal_lm.py --config gpt2-124m
+    accelerate launch --config_file configs/accelerate/multi_gpu_ddp.yaml examples/train_causal_lm.py
+    accelerate launch --config_file configs/accelerate/fsdp.yaml examples/train_causal_lm.py --config gpt2-124m
 """
 
 import math

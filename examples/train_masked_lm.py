@@ -8,7 +8,7 @@ tokenizer to --output-dir for `AutoModelForMaskedLM.from_pretrained`.
 
     python examples/train_masked_lm.py --max-steps 300
     python examples/train_masked_lm.py --config bert-1.4m --train-file corpus.txt
-    accelerate launch --config_file hf_tfm/presets/accelerate/multi_gpu_ddp.yaml examples/train_masked_lm.py
+    accelerate launch --config_file configs/accelerate/multi_gpu_ddp.yaml examples/train_masked_lm.py
 """
 
 import math

@@ -9,7 +9,7 @@ tokenizer to --output-dir for `AutoModelForSeq2SeqLM.from_pretrained`.
 
     python examples/train_seq2seq.py --max-steps 500
     python examples/train_seq2seq.py --config t5-1.9m --train-file pairs.jsonl
-    accelerate launch --config_file hf_tfm/presets/accelerate/multi_gpu_ddp.yaml examples/train_seq2seq.py
+    accelerate launch --config_file configs/accelerate/multi_gpu_ddp.yaml examples/train_seq2seq.py
 """
 
 from functools import partial

@@ -8,7 +8,7 @@ the evaluation accuracy; saves the model (with its label names) and tokenizer to
 
     python examples/train_sequence_classification.py --max-steps 300
     python examples/train_sequence_classification.py --train-file reviews.csv --validation-file dev.csv
-    accelerate launch --config_file hf_tfm/presets/accelerate/multi_gpu_ddp.yaml \
+    accelerate launch --config_file configs/accelerate/multi_gpu_ddp.yaml \
         examples/train_sequence_classification.py
 """
 

@@ -8,7 +8,7 @@ of the non-"O" tags over words; saves the model and tokenizer to --output-dir fo
 `AutoModelForTokenClassification.from_pretrained`.
 
     python examples/train_token_classification.py --max-steps 300
-    accelerate launch --config_file hf_tfm/presets/accelerate/multi_gpu_ddp.yaml examples/train_token_classification.py
+    accelerate launch --config_file configs/accelerate/multi_gpu_ddp.yaml examples/train_token_classification.py
 """
 
 import common

@@ -110,6 +110,12 @@ def _generate(args) -> None:
         print(line)
 
 
+def _verify(args) -> None:
+    from .saving import verify_folder
+
+    print(verify_folder(args.folder, repair=args.repair))
+
+
 def _card(args) -> None:
     from .hub.card import refresh_card
 
@@ -134,6 +140,7 @@ COMMANDS = {
     "generate": _generate,
     "convert": _convert,
     "upcycle": _upcycle,
+    "verify": _verify,
     "card": _card,
     "push": _push,
 }

@@ -25,9 +25,9 @@ EXAMPLES = {
   hf-tfm train --task masked-lm --model bert-1.4m --output-dir runs/mlm
   hf-tfm train --task sequence-classification --model runs/mlm/model      # fine-tune a checkpoint
   hf-tfm train --task seq2seq --model t5-1.9m --data pairs.jsonl --column source=question --column target=answer
-  hf-tfm train --task causal-lm --model hf_tfm/presets/llama-1.3m/config.json --set num_experts=8 --bf16
+  hf-tfm train --task causal-lm --model configs/llama-1.3m/config.json --set num_experts=8 --bf16
   hf-tfm train --task causal-lm --output-dir runs/train --resume          # continue a killed run
-  accelerate launch --config_file hf_tfm/presets/accelerate/multi_gpu_ddp.yaml -m hf_tfm_cli train --task causal-lm""",
+  accelerate launch --config_file configs/accelerate/multi_gpu_ddp.yaml -m hf_tfm_cli train --task causal-lm""",
     "evaluate": """examples:
   hf-tfm evaluate runs/train/model                   # the validation split its training run used
   hf-tfm evaluate runs/cls/model --data test.csv --column text=sentence""",
@@ -41,6 +41,9 @@ EXAMPLES = {
 families (config.json model_type, and --to): the converter table in README.md, or python -m hf_tfm.convert.families""",
     "upcycle": """examples:
   hf-tfm upcycle runs/demo/causal-lm/model runs/demo-moe --num-experts 8 --top-k 2""",
+    "verify": """examples:
+  hf-tfm verify runs/train/model                     # every file hashed against the save's manifest
+  hf-tfm verify runs/train/model --repair            # first undo what an interrupted save left (this host's)""",
     "card": """examples:
   hf-tfm card runs/train/model                       # (re)write README.md from the model and its run record""",
     "push": """examples:
@@ -166,6 +169,16 @@ def build_parser() -> argparse.ArgumentParser:
     upcycle.add_argument("destination")
     upcycle.add_argument("--num-experts", type=number(int, 2), default=8, help="(an integer >= 2)")
     upcycle.add_argument("--top-k", type=positive_int, default=2)
+    verify = command(
+        "verify", "check every file of a saved model folder against its manifest; name the first damaged one"
+    )
+    verify.add_argument("folder")
+    verify.add_argument(
+        "--repair",
+        action="store_true",
+        help="first restore the folder from what an interrupted save of this host left beside it (as the next save "
+        "would), and remove those leftovers; another host's are never touched",
+    )
     card = command("card", "write or refresh the model card (README.md) of a saved model folder")
     card.add_argument("folder")
     push = command("push", "push a saved model folder to the Hub (HF_ENDPOINT and HF_TOKEN are honoured)")

@@ -10,6 +10,8 @@ control shows each one matters):
 - `router_in_float32` (DeepSeek-V3, tests/test_convert_deepseek_v3.py).
 - BART's `final_logits_bias` is added after the LM head's matmul, as its reference adds it (rounded twice in bf16)."""
 
+import copy
+
 import pytest
 import torch
 from test_convert_deepseek_v3 import deepseek_v3
@@ -32,10 +34,8 @@ from test_moe import mixtral
 from test_parity import gpt2, llama
 from test_t5_bart_parity import bart, t5
 
-from hf_tfm import modeling_tfm_stack
 from hf_tfm.convert import to_tfm
-from hf_tfm.modeling_tfm_layers import TfmAttention, TfmRMSNorm, TfmRotaryEmbedding, TfmRouter
-from hf_tfm.modeling_tfm_stack import TfmStack
+from hf_tfm.model.modeling_tfm_layers import TfmRMSNorm, TfmRMSNormScaledInFloat32, TfmUnitOffsetRMSNorm
 
 FAMILIES = {
     "gpt2": gpt2,
@@ -60,23 +60,13 @@ FAMILIES = {
     "t5": t5,
     "bart": bart,
 }
-# field -> the families whose record sets it: turned off, the bf16 logits must differ (the control)
-FIELDS = {
+# `numerics` entry -> the families whose record sets it: without it, the bf16 logits must differ (the control)
+NUMERICS = {
     "rmsnorm_scale_in_float32": ("olmo2", "gpt_oss"),
     "rope_tables_in_float32": ("olmo2",),
     "rope_in_float32": ("modernbert",),
     "router_weights_in_model_dtype": ("qwen2_moe", "qwen3_moe"),
     "round_embedding_scale": ("gemma2", "gemma3_text"),
-}
-
-
-# the fields a module reads once, when built: the module class, its attribute, the attribute's value without the field
-MODULE_ATTRIBUTES = {
-    "rmsnorm_scale_in_float32": (TfmRMSNorm, "scale_in_float32", False),
-    "rope_tables_in_float32": (TfmRotaryEmbedding, "tables_in_float32", False),
-    "rope_in_float32": (TfmAttention, "rope_in_float32", False),
-    "router_weights_in_model_dtype": (TfmRouter, "weights_in_model_dtype", False),
-    "round_embedding_scale": (TfmStack, "rounded_embed_scales", {}),
 }
 
 
@@ -105,17 +95,17 @@ def test_bf16_logits_equal_the_references(name):
     torch.testing.assert_close(output(ours, inputs), output(reference, inputs), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize(("field", "name"), [(field, name) for field, names in FIELDS.items() for name in names])
-def test_each_rounding_field_matters(field, name):
-    """The control: the family's record sets the field, and without it the bf16 logits differ from the reference's."""
+@pytest.mark.parametrize(("entry", "name"), [(entry, name) for entry, names in NUMERICS.items() for name in names])
+def test_each_rounding_choice_matters(entry, name):
+    """The control: the family's record sets the `numerics` entry, and the same weights in a model built without it
+    give bf16 logits that differ from the reference's."""
     reference, ours, inputs = bf16_pair(name)
-    assert getattr(ours.config, field) is True
-    setattr(ours.config, field, False)
-    module_class, attribute, off = MODULE_ATTRIBUTES[field]  # a module read the field when it was built
-    for module in ours.modules():
-        if isinstance(module, module_class):
-            setattr(module, attribute, off)
-    assert (output(ours, inputs).float() - output(reference, inputs).float()).abs().max() > 0
+    assert entry in ours.config.numerics
+    config = copy.deepcopy(ours.config)
+    config.numerics = [other for other in config.numerics if other != entry]
+    without = type(ours)(config).to(torch.bfloat16).eval()
+    without.load_state_dict(ours.state_dict())
+    assert (output(without, inputs).float() - output(reference, inputs).float()).abs().max() > 0
 
 
 def test_bart_adds_its_bias_after_the_matmul(monkeypatch):
@@ -123,16 +113,16 @@ def test_bart_adds_its_bias_after_the_matmul(monkeypatch):
     differ from the reference's."""
     reference, ours, inputs = bf16_pair("bart")
     torch.testing.assert_close(output(ours, inputs), output(reference, inputs), rtol=0, atol=0)
-    monkeypatch.setattr(modeling_tfm_stack, "reads_its_weight", lambda layer: False)
+    ours.lm_head.bias_after_matmul = False
     assert (output(ours, inputs).float() - output(reference, inputs).float()).abs().max() > 0
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("variant", [{}, {"unit_offset": True}, {"scale_in_float32": True}])
+@pytest.mark.parametrize("variant", [TfmRMSNorm, TfmUnitOffsetRMSNorm, TfmRMSNormScaledInFloat32])
 def test_rmsnorm_without_gradients_gives_the_values_it_gives_with_them(variant, dtype):
     """Without gradients a 16-bit input is scaled itself (T5's form: its float32 copy dies after the variance), with
     them its float32 copy (Llama's, whose gradient rounds once): the same values either way, bit for bit."""
-    norm = TfmRMSNorm(64, **variant)
+    norm = variant(64)
     with torch.no_grad():
         norm.weight.normal_()
     norm = norm.to(dtype)

@@ -16,7 +16,7 @@ from hf_tfm import (
     TfmEncoderDecoderConfig,
     TfmEncoderForMaskedLM,
 )
-from hf_tfm.modeling_tfm_layers import TfmRMSNorm
+from hf_tfm.model.modeling_tfm_layers import TfmRMSNorm, TfmUnitOffsetRMSNorm
 
 ROPE = dict(position_embedding_type="rope", norm_type="rmsnorm", ffn_type="glu")
 ALTERNATING = dict(ROPE, layer_types=["sliding_attention", "full_attention"], sliding_window=3)
@@ -175,7 +175,7 @@ def test_unit_offset_rmsnorm_starts_as_identity_scale():
     """Gemma's norm scales by 1 + weight: a fresh model starts at weight 0 (transformers would set 1, doubling)."""
     model = TfmDecoderForCausalLM(tiny_config(**DECODER_OPTIONS["sandwich"]))
     norms = [m for m in model.modules() if isinstance(m, TfmRMSNorm)]
-    assert norms and all(m.unit_offset and torch.all(m.weight == 0) for m in norms)
+    assert norms and all(isinstance(m, TfmUnitOffsetRMSNorm) and torch.all(m.weight == 0) for m in norms)
 
 
 def test_padding_aware_positions_make_left_padding_harmless():

@@ -1,6 +1,7 @@
 """Saving and loading integrity: staged saves that a kill at any point cannot damage, recovery of what killed saves
-leave behind, manifests that `from_pretrained` checks, weights that must fit the config, resumable checkpoints only,
-and the model card every save leaves."""
+leave behind by the next save (or `hf-tfm verify --repair`), never by a load and never of another host's save,
+manifests that `hf-tfm verify` and resume check (a load compares sizes only), weights that must fit the config,
+resumable checkpoints only, and the model card every save leaves."""
 
 import json
 import os
@@ -22,9 +23,17 @@ from hf_tfm import (
     TfmEncoderConfig,
     TfmEncoderForMaskedLM,
     TfmEncoderForSequenceClassification,
-    modeling_tfm_saving,
+    saving,
 )
-from hf_tfm.modeling_tfm_saving import MANIFEST, CorruptCheckpoint, leftovers, recover_folder, write_manifest
+from hf_tfm.saving import (
+    MANIFEST,
+    CorruptCheckpoint,
+    leftovers,
+    recover_folder,
+    this_host,
+    verify_folder,
+    write_manifest,
+)
 from hf_tfm.training.checkpoints import last_good_checkpoint, load_saved, replace_folder, verify
 
 INPUT = torch.tensor([[5, 6, 7, 8, 9, 10]])
@@ -54,13 +63,18 @@ def dead_pid() -> int:
     return child.pid
 
 
+def leftover(kind: str, pid: int, host: str | None = None) -> str:
+    """The name a save of process `pid` on `host` (this one by default) gives its staging or retired folder."""
+    return f".model.{kind}-{host or this_host()}-{pid}"
+
+
 def siblings(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.parent.iterdir())
 
 
 # ------------------------------------------------------------------------------- replace_folder: killed for real
 
-# The child loads modeling_tfm_saving by path (it imports only the standard library and transformers' logging), saves
+# The child loads hf_tfm/saving.py by path (it imports only the standard library and transformers' logging), saves
 # version 2 over version 1, and SIGKILLs itself at the chosen point.
 KILLED_SAVE = textwrap.dedent(
     """
@@ -104,7 +118,7 @@ def test_a_save_killed_at_any_point_is_recovered_by_the_next_save(tmp_path, poin
     completed), removes the leftovers, and saves."""
     destination = tmp_path / "model"
     replace_folder(version_writer(1), destination)
-    script = KILLED_SAVE.format(module=modeling_tfm_saving.__file__, point=point, destination=str(destination))
+    script = KILLED_SAVE.format(module=saving.__file__, point=point, destination=str(destination))
     killed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     assert leftovers(destination)  # what the kill left behind
@@ -113,7 +127,7 @@ def test_a_save_killed_at_any_point_is_recovered_by_the_next_save(tmp_path, poin
     else:
         assert version_of(destination) == left_as
 
-    recover_folder(destination)  # what the next save or load does first
+    recover_folder(destination)  # what the next save (or `hf-tfm verify --repair`) does first
     assert version_of(destination) == (left_as or 2)  # the complete new save, renamed back
     verify(destination)
     assert siblings(destination) == ["model"]
@@ -128,18 +142,36 @@ def test_recovery_takes_the_newest_complete_leftover_of_dead_processes_only(tmp_
     dead = [dead_pid() for _ in range(3)]
     saves = [(dead[0], "old", 1, 1000), (dead[1], "partial", 2, 2000), (dead[2], "partial", 3, 3000)]
     for pid, kind, version, mtime in saves:
-        folder = tmp_path / f".model.{kind}-{pid}"
+        folder = tmp_path / leftover(kind, pid)
         folder.mkdir()
         version_writer(version)(folder)
         write_manifest(folder)
         os.utime(folder / MANIFEST, (mtime, mtime))
-    (tmp_path / f".model.partial-{dead[2]}" / "weights").write_text("half")  # the newest never completed
-    running = tmp_path / ".model.partial-1"  # pid 1 always runs: a save in progress elsewhere
+    (tmp_path / leftover("partial", dead[2]) / "weights").write_text("half")  # the newest never completed
+    running = tmp_path / leftover("partial", 1)  # pid 1 always runs: a save in progress elsewhere
     running.mkdir()
 
     recover_folder(destination)
     assert version_of(destination) == 2
-    assert siblings(destination) == [".model.partial-1", "model"]
+    assert siblings(destination) == [running.name, "model"]
+
+
+def test_another_hosts_leftovers_are_never_touched(tmp_path, caplog):
+    """On a shared file system this host cannot tell whether another host's save still runs: its staging folder (and
+    an earlier hf_tfm's, whose names say no host) is left in place and named in a warning, by the next save and by
+    `hf-tfm verify --repair` alike; this host's dead ones go."""
+    destination = tmp_path / "model"
+    replace_folder(version_writer(1), destination)
+    other = tmp_path / leftover("partial", dead_pid(), host="other_node")
+    earlier = tmp_path / f".model.partial-{dead_pid()}"
+    ours = tmp_path / leftover("old", dead_pid())
+    for folder in (other, earlier, ours):
+        folder.mkdir()
+    replace_folder(version_writer(2), destination)
+    assert siblings(destination) == sorted([other.name, earlier.name, "model"])
+    assert other.name in caplog.text and earlier.name in caplog.text
+    report = verify_folder(destination, repair=True)
+    assert other.name in report and siblings(destination) == sorted([other.name, earlier.name, "model"])
 
 
 def test_leftovers_of_saves_inside_a_staging_folder_are_removed_whatever_their_name(tmp_path):
@@ -149,27 +181,28 @@ def test_leftovers_of_saves_inside_a_staging_folder_are_removed_whatever_their_n
     destination = tmp_path / "model"
     replace_folder(version_writer(1), destination)
     dead = [dead_pid() for _ in range(3)]
+    host = this_host()
     names = [
-        f".model.partial-{dead[0]}",
-        f"..model.partial-{dead[0]}.partial-{dead[0]}",
-        f"..model.partial-{dead[1]}.old-{dead[1]}",
-        f"...model.partial-{dead[2]}.partial-{dead[2]}.partial-{dead[2]}",
-        "..model.partial-1.partial-1",  # pid 1 always runs
+        f".model.partial-{host}-{dead[0]}",
+        f"..model.partial-{host}-{dead[0]}.partial-{host}-{dead[0]}",
+        f"..model.partial-{host}-{dead[1]}.old-{host}-{dead[1]}",
+        f"...model.partial-{host}-{dead[2]}.partial-{host}-{dead[2]}.partial-{host}-{dead[2]}",
+        f"..model.partial-{host}-1.partial-{host}-1",  # pid 1 always runs
     ]
     for name in names:
         (tmp_path / name).mkdir()
-    (tmp_path / ".other.partial-1").mkdir()  # another folder's: never touched
+    (tmp_path / f".other.partial-{host}-1").mkdir()  # another folder's: never touched
     assert len(leftovers(destination)) == 5
     replace_folder(version_writer(2), destination)
     assert version_of(destination) == 2
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["..model.partial-1.partial-1", ".other.partial-1", "model"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [names[-1], f".other.partial-{host}-1", "model"]
 
 
 def test_a_save_into_a_staging_folder_is_written_in_place(tmp_path):
     """The model saved inside another save's staging folder (a run's final save) writes there directly: the outer
     save swaps the whole folder in, so a staging folder of its own is one more thing a kill could leave behind."""
     model = tiny_model()
-    staging = tmp_path / f".model.partial-{os.getpid()}"
+    staging = tmp_path / leftover("partial", os.getpid())
     staging.mkdir()
     model.save_pretrained(staging)
     assert sorted(p.name for p in tmp_path.iterdir()) == [staging.name]
@@ -177,16 +210,18 @@ def test_a_save_into_a_staging_folder_is_written_in_place(tmp_path):
 
 
 def test_a_folder_missing_with_nothing_complete_left_is_a_clear_error(tmp_path):
-    folder = tmp_path / f".model.partial-{dead_pid()}"
+    """A load names the interrupted save and its repair and writes nothing; the repair finds nothing complete to put
+    back and says the folder does not exist."""
+    folder = tmp_path / leftover("partial", dead_pid())
     folder.mkdir()
     (folder / "config.json").write_text("{")  # killed while writing: no manifest
-    with pytest.raises(FileNotFoundError, match="not a saved model folder"):
-        load_saved(tmp_path / "model")
-    assert siblings(tmp_path / "model") == []  # the incomplete leftover is removed
-    folder.mkdir()
-    # (the Auto classes read config.json before they reach hf_tfm's class: they cannot restore a missing folder)
-    with pytest.raises(FileNotFoundError, match="interrupted before it completed"):
-        TfmDecoderForCausalLM.from_pretrained(tmp_path / "model")
+    for load in (load_saved, TfmDecoderForCausalLM.from_pretrained):
+        with pytest.raises(FileNotFoundError, match="interrupted before it completed .*hf-tfm verify .* --repair"):
+            load(tmp_path / "model")
+        assert siblings(tmp_path / "model") == [folder.name]  # a load writes nothing
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        verify_folder(tmp_path / "model", repair=True)
+    assert siblings(tmp_path / "model") == []  # the incomplete leftover of a dead process is removed
 
 
 # ----------------------------------------------------------------------------- save_pretrained: staged and swapped
@@ -196,9 +231,10 @@ class Killed(BaseException):
     """Stands in for SIGKILL inside this process: raised where no handler of the save runs."""
 
 
-def test_load_saved_and_from_pretrained_restore_a_model_killed_between_the_renames(tmp_path, monkeypatch):
-    """The run's final save (`replace_folder`) and `save_pretrained` share the swap: killed between its renames, the
-    next `load_saved` (or `from_pretrained`) puts the complete model back under its name."""
+def test_a_model_killed_between_the_renames_is_named_by_a_load_and_restored_by_the_repair(tmp_path, monkeypatch):
+    """The run's final save (`replace_folder`) and `save_pretrained` share the swap: killed between its renames, a load
+    (`load_saved`, `from_pretrained`) names the repair and writes nothing; `hf-tfm verify --repair`, as the next save
+    would, puts the complete model back under its name."""
     first, second = tiny_model(seed=1), tiny_model(seed=2)
     load_tfm = TfmDecoderForCausalLM.from_pretrained
     pairs = {
@@ -215,18 +251,23 @@ def test_load_saved_and_from_pretrained_restore_a_model_killed_between_the_renam
                 raise Killed
             replace(source, target)
 
-        monkeypatch.setattr(modeling_tfm_saving.os, "replace", killing_replace)
+        monkeypatch.setattr(saving.os, "replace", killing_replace)
         with pytest.raises(Killed):
             save(second, destination)
-        monkeypatch.setattr(modeling_tfm_saving.os, "replace", replace)
+        monkeypatch.setattr(saving.os, "replace", replace)
         assert not destination.exists(), name
+        left = siblings(destination)
+        with pytest.raises(FileNotFoundError, match="--repair"):
+            load(destination)
+        assert siblings(destination) == left, name  # a load writes nothing
+        assert "weight files match the manifest" in verify_folder(destination, repair=True)
         torch.testing.assert_close(logits(load(destination)), logits(second), rtol=0, atol=0)
         assert siblings(destination) == ["model"], name
 
 
 def test_save_pretrained_killed_while_writing_keeps_the_previous_model(tmp_path, monkeypatch):
     """Killed while transformers writes the weights (sharded: after the first shard), the previous save is intact and
-    loads; the next load removes the staging folder the kill left."""
+    loads; the load leaves the staging folder the kill left, which the next save removes."""
     from transformers import modeling_utils
 
     folder = tmp_path / "model"
@@ -240,13 +281,15 @@ def test_save_pretrained_killed_while_writing_keeps_the_previous_model(tmp_path,
 
     write = modeling_utils.safe_save_file
     monkeypatch.setattr(modeling_utils, "safe_save_file", killed_after_first_shard)
-    monkeypatch.setattr(modeling_tfm_saving.shutil, "rmtree", lambda *a, **k: None)  # a kill runs no cleanup
+    monkeypatch.setattr(saving.shutil, "rmtree", lambda *a, **k: None)  # a kill runs no cleanup
     with pytest.raises(Killed):
         tiny_model(seed=2).save_pretrained(folder, max_shard_size="20KB")
     monkeypatch.undo()
     assert [name for name in siblings(folder) if ".partial-" in name]  # the half-written staging folder
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
     torch.testing.assert_close(logits(AutoModelForCausalLM.from_pretrained(folder)), logits(good), rtol=0, atol=0)
+    assert len(siblings(folder)) == 2  # a load writes nothing
+    good.save_pretrained(folder)
     assert siblings(folder) == ["model"]
 
 
@@ -286,9 +329,11 @@ def test_save_pretrained_into_a_new_nested_folder_and_on_other_processes(tmp_pat
 # ---------------------------------------------------------------------------------------- from_pretrained checks
 
 
-def test_from_pretrained_refuses_altered_weights_naming_the_file(tmp_path):
-    """A byte flipped in model.safetensors used to load silently (NaN logits); files the manifest does not list or
-    that are not the model (a tokenizer saved later, a card edited by hand) do not matter; no manifest, no check."""
+def test_a_load_compares_sizes_and_verify_names_any_altered_byte(tmp_path):
+    """A load compares the weight files' sizes with the manifest (a stat each: a truncated file is named, with the
+    command that checks every byte); `hf-tfm verify` hashes every file, so a flipped byte is named there. Files the
+    manifest does not list or that are not the model (a tokenizer saved later, a card edited by hand) do not matter
+    to a load; no manifest, no check."""
     folder = tmp_path / "model"
     tiny_model().save_pretrained(folder)
     (folder / "tokenizer.json").write_text("{}")
@@ -299,11 +344,18 @@ def test_from_pretrained_refuses_altered_weights_naming_the_file(tmp_path):
     data[-7] ^= 0xFF
     weights.write_bytes(bytes(data))
     with pytest.raises(CorruptCheckpoint, match="model.safetensors does not match its manifest"):
-        AutoModelForCausalLM.from_pretrained(folder)
-    with pytest.raises(CorruptCheckpoint, match="model.safetensors does not match its manifest"):
-        load_saved(folder)
-    (folder / MANIFEST).unlink()  # saved before hf_tfm wrote manifests: loads as transformers would
-    AutoModelForCausalLM.from_pretrained(folder)
+        verify_folder(folder)
+    weights.write_bytes(bytes(data))
+    data[-7] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    assert verify_folder(folder).endswith("1 weight files match the manifest; edited since the save: README.md")
+    weights.write_bytes(bytes(data[:-10]))
+    for load in (AutoModelForCausalLM.from_pretrained, load_saved):
+        with pytest.raises(CorruptCheckpoint, match=r"model.safetensors has \d+ bytes, \d+ saved .*hf-tfm verify"):
+            load(folder)
+    (folder / MANIFEST).unlink()  # saved before hf_tfm wrote manifests, or by other code: not checked
+    with pytest.raises(CorruptCheckpoint, match="has no hf_tfm_manifest.json"):
+        verify_folder(folder)
 
 
 @pytest.mark.parametrize(
@@ -460,7 +512,7 @@ def test_a_config_edit_that_no_longer_fits_the_weights_names_the_field(tmp_path)
     assert loaded.config.hidden_size == 64
 
 
-def test_altered_weights_are_still_refused_when_the_config_is_edited(tmp_path):
+def test_altered_weights_are_still_named_when_the_config_is_edited(tmp_path):
     model = tiny_model()
     model.save_pretrained(tmp_path / "model")
     edit_config(tmp_path / "model", use_cache=False)
@@ -468,4 +520,4 @@ def test_altered_weights_are_still_refused_when_the_config_is_edited(tmp_path):
         weights.seek(-8, os.SEEK_END)
         weights.write(b"\x00" * 8)
     with pytest.raises(CorruptCheckpoint, match="model.safetensors does not match its manifest"):
-        AutoModelForCausalLM.from_pretrained(tmp_path / "model")
+        verify_folder(tmp_path / "model")

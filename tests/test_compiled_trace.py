@@ -10,7 +10,7 @@ import torch
 from benchmarks import compiled
 from benchmarks.measure import training_batch
 from benchmarks.pairs import KINDS, PROFILES, build_pair
-from hf_tfm.modeling_tfm_loss import linear_cross_entropy
+from hf_tfm.model.modeling_tfm_lm_head import linear_cross_entropy
 
 # the paths of the chunked loss, compiled by inductor with the model (test_compile.py traces every paradigm with
 # cheaper backends): a padded (aligned) vocabulary, soft-capped logits sliced short of the padding, the masked LM's

@@ -17,6 +17,7 @@ from hf_tfm import (
     TfmDecoderConfig,
     TfmDecoderForCausalLM,
     TfmDecoderForSequenceClassification,
+    TfmDecoderModel,
     TfmEncoderConfig,
     TfmEncoderDecoderConfig,
     TfmEncoderDecoderForConditionalGeneration,
@@ -350,11 +351,18 @@ def test_a_backend_that_cannot_add_a_bias_is_refused_when_the_model_is_built():
 
 
 def test_every_position_scheme_builds_its_module():
-    """The stack's table of position modules covers every scheme the config accepts ("none" has no module)."""
-    from hf_tfm.configuration_tfm import POSITION_EMBEDDING_TYPES
-    from hf_tfm.modeling_tfm_stack import POSITION_MODULES
+    """Every scheme the config accepts builds its part of the stack's three position parts (`make_positions`), and
+    the two others change nothing; "none" builds none."""
+    from hf_tfm.model.configuration_tfm_rules import POSITION_EMBEDDING_TYPES
+    from hf_tfm.model.modeling_tfm_layers import Absent
+    from hf_tfm.model.modeling_tfm_positions import NoAttentionBias, NoRotaryEmbedding
 
-    assert set(POSITION_MODULES) == set(POSITION_EMBEDDING_TYPES) - {"none"}
+    unused = (Absent, NoRotaryEmbedding, NoAttentionBias)
+    for scheme in POSITION_EMBEDDING_TYPES:
+        stack = TfmDecoderModel(tiny_config(position_embedding_type=scheme))
+        parts = (stack.embed_positions, stack.rotary_emb, stack.position_bias)
+        used = [type(part).__name__ for part, kind in zip(parts, unused) if not isinstance(part, kind)]
+        assert len(used) == (scheme != "none"), (scheme, used)
 
 
 def test_latent_attention_is_served_by_vllm_only_as_full_attention(monkeypatch):

@@ -23,8 +23,8 @@ from support.parity_harness import (
 from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, DistributedConfig
 
 from hf_tfm import TfmDecoderConfig, capabilities
-from hf_tfm.configuration_tfm_parallel import check_parallel_layout
 from hf_tfm.convert import config_from_tfm, config_to_tfm, from_tfm, to_tfm
+from hf_tfm.model.capabilities import check_parallel_layout
 
 TINY_DEEPSEEK = dict(
     vocab_size=97,

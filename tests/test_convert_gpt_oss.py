@@ -24,9 +24,9 @@ from transformers import DistributedConfig, GptOssConfig, GptOssForCausalLM
 
 from hf_tfm import TfmDecoderForCausalLM, capabilities
 from hf_tfm.compat import gpt_oss_declares_swiglu
-from hf_tfm.configuration_tfm_parallel import check_parallel_layout
 from hf_tfm.convert import config_from_tfm, config_to_tfm, from_tfm, to_tfm
 from hf_tfm.convert.common import config_with
+from hf_tfm.model.capabilities import check_parallel_layout
 
 E, K = 4, 2
 # small enough that the tiny model's gate and up really are clamped (GPT-OSS's 7.0 never bites at this scale)

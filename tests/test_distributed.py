@@ -1,4 +1,4 @@
-"""Distributed training on CPU through `accelerate launch`, and the accelerate configs in hf_tfm/presets/accelerate/.
+"""Distributed training on CPU through `accelerate launch`, and the accelerate configs in configs/accelerate/.
 
 `accelerate launch --num_processes 2` (the DDP config, gloo on CPU) trains a tiny decoder with
 examples/train_causal_lm.py for a fixed number of steps at 2 processes x batch B; a plain one-process run trains
@@ -22,7 +22,7 @@ within 2e-7. A run that is not really distributed (each process training alone o
 `use_cpu` silently does) is off by 8e-4 relative at the first step and 1e-2 by the third.
 
 FSDP on CPU: torch's FSDP2 (`fully_shard`) runs on CPU with gloo, but accelerate 1.15 keeps the FSDP plugin only for
-GPU-like distributed types (MULTI_GPU, MULTI_XPU, ...): a CPU launch with hf_tfm/presets/accelerate/fsdp.yaml is
+GPU-like distributed types (MULTI_GPU, MULTI_XPU, ...): a CPU launch with configs/accelerate/fsdp.yaml is
 MULTI_CPU and trains as DDP. tests/test_fsdp.py proves FSDP2 on CPU without accelerate (transformers'
 `distributed_config` under Trainer, and plain torch with a sharded checkpoint), and checks that this fallback still
 holds.
@@ -43,10 +43,10 @@ from conftest import tiny_model
 from transformers import AutoModelForCausalLM
 
 import hf_tfm  # noqa: F401  (registers the tfm model types)
-from hf_tfm.modeling_tfm_stack import TfmBlock, TfmPreTrainedModel
+from hf_tfm.model.modeling_tfm_stack import TfmBlock, TfmPreTrainedModel
 
 REPO = Path(__file__).resolve().parent.parent
-CONFIGS = REPO / "hf_tfm" / "presets" / "accelerate"
+CONFIGS = REPO / "configs" / "accelerate"
 SCRIPT = REPO / "examples" / "train_causal_lm.py"
 STEPS, BATCH = 6, 2  # per process; the one-process run takes 2 * BATCH
 TINY = [
@@ -111,7 +111,7 @@ SHARDED = {  # config -> the distributed type its processes must report
 
 @pytest.mark.parametrize("name", sorted(SHARDED))
 def test_sharded_configs_two_gpus_match_one_process(name, request, tmp_path):
-    """The GPU proof of the FSDP and DeepSpeed configs (hf_tfm/presets/accelerate/README.md): on the CPU, accelerate
+    """The GPU proof of the FSDP and DeepSpeed configs (configs/accelerate/README.md): on the CPU, accelerate
     1.15 runs fsdp.yaml as DDP and DeepSpeed not data-parallel at all. Unlike the DDP run, the one-process run is on
     GPU 0."""
     if torch.cuda.device_count() < 2:
@@ -154,7 +154,7 @@ def test_every_config_is_documented_and_tested():
     assert sorted(path.name for path in CONFIGS.glob("*.yaml")) == sorted(EXPECTED)
     readme = (CONFIGS / "README.md").read_text()
     for name in EXPECTED:
-        assert f"accelerate launch --config_file hf_tfm/presets/accelerate/{name}" in readme, name
+        assert f"accelerate launch --config_file configs/accelerate/{name}" in readme, name
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))

@@ -135,7 +135,7 @@ def test_every_script_documents_python_and_accelerate_usage():
     for script in scripts:
         doc = ast.get_docstring(ast.parse(script.read_text()))
         assert f"python examples/{script.name}" in doc, script.name
-        assert "accelerate launch --config_file hf_tfm/presets/accelerate/" in doc, script.name
+        assert "accelerate launch --config_file configs/accelerate/" in doc, script.name
 
 
 @pytest.fixture

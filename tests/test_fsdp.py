@@ -95,6 +95,6 @@ def test_router_biases_stay_identical_across_data_parallel_ranks(results):
 def test_trainer_fsdp_arguments_fall_back_to_ddp_on_the_cpu(results):
     """Trainer(fsdp=..., fsdp_config={"fsdp_version": 2}) hands accelerate 1.15 an FSDP plugin, which it keeps only for
     GPU-like distributed types (AcceleratorState); `accelerate launch --config_file
-    hf_tfm/presets/accelerate/fsdp.yaml` sets the same plugin through the environment. If this fails, accelerate
-    shards on the CPU now: say so in hf_tfm/presets/accelerate/README.md and prove the config here."""
+    configs/accelerate/fsdp.yaml` sets the same plugin through the environment. If this fails, accelerate
+    shards on the CPU now: say so in configs/accelerate/README.md and prove the config here."""
     assert results["accelerate"] == {"distributed_type": "DistributedType.MULTI_CPU", "is_fsdp_enabled": False}

@@ -14,7 +14,7 @@ from hf_tfm import (
     TfmEncoderForMaskedLM,
 )
 from hf_tfm.convert import to_tfm
-from hf_tfm.modeling_tfm_loss import linear_cross_entropy
+from hf_tfm.model.modeling_tfm_lm_head import linear_cross_entropy
 
 RTOL, ATOL = 1e-5, 1e-6
 NO_DROPOUT = dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)  # train mode, both sides alike
@@ -149,7 +149,7 @@ def test_rows_aligned_for_16_bit_matmuls_change_nothing(options, weights, monkey
     """A 16-bit projection of a 101-token table runs on 104 rows (`aligned_rows`: 16-byte-aligned rows for GPU
     matmul kernels): the loss and every gradient equal those of the unaligned 101 rows, under bf16 autocast (fp32
     weights) and with bf16 weights."""
-    from hf_tfm import modeling_tfm_loss
+    from hf_tfm.model import modeling_tfm_lm_head as modeling_tfm_loss
 
     rows, width, table = 37, 16, 101
     torch.manual_seed(0)
@@ -212,7 +212,7 @@ def test_aligned_rows_cost_a_step_no_memory(monkeypatch):
     more at the step's peak). The step under bf16 autocast peaks where the unaligned step does, give or take the 7
     zero rows. Peak bytes from the profiler's allocation records: exact, not timed."""
     from benchmarks.measure import peak_bytes
-    from hf_tfm import modeling_tfm_loss
+    from hf_tfm.model import modeling_tfm_lm_head as modeling_tfm_loss
 
     torch.manual_seed(0)
     # a large table and few tokens: the step peaks in backward, where the head's gradient arrives

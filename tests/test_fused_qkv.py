@@ -8,11 +8,12 @@ import pytest
 import torch
 from conftest import tiny_config
 from peft import LoraConfig, get_peft_model
+from torch import nn
 from transformers import DistributedConfig, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 from hf_tfm import TfmDecoderForCausalLM, TfmEncoderDecoderConfig, TfmEncoderDecoderForConditionalGeneration
-from hf_tfm.configuration_tfm_parallel import check_parallel_layout, tensor_parallel_plan
 from hf_tfm.convert import from_tfm, to_tfm, with_fused_qkv
+from hf_tfm.model.capabilities import check_parallel_layout, tensor_parallel_plan
 
 TOKENS = torch.tensor([[5, 6, 7, 8, 9, 10, 11], [12, 13, 14, 15, 16, 17, 18]])
 
@@ -122,7 +123,9 @@ def test_gpt2_decodes_with_one_qkv_matmul_a_layer():
     ours = to_tfm(reference)
     counts = {}
     for name, model in (("reference", reference), ("ours", ours)):
-        linears = [module for module in model.modules() if type(module).__name__ in ("Linear", "Conv1D")]
+        linears = [
+            module for module in model.modules() if isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D"
+        ]
         calls = []
         handles = [module.register_forward_hook(lambda *args, calls=calls: calls.append(1)) for module in linears]
         model(TOKENS[:, -1:])

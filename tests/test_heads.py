@@ -41,11 +41,12 @@ from hf_tfm import (
     TfmEncoderConfig,
     TfmEncoderDecoderConfig,
 )
-from hf_tfm import modeling_tfm as modeling
 from hf_tfm.convert import config_to_tfm, weights_to_tfm
 from hf_tfm.convert.common import load_exact
 from hf_tfm.convert.families import FAMILIES
-from hf_tfm.modeling_tfm_saving import HEAD_MODULES
+from hf_tfm.model import modeling_tfm as modeling
+from hf_tfm.model.modeling_tfm_loading import AUTO_CLASSES, HEAD_MODULES
+from hf_tfm.model.modeling_tfm_moe import load_balancing_loss, router_z_loss
 
 PAD = 0
 LABELS = 3
@@ -55,6 +56,13 @@ HEADS = {
     "token-classification": (TfmDecoderForTokenClassification, LlamaForTokenClassification),
     "question-answering": (TfmDecoderForQuestionAnswering, LlamaForQuestionAnswering),
 }
+
+
+def router_loss_parts(model, router_logits, attention_mask):
+    """(the load-balancing loss, the z-loss) of `router_logits`, as the model's heads compute them."""
+    config = model.config
+    aux = load_balancing_loss(router_logits, config.num_experts, config.num_experts_per_tok, attention_mask)
+    return aux, router_z_loss(router_logits, attention_mask)
 
 
 def batch() -> tuple[torch.Tensor, torch.Tensor]:
@@ -168,7 +176,7 @@ def test_moe_loss_adds_weighted_router_losses(name):
     inputs = dict(input_ids=input_ids, attention_mask=attention_mask, **targets(name, input_ids))
     with torch.no_grad():
         output = model(**inputs)
-        aux, z_loss = model.router_losses(output.router_logits, attention_mask)
+        aux, z_loss = router_loss_parts(model, output.router_logits, attention_mask)
         model.config.router_aux_loss_coef = model.config.router_z_loss_coef = 0.0
         task_only = model(**inputs).loss
     assert len(output.router_logits) == 2 and output.router_logits[0].shape == (input_ids.numel(), E)
@@ -269,7 +277,7 @@ CONFIGS = {TfmDecoderConfig: {}, TfmEncoderConfig: {}, TfmEncoderDecoderConfig: 
 ALL_HEADS = [
     pytest.param(getattr(hf_tfm, name), config_class, id=name)
     for config_class in CONFIGS
-    for name in config_class.auto_classes.values()
+    for name in AUTO_CLASSES[config_class.model_type].values()
     if issubclass(getattr(hf_tfm, name), modeling.TfmHead)
 ]
 
@@ -289,20 +297,28 @@ HEAD_ARGUMENTS = {"self", "labels", "start_positions", "end_positions", "logits_
 
 @pytest.mark.parametrize("model_class, config_class", ALL_HEADS)
 def test_every_head_hands_its_arguments_to_the_body_by_name(model_class, config_class):
-    """As in transformers' heads, the forward calls its body (`self.model(...)`) with each of the body's arguments
-    written out by name (`attention_mask=attention_mask`), so a reader or a tool follows an argument from the head to
-    the attention; nothing is packed into a dict on the way."""
+    """A head's forward keeps its task's signature and hands everything to the one head body (`TfmHead.run`): the
+    body's arguments written out by name (`attention_mask=attention_mask`) in one `dict(...)`, which `run` passes to
+    the body (`self.model(**inputs, ...)`), so a reader or a tool follows an argument from the head to the attention;
+    the head's own targets by name too; and **kwargs."""
     forward = inspect.unwrap(model_class.forward)
     tree = ast.parse(textwrap.dedent(inspect.getsource(forward)))
-    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call) and ast.unparse(node.func) == "self.model"]
-    assert len(calls) == 1, f"{model_class.__name__}.forward should call self.model once"
-    passed = {keyword.arg: ast.unparse(keyword.value) for keyword in calls[0].keywords if keyword.arg}
+    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call) and ast.unparse(node.func) == "self.run"]
+    assert len(calls) == 1, f"{model_class.__name__}.forward should hand over to self.run once"
+    packed = [node for node in ast.walk(tree) if isinstance(node, ast.Call) and ast.unparse(node.func) == "dict"]
+    assert len(packed) == 1
+    passed = {keyword.arg: ast.unparse(keyword.value) for keyword in packed[0].keywords}
     body_arguments = set(inspect.signature(forward).parameters) - HEAD_ARGUMENTS
-    assert body_arguments <= set(passed), f"not handed to the body: {sorted(body_arguments - set(passed))}"
-    assert all(passed[name] == name for name in body_arguments)
+    assert body_arguments == set(passed), f"not handed to the body: {sorted(body_arguments - set(passed))}"
+    assert all(passed[name] == name for name in body_arguments if name != "use_cache")  # labels decide use_cache
+    targets = ast.unparse(calls[0].args[1])
+    assert all(
+        f"'{name}': {name}" in targets
+        for name in HEAD_ARGUMENTS & set(inspect.signature(forward).parameters) - {"self", "kwargs", "logits_to_keep"}
+    )
     assert any(keyword.arg is None for keyword in calls[0].keywords)  # and **kwargs
-    # nothing packed on the way to the body (the output may name the cache by the release's field name)
-    assert not any(isinstance(node, ast.Dict) or ast.unparse(node) == "dict" for node in ast.walk(calls[0]))
+    run_source = inspect.getsource(modeling.TfmHead.run)
+    assert "self.model(**inputs, output_router_logits=routed, **kwargs)" in run_source
 
 
 OUTPUTS = {
@@ -322,7 +338,10 @@ def test_router_outputs_extend_the_transformers_output(output_class):
     assert issubclass(output_class, parent)
     names = [field.name for field in dataclasses.fields(output_class)]
     assert names == [field.name for field in dataclasses.fields(parent)] + ["aux_loss", "router_logits"]
-    assert f"{output_class.__module__}.{output_class.__qualname__}" == f"hf_tfm.modeling_tfm.{output_class.__name__}"
+    assert (
+        f"{output_class.__module__}.{output_class.__qualname__}"
+        == f"hf_tfm.model.modeling_tfm.{output_class.__name__}"
+    )
     first = names[1]  # loss is the first field; give the second (logits or start_logits) and the MoE fields
     output = output_class(**{first: torch.ones(2)}, aux_loss=torch.tensor(0.5), router_logits=(torch.zeros(3, E),))
     again = pickle.loads(pickle.dumps(output))

@@ -20,6 +20,7 @@ from support.hub_server import fast_client_retries, hub_server  # noqa: F401  (h
 from test_card import RECORD as RUN_RECORD
 from transformers import AutoModelForCausalLM
 
+import hf_tfm
 from hf_tfm import (
     TfmDecoderConfig,
     TfmDecoderForCausalLM,
@@ -30,23 +31,14 @@ from hf_tfm import (
 )
 from hf_tfm.hub.card import active_parameters, write_card_from_run
 from hf_tfm.hub.push import NotAModelFolderError, push_folder
-from hf_tfm.modeling_tfm_saving import MANIFEST
+from hf_tfm.model.modeling_tfm_loading import AUTO_CLASSES
+from hf_tfm.saving import MANIFEST
 from hf_tfm.training.tokenizers import train_byte_level_bpe
 
 TEXTS = ["return the number of items in the list", "def add(a, b): return a + b", "open the file and read it"]
 PROMPTS = ["return the number", "def add(a, b):"]
-CODE_FILES = {
-    "configuration_tfm.py",
-    "modeling_tfm.py",
-    "modeling_tfm_stack.py",
-    "modeling_tfm_layers.py",
-    "modeling_tfm_saving.py",
-    "modeling_tfm_loss.py",
-    "modeling_tfm_quantization.py",
-    "configuration_tfm_parallel.py",
-    "capabilities.py",
-    "compat.py",
-}
+# what ships next to the weights: the model bundle, every file of it (hf_tfm/model/, its __init__ aside)
+CODE_FILES = {path.name for path in (Path(hf_tfm.__file__).parent / "model").glob("*.py")} - {"__init__.py"}
 TOKENIZER_FILES = {"tokenizer.json", "tokenizer_config.json"}
 GREEDY = {"max_new_tokens": 5, "min_new_tokens": 5, "do_sample": False}
 
@@ -183,7 +175,7 @@ def test_push_to_hub_then_load_anywhere(hub_server, tokenizer, moe_folder, tmp_p
             files.add("generation_config.json")
         assert published(repo_id) == files, kind
         config = json.loads(hub_server.files(repo_id)["config.json"])
-        assert set(config["auto_map"]) == {"AutoConfig", *type(model.config).auto_classes}
+        assert set(config["auto_map"]) == {"AutoConfig", *AUTO_CLASSES[model.config.model_type]}
         assert {f"{ref.split('.')[0]}.py" for ref in config["auto_map"].values()} <= files
         # push_to_hub publishes hf_tfm's card of the model, named after the repo, not transformers' stub
         card = ModelCard(hub_server.files(repo_id)["README.md"].decode())

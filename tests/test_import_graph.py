@@ -3,13 +3,7 @@
 quietly couples two layers (the model code and the card code, the CLI and its command handlers did once)."""
 
 import ast
-import subprocess
-import sys
 from pathlib import Path
-
-import pytest
-
-from hf_tfm.moved import MOVED
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("hf_tfm", "hf_tfm_cli")
@@ -85,32 +79,33 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_import_cycles():
     graph = import_graph()
-    assert len(graph) > 30 and graph["hf_tfm.convert.engine"] >= {"hf_tfm.convert.families", "hf_tfm.modeling_tfm"}
+    assert len(graph) > 30 and graph["hf_tfm.convert.engine"] >= {
+        "hf_tfm.convert.families",
+        "hf_tfm.model.modeling_tfm",
+    }
     assert cycles(graph) == []
 
 
 def test_a_cycle_is_found():
     """Negative control: the package init and a module importing each other are one cycle."""
     graph = import_graph()
-    graph["hf_tfm.modeling_tfm_saving"].add("hf_tfm.hub.card")  # what the saving code once did
-    assert any({"hf_tfm.modeling_tfm_saving", "hf_tfm.hub.card"} <= set(cycle) for cycle in cycles(graph))
+    graph["hf_tfm.saving"].add("hf_tfm.hub.card")  # what the saving code once did
+    assert any({"hf_tfm.saving", "hf_tfm.hub.card"} <= set(cycle) for cycle in cycles(graph))
 
 
-@pytest.mark.parametrize("old", sorted(MOVED))
-def test_a_moved_module_keeps_its_old_name_for_a_release(old):
-    """hf_tfm/moved.py: importing a module by the name it had before the plain-core layout warns, naming its new place,
-    and gives the new module itself (its private names too), in a fresh interpreter so the warning is not cached."""
-    new = MOVED[old]
-    script = f"""
-import importlib, warnings
-warnings.simplefilter("error", DeprecationWarning)
-try:
-    importlib.import_module({old!r})
-except DeprecationWarning as warning:
-    print("warned:", warning)
-warnings.simplefilter("ignore", DeprecationWarning)
-print("same:", importlib.import_module({old!r}) is importlib.import_module({new!r}))
-"""
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert f"warned: {old} moved to {new}" in result.stdout and "same: True" in result.stdout
+def test_the_model_bundle_imports_nothing_of_the_package():
+    """The model bundle (hf_tfm/model/) ships next to every checkpoint as remote code, flat siblings with relative
+    imports: it imports none of the package's other modules (saving, cards and the like are looked up, when loaded),
+    and no other module of hf_tfm is imported by it."""
+    graph = import_graph()
+    bundle = {name for name in graph if name.startswith("hf_tfm.model.")}
+    assert len(bundle) >= 10
+    for name in bundle:
+        assert graph[name] <= bundle, (name, sorted(graph[name] - bundle))
+
+
+def test_no_module_keeps_an_old_name():
+    """No shims: the module renames of the plain-core layout are gone (the package is 0.1.0, with no users of them)."""
+    package = REPO / "hf_tfm"
+    assert not (package / "moved.py").exists() and not (package / "cli.py").exists()
+    assert not [path.name for path in package.glob("modeling_tfm*.py")]

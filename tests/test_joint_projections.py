@@ -18,9 +18,9 @@ from hf_tfm import (
     TfmEncoderDecoderConfig,
     TfmEncoderDecoderForConditionalGeneration,
     TfmEncoderForMaskedLM,
-    modeling_tfm_layers,
 )
-from hf_tfm.modeling_tfm_layers import joint_projections, reads_its_weight
+from hf_tfm.model import modeling_tfm_layers
+from hf_tfm.model.modeling_tfm_layers import joint_projections, reads_its_weight
 
 CHECKPOINT = Path(__file__).parent / "data" / "checkpoint-before-joint-projections"
 

@@ -1,7 +1,9 @@
 """hf_tfm models: every block combination trains, bad input is named, weights tie, save and load, outputs match."""
 
+import importlib
 import inspect
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,9 +18,6 @@ from hf_tfm import (
     TfmDecoderForCausalLM,
     TfmDecoderForSequenceClassification,
     TfmDecoderModel,
-    modeling_tfm,
-    modeling_tfm_layers,
-    modeling_tfm_stack,
 )
 
 
@@ -266,12 +265,17 @@ def test_rotary_embedding_follows_transformers_rope_modules():
     torch.testing.assert_close(scaled_sin[:, ::10], original_sin[:, :4])
 
 
+BUNDLE_MODULES = [
+    importlib.import_module(f"hf_tfm.model.{path.stem}") for path in Path(hf_tfm.model.__file__).parent.glob("*.py")
+]
+
+
 def test_forward_kwargs_are_transformers_kwargs():
     """Every forward that takes **kwargs annotates them `Unpack[TransformersKwargs]`, as transformers' models do
     (its tooling reads the annotation to know which outputs the kwargs can ask for)."""
     classes = [
         value
-        for module in (modeling_tfm, modeling_tfm_layers, modeling_tfm_stack)
+        for module in BUNDLE_MODULES
         for value in vars(module).values()
         if isinstance(value, type) and value.__module__ == module.__name__ and "forward" in vars(value)
     ]

@@ -37,13 +37,20 @@ from hf_tfm import (
     TfmEncoderModel,
 )
 from hf_tfm.convert import from_tfm, to_tfm
-from hf_tfm.modeling_tfm_layers import TfmExperts, TfmFeedForward, TfmMoE, TfmRouter
+from hf_tfm.model.modeling_tfm_moe import TfmExperts, TfmMoE, TfmRouter, load_balancing_loss, router_z_loss
 
 ATOL = 1e-4
 PAD = 0
 E, K = 4, 2  # experts, top-k
 MOE = dict(num_experts=E, num_experts_per_tok=K)
 BACKENDS = ["eager", "batched_mm", "grouped_mm"]
+
+
+def router_loss_parts(model, router_logits, attention_mask):
+    """(the load-balancing loss, the z-loss) of `router_logits`, as the model's heads compute them."""
+    config = model.config
+    aux = load_balancing_loss(router_logits, config.num_experts, config.num_experts_per_tok, attention_mask)
+    return aux, router_z_loss(router_logits, attention_mask)
 
 
 def moe_model(seed: int = 0, **overrides) -> TfmDecoderForCausalLM:
@@ -267,24 +274,20 @@ def test_set_experts_implementation_switches_code_path(monkeypatch):
 
 
 @pytest.mark.parametrize("experts", ["grouped_mm", "batched_mm"])
-def test_dense_model_refuses_experts_implementation(experts, tmp_path):
-    """A model without MoE layers refuses an experts backend by name (instead of accepting it as a silent no-op),
-    from set_experts_implementation and from from_pretrained; eager and the default still load it, and an MoE
-    model loads with any backend."""
-    dense, no_moe_layers, moe = tiny_model(), tiny_model(num_experts=E, moe_layers=[]), moe_model()
-    assert not dense._can_set_experts_implementation() and not no_moe_layers._can_set_experts_implementation()
-    assert moe._can_set_experts_implementation()
-    for model in (dense, no_moe_layers):
-        with pytest.raises(ValueError, match=rf"experts_implementation='{experts}'.*num_experts="):
-            model.set_experts_implementation(experts)
-    dense.set_experts_implementation("eager")
+def test_experts_backend_is_a_class_level_answer(experts, tmp_path):
+    """Every hf_tfm class answers transformers' class-level question (`_can_set_experts_implementation`, a classmethod,
+    as transformers' own tests and exporters ask it) with yes: any config may have MoE layers. A dense model takes an
+    experts backend as transformers' dense models do, a no-op; an MoE model loads and runs with any backend."""
+    assert TfmDecoderForCausalLM._can_set_experts_implementation() is True
+    dense, moe = tiny_model(), moe_model()
+    dense.set_experts_implementation(experts)
     dense.save_pretrained(tmp_path / "dense")
     moe.save_pretrained(tmp_path / "moe")
-    assert AutoModelForCausalLM.from_pretrained(tmp_path / "dense").config._experts_implementation == "eager"
-    with pytest.raises(ValueError, match="num_experts=0"):
-        AutoModelForCausalLM.from_pretrained(tmp_path / "dense", experts_implementation=experts)
+    AutoModelForCausalLM.from_pretrained(tmp_path / "dense", experts_implementation=experts)
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "moe", experts_implementation=experts)
     assert loaded.config._experts_implementation == experts
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(torch.tensor([[3, 4, 5]])).logits, moe(torch.tensor([[3, 4, 5]])).logits)
 
 
 # --------------------------------------------------------------------------------------------------- router losses
@@ -324,7 +327,7 @@ def test_router_losses_hand_checked(mask):
     model = moe_model()
     attention_mask = None if mask is None else torch.tensor(mask)
     flat = [1] * 4 if mask is None else [real for row in mask for real in row]
-    aux, z_loss = model.router_losses(HAND_LOGITS, attention_mask)
+    aux, z_loss = router_loss_parts(model, HAND_LOGITS, attention_mask)
     expected_aux, expected_z = hand_losses(HAND_LOGITS, flat)
     assert float(aux) == pytest.approx(expected_aux, rel=1e-6)
     assert float(z_loss) == pytest.approx(expected_z, rel=1e-6)
@@ -332,10 +335,10 @@ def test_router_losses_hand_checked(mask):
         changed = tuple(layer.clone() for layer in HAND_LOGITS)
         for layer in changed:
             layer[torch.tensor(flat) == 0] = torch.tensor([9.0, -7.0, 8.0, 30.0])
-        changed_aux, changed_z = model.router_losses(changed, attention_mask)
+        changed_aux, changed_z = router_loss_parts(model, changed, attention_mask)
         assert float(changed_aux) == pytest.approx(expected_aux, rel=1e-6)
         assert float(changed_z) == pytest.approx(expected_z, rel=1e-6)
-        unmasked_aux, _ = model.router_losses(changed, None)
+        unmasked_aux, _ = router_loss_parts(model, changed, None)
         assert abs(float(unmasked_aux) - expected_aux) > 1e-3  # the rewrite would matter if the token counted
 
 
@@ -345,7 +348,7 @@ def test_loss_adds_weighted_router_losses():
     input_ids, attention_mask, position_ids, labels = padded_batch()
     with torch.no_grad():
         out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, labels=labels)
-        aux, z_loss = model.router_losses(out.router_logits, attention_mask)
+        aux, z_loss = router_loss_parts(model, out.router_logits, attention_mask)
     ce = F.cross_entropy(out.logits[:, :-1].reshape(-1, VOCAB), labels[:, 1:].reshape(-1), ignore_index=-100)
     assert 0.05 * aux > 1e-3 and 0.01 * z_loss > 1e-3  # both terms are visible at the tolerance below
     torch.testing.assert_close(out.aux_loss, aux, atol=0, rtol=0)
@@ -368,7 +371,7 @@ def test_loss_with_num_items_in_batch_scales_router_terms():
             labels=labels,
             num_items_in_batch=num_items,
         )
-        aux, z_loss = model.router_losses(out.router_logits, attention_mask)
+        aux, z_loss = router_loss_parts(model, out.router_logits, attention_mask)
     ce_sum = F.cross_entropy(
         out.logits[:, :-1].reshape(-1, VOCAB), labels[:, 1:].reshape(-1), ignore_index=-100, reduction="sum"
     )
@@ -389,7 +392,7 @@ def test_router_logits_only_when_asked(how):
             out = model(input_ids, attention_mask=attention_mask)
         else:
             out = model(input_ids, attention_mask=attention_mask, output_router_logits=True)
-        aux, _ = model.router_losses(out.router_logits, attention_mask)
+        aux, _ = router_loss_parts(model, out.router_logits, attention_mask)
     assert out.loss is None
     assert len(out.router_logits) == 2
     assert all(logits.shape == (input_ids.numel(), E) for logits in out.router_logits)
@@ -454,7 +457,7 @@ def test_layer_selection(overrides, moe):
     """decoder_sparse_step, mlp_only_layers and moe_layers make exactly the expected layers MoE (4 layers)."""
     model = moe_model(num_hidden_layers=4, **overrides)
     kinds = [type(layer.mlp) for layer in model.model.layers]
-    assert kinds == [TfmMoE if i in moe else TfmFeedForward for i in range(4)]
+    assert [kind is TfmMoE for kind in kinds] == [i in moe for i in range(4)]
     assert [i for i in range(4) if model.config.is_moe_layer(i)] == moe
     if moe:
         with torch.no_grad():
@@ -714,7 +717,7 @@ def expected_loss(model, task: torch.Tensor, stacks, labels: torch.Tensor, num_i
     the batch's share of targets under num_items."""
     loss = task if num_items is None else task / num_items
     for router_logits, mask in stacks:
-        aux, z_loss = model.router_losses(router_logits, mask)
+        aux, z_loss = router_loss_parts(model, router_logits, mask)
         extra = model.config.router_aux_loss_coef * aux + model.config.router_z_loss_coef * z_loss
         loss = loss + (extra if num_items is None else extra * (labels != -100).sum() / num_items)
     return loss
@@ -736,8 +739,8 @@ def test_other_paradigms_loss_formula(name, num_items):
         else:
             stacks = [(out.encoder_router_logits, inputs["attention_mask"]), (out.decoder_router_logits, None)]
             assert len(out.encoder_router_logits) == len(out.decoder_router_logits) == 1
-            torch.testing.assert_close(out.encoder_aux_loss, model.router_losses(*stacks[0])[0], atol=0, rtol=0)
-            torch.testing.assert_close(out.decoder_aux_loss, model.router_losses(*stacks[1])[0], atol=0, rtol=0)
+            torch.testing.assert_close(out.encoder_aux_loss, router_loss_parts(model, *stacks[0])[0], atol=0, rtol=0)
+            torch.testing.assert_close(out.decoder_aux_loss, router_loss_parts(model, *stacks[1])[0], atol=0, rtol=0)
     task = F.cross_entropy(out.logits.reshape(-1, VOCAB), labels.reshape(-1), ignore_index=-100, reduction=reduction)
     expected = expected_loss(model, task, stacks, labels, num_items)
     assert (expected - (task if num_items is None else task / num_items)).abs() > 1e-2  # the router terms show

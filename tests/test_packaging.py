@@ -12,8 +12,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM
 
 import hf_tfm
+from hf_tfm.convert import family_presets
 from hf_tfm.hub.card import active_parameters
-from hf_tfm.presets import RENAMED, family_presets
+from hf_tfm.presets import RENAMED
 from hf_tfm.training.run import resolve_model
 
 REPO = Path(__file__).resolve().parents[1]

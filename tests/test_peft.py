@@ -377,7 +377,9 @@ def test_reload_adapter_on_fresh_base(trained):
 @pytest.mark.parametrize("trained", ["masked_lm"], indirect=True)
 def test_auto_peft_model_needs_import_allowlist_for_masked_lm(trained):
     """Without a task type peft records the base class by module; hf_tfm is not on its default import allowlist."""
-    with pytest.raises(ValueError, match="wants to import 'hf_tfm.modeling_tfm' which is not in the import allowlist"):
+    with pytest.raises(
+        ValueError, match="wants to import 'hf_tfm.model.modeling_tfm' which is not in the import allowlist"
+    ):
         AutoPeftModel.from_pretrained(trained.adapter_dir)
 
 

@@ -16,7 +16,7 @@ from hf_tfm import (
     TfmEncoderForSequenceClassification,
 )
 from hf_tfm.convert import to_tfm
-from hf_tfm.modeling_tfm_quantization import (
+from hf_tfm.model.modeling_tfm_loading import (
     expert_modules,
     finish_torchao_loading,
     is_quantized,

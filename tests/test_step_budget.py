@@ -20,7 +20,7 @@ import torch
 
 from benchmarks.pairs import KINDS, PROFILES, build_pair
 from benchmarks.profile_gap import generate_step_counts
-from hf_tfm.modeling_tfm_stack import TfmBlock
+from hf_tfm.model.modeling_tfm_stack import TfmBlock
 
 PYTHON_CALLS_BUDGET = 1.36
 # aten operators per decode step, hf_tfm / reference: at most the reference's (1.00) unless a pair is listed below,

@@ -7,8 +7,8 @@ import torch
 from conftest import VOCAB, assert_same_state_dict, perturb, tiny_model
 from transformers import BartConfig, BartForConditionalGeneration, T5Config, T5ForConditionalGeneration
 
-from hf_tfm import modeling_tfm_stack
 from hf_tfm.convert import config_from_tfm, config_to_tfm, from_tfm, to_tfm
+from hf_tfm.model import modeling_tfm_positions
 
 ATOL = 1e-4
 PAD, BOS, EOS = 0, 1, 2
@@ -296,13 +296,13 @@ def test_a_t5_decode_step_adds_the_bias_without_a_mask(monkeypatch):
     reference = t5()
     ours = to_tfm(reference)
     merged = []  # (query length, whether a mask came with the bias), for the decoder's self-attention
-    original = modeling_tfm_stack.merge_position_bias
+    original = modeling_tfm_positions.merge_position_bias
 
     def recording(mask, bias, dtype):
         merged.append((bias.shape[-2], mask is not None))
         return original(mask, bias, dtype)
 
-    monkeypatch.setattr(modeling_tfm_stack, "merge_position_bias", recording)
+    monkeypatch.setattr(modeling_tfm_positions, "merge_position_bias", recording)
     source = torch.randint(3, VOCAB, (1, 6), generator=torch.Generator().manual_seed(0))
     options = dict(max_new_tokens=3, do_sample=False)
     assert torch.equal(ours.generate(source, **options), reference.generate(source, **options))

@@ -8,6 +8,7 @@ from conftest import tiny_config
 
 from hf_tfm import TfmDecoderConfig, TfmEncoderConfig, TfmEncoderDecoderConfig, TfmEncoderForQuestionAnswering
 from hf_tfm.hub.card import RunRecord, RunRecordError, pipeline_tag_of
+from hf_tfm.model.modeling_tfm_loading import AUTO_CLASSES
 from hf_tfm.training import data
 from hf_tfm.training.corpus import in_validation
 from hf_tfm.training.data import arity, embedded_dataset
@@ -20,7 +21,7 @@ def test_every_task_record_is_complete_and_agrees_with_the_cli():
     assert tuple(TASKS) == tuple(CLI_TASKS)
     assert set(data.EMBEDDED) == set(TASKS)
     configs = (TfmDecoderConfig, TfmEncoderConfig, TfmEncoderDecoderConfig)
-    heads_of_our_models = {auto for config in configs for auto in config.auto_classes}
+    heads_of_our_models = {auto for config in configs for auto in AUTO_CLASSES[config.model_type]}
     for name, task in TASKS.items():
         assert task.name == name and task.tokenizer in TOKENIZER_KINDS
         assert task.head.auto_class in heads_of_our_models

@@ -27,13 +27,13 @@ from transformers.distributed.tensor_parallel import ALL_PARALLEL_STYLES
 
 from hf_tfm import TfmDecoderConfig, TfmEncoderConfig, TfmEncoderDecoderConfig
 from hf_tfm.compat import TOKEN_DISPATCH
-from hf_tfm.configuration_tfm_parallel import (
+from hf_tfm.model.capabilities import (
     check_parallel_layout,
     expert_parallel_plan,
     pipeline_parallel_plan,
     tensor_parallel_plan,
 )
-from hf_tfm.modeling_tfm import (
+from hf_tfm.model.modeling_tfm import (
     TfmDecoderForCausalLM,
     TfmDecoderForSequenceClassification,
     TfmEncoderDecoderForConditionalGeneration,

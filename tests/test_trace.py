@@ -13,7 +13,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from benchmarks import trace
 from benchmarks.pairs import KINDS, PROFILES
-from hf_tfm import modeling_tfm_loss
+from hf_tfm.model import modeling_tfm_lm_head as modeling_tfm_loss
 
 PAIRS = ["gpt2", "llama", "bert", "t5", "bart", "mixtral", "gpt_oss"]
 # Kernels at or below the reference's, but for GPT-2: its 50257-token vocabulary takes six loss chunks of about ten
@@ -125,7 +125,10 @@ def test_a_dropout_attention_a_gpu_would_fuse_is_traced_as_its_fused_kernel():
 def test_the_trace_sees_small_loss_chunks(monkeypatch):
     """The control: chunks of 256 tokens (the default before issue 29) cost Llama's step more kernels and bytes than
     the reference's, and the trace says so."""
-    monkeypatch.setattr(modeling_tfm_loss, "chunk_rows", lambda *args: 256)
+    chunked = modeling_tfm_loss.linear_cross_entropy  # called with the config's loss_chunk_size fifth
+    monkeypatch.setattr(
+        modeling_tfm_loss, "linear_cross_entropy", lambda *args, **kwargs: chunked(*args[:4], 256, *args[5:], **kwargs)
+    )
     result = traced("llama")
     assert result["ours"]["kernels"] > result["reference"]["kernels"]
     assert result["ours"]["bytes_gib"] > result["reference"]["bytes_gib"]
@@ -136,7 +139,7 @@ def test_a_host_sync_is_counted_with_its_place():
     shows its reads, named by the function that made them."""
     result = traced("llama")
     assert result["ours"]["host_syncs"] == 0
-    from hf_tfm.modeling_tfm_stack import TfmStack
+    from hf_tfm.model.modeling_tfm_stack import TfmStack
 
     # every training step is taken for the first: the stack never remembers having trained
     TfmStack.trained_a_step = property(lambda stack: False, lambda stack, value: None)

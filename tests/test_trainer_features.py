@@ -23,7 +23,7 @@ from hf_tfm import (
     TfmEncoderDecoderForConditionalGeneration,
     TfmEncoderForMaskedLM,
 )
-from hf_tfm.modeling_tfm_stack import TfmBlock
+from hf_tfm.model.modeling_tfm_stack import TfmBlock
 
 PATTERN = torch.tensor([3, 4, 5, 6, 7, 8, 9, 10] * 2)
 

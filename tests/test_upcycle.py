@@ -6,7 +6,7 @@ from conftest import VOCAB, perturb, tiny_config, tiny_model
 
 from hf_tfm import TfmEncoderDecoderConfig, TfmEncoderDecoderForConditionalGeneration
 from hf_tfm.convert.upcycle import upcycle
-from hf_tfm.modeling_tfm_layers import TfmMoE
+from hf_tfm.model.modeling_tfm_moe import TfmMoE
 
 GLU = dict(ffn_type="glu", hidden_act="silu", mlp_bias=False)
 

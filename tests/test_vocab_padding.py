@@ -229,11 +229,17 @@ def test_resize_with_pad_to_multiple_of_pads_without_adding_tokens(head):
 
 
 @pytest.mark.parametrize(
-    "argument", [dict(pad_to_multiple_of=-8), dict(pad_to_multiple_of=8.0), dict(new_num_tokens=0)]
+    ("argument", "match"),
+    [
+        (dict(pad_to_multiple_of=-8), "pad_to_multiple_of"),
+        (dict(new_num_tokens=0), "new_num_tokens"),
+        # a multiple that is no integer: transformers' own refusal, in its words
+        (dict(pad_to_multiple_of=8.0), "pad the embedding matrix to a multiple of `8.0`"),
+    ],
 )
-def test_resize_refuses_bad_arguments_by_name(argument):
+def test_resize_refuses_bad_arguments(argument, match):
     model = unpadded_model("causal-tied")
-    with pytest.raises(ValueError, match=next(iter(argument))):
+    with pytest.raises(ValueError, match=match):
         model.resize_token_embeddings(**argument)
 
 

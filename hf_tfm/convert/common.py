@@ -7,7 +7,7 @@ import dataclasses
 import torch
 from torch import nn
 
-from ..configuration_tfm import TfmConfig, TfmEncoderConfig
+from ..model.configuration_tfm import TfmConfig, TfmEncoderConfig
 
 # what every Llama-family decoder is beyond its blocks (all TfmDecoderConfig defaults, stated so that a mapping to
 # hf_tfm reads as the whole architecture): a final norm, bare token embeddings, attention dropout only, plain head
@@ -165,8 +165,7 @@ MOE_FIELDS = (
     "shared_expert_intermediate_size", "shared_expert_gate", "scoring_func", "norm_topk_prob", "router_jitter_noise",
     "router_aux_loss_coef", "router_z_loss_coef", "router_bias_update_rate", "capacity_factor",
     "output_router_logits", "router_bias", "expert_mlp_bias", "swiglu_limit", "swiglu_alpha", "router_choice_bias",
-    "num_expert_groups", "topk_expert_groups", "routed_scaling_factor", "router_in_float32",
-    "router_weights_in_model_dtype",
+    "num_expert_groups", "topk_expert_groups", "routed_scaling_factor",
 )  # fmt: skip
 # Fields only latent attention (kv_lora_rank) reads.
 LATENT_ATTENTION_FIELDS = ("q_lora_rank", "qk_nope_head_dim", "v_head_dim", "rope_interleave")
@@ -202,19 +201,13 @@ def unread_fields(config: TfmConfig) -> dict[str, str]:
     if config.norm_type == "rmsnorm":
         unread["norm_bias"] = "RMSNorm has no bias"
     else:
-        unread |= dict.fromkeys(("rmsnorm_unit_offset", "rmsnorm_scale_in_float32"), "read by RMSNorm only")
-    if config.rmsnorm_unit_offset:
-        unread["rmsnorm_scale_in_float32"] = "a unit-offset RMSNorm scales in float32 anyway"
+        unread["rmsnorm_unit_offset"] = "read by RMSNorm only"
     position = config.position_embedding_type
     if position != "relative_bias":
         for field in ("relative_attention_num_buckets", "relative_attention_max_distance"):
             unread[field] = f"read by relative_bias positions only, not {position}"
     if position not in ("learned", "sinusoidal"):
         unread["position_offset"] = f"read by position tables only, not {position}"
-    if position != "rope":
-        unread |= dict.fromkeys(("rope_tables_in_float32", "rope_in_float32"), f"read by RoPE only, not {position}")
-    if not config.scale_embeddings:
-        unread["round_embedding_scale"] = "the embeddings are not scaled (scale_embeddings=False)"
     if position not in ("learned", "sinusoidal", "rope"):
         unread["max_position_embeddings"] = f"{position} positions have no table and no RoPE scaling"
     if not isinstance(config, TfmEncoderConfig):
@@ -224,9 +217,22 @@ def unread_fields(config: TfmConfig) -> dict[str, str]:
     return unread
 
 
+# the `numerics` entries a model reads, given its other fields: an entry it does not read changes nothing it computes
+NUMERICS_READ = {
+    "rope_tables_in_float32": lambda fields: fields["position_embedding_type"] == "rope",
+    "rope_in_float32": lambda fields: fields["position_embedding_type"] == "rope",
+    "rmsnorm_scale_in_float32": lambda fields: fields["norm_type"] == "rmsnorm" and not fields["rmsnorm_unit_offset"],
+    "round_embedding_scale": lambda fields: fields["scale_embeddings"],
+    "router_in_float32": lambda fields: fields["num_experts"] > 0,
+    "router_weights_in_model_dtype": lambda fields: fields["num_experts"] > 0,
+}
+
+
 def _normal_form(fields: dict) -> dict:
-    """An hf_tfm config's fields with the default attention scale written one way (None), however it was given."""
+    """An hf_tfm config's fields with the default attention scale written one way (None), however it was given, and
+    only the `numerics` entries the model reads."""
     fields = dict(fields)
+    fields["numerics"] = [entry for entry in fields.get("numerics") or [] if NUMERICS_READ[entry](fields)]
     if fields.get("attention_multiplier") == fields["head_dim"] ** -0.5:
         fields["attention_multiplier"] = None
     if fields.get("query_pre_attn_scalar") == fields["head_dim"]:

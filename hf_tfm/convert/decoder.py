@@ -166,11 +166,9 @@ ROUTER_DEFAULTS = dict(
     router_z_loss_coef=0.0,
     router_bias_update_rate=0.0,
     capacity_factor=None,
-    router_in_float32=False,
-    router_weights_in_model_dtype=False,
 )
 # the Qwen MoE routers cast their top-k weights to the router logits' dtype
-ROUTER_WEIGHTS_IN_MODEL_DTYPE = {**ROUTER_DEFAULTS, "router_weights_in_model_dtype": True}
+ROUTER_WEIGHTS_IN_MODEL_DTYPE = {**ROUTER_DEFAULTS, "numerics": ["router_weights_in_model_dtype"]}
 # GPT-OSS's router picks the top-k logits and weights them by their own softmax, in the logits' dtype
 GPT_OSS_ROUTER = {**ROUTER_DEFAULTS, "scoring_func": "top_k_softmax"}
 # keys of released Qwen config.json files that no Qwen text model reads once its config exists
@@ -475,8 +473,7 @@ OLMO2 = llama_family(
         qk_norm="projection",
         ffn_type="glu",
         mlp_bias=False,
-        rmsnorm_scale_in_float32=True,
-        rope_tables_in_float32=True,
+        numerics=["rmsnorm_scale_in_float32", "rope_tables_in_float32"],
         **LLAMA_FAMILY_STACK,
     ),
     implicit_head_dim_field=True,
@@ -507,7 +504,7 @@ GEMMA_ARCHITECTURE = dict(
     norm_position="sandwich",
     ffn_type="glu",
     mlp_bias=False,
-    **{**LLAMA_FAMILY_STACK, "scale_embeddings": True, "round_embedding_scale": True},
+    **{**LLAMA_FAMILY_STACK, "scale_embeddings": True, "numerics": ["round_embedding_scale"]},
 )
 GEMMA_WEIGHTS = Weights(
     renames=(
@@ -668,7 +665,7 @@ GPT_OSS = llama_family(
     dict(
         **LLAMA_ARCHITECTURE,
         **GPT_OSS_ROUTER,
-        rmsnorm_scale_in_float32=True,
+        numerics=["rmsnorm_scale_in_float32"],
         mlp_bias=False,
         norm_topk_prob=True,  # a softmax over the top-k logits sums to 1
         decoder_sparse_step=1,
@@ -782,7 +779,7 @@ DEEPSEEK_V3 = llama_family(
     | dict(
         scoring_func="sigmoid",
         router_choice_bias=True,
-        router_in_float32=True,
+        numerics=["router_in_float32"],
         router_aux_loss_coef=0.0,
         mlp_bias=False,
         decoder_sparse_step=1,

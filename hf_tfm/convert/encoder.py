@@ -267,7 +267,7 @@ MODERNBERT = Family(
     ),
     fixed=dict(
         position_embedding_type="rope",
-        rope_in_float32=True,  # ModernBERT upcasts queries and keys to rotate them
+        numerics=["rope_in_float32"],  # ModernBERT upcasts queries and keys to rotate them
         norm_type="layernorm",
         norm_position="pre",
         first_layer_attn_norm=False,

@@ -16,8 +16,8 @@ import torch
 import transformers
 from torch import nn
 
-from .. import modeling_tfm
-from ..configuration_tfm import PARADIGM_CONFIGS, TfmConfig, TfmEncoderConfig
+from ..model import modeling_tfm
+from ..model.configuration_tfm import PARADIGM_CONFIGS, TfmConfig, TfmEncoderConfig
 from .common import config_with, converted_config, inverted, load_exact, renamed_fields, require_paradigm
 from .families import FAMILIES
 from .qkv import join_qkv, split_qkv

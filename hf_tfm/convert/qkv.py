@@ -8,7 +8,7 @@ import re
 
 import torch
 
-from ..modeling_tfm_layers import qkv_widths
+from ..model.modeling_tfm_attention import qkv_widths
 from .common import config_with, load_exact
 
 FUSED = re.compile(r"(.*self_attn\.)qkv_proj\.(weight|bias)")

@@ -31,7 +31,7 @@ PARADIGMS = {
 }
 
 
-# The presets' shared size (hf_tfm/presets/family_presets.py): a family's small member is llama-1.3m's size where the
+# The presets' shared size (hf_tfm/convert/family_presets.py): a family's small member is llama-1.3m's size where the
 # family allows it: 4 layers, hidden 128, 4 heads (2 key/value), vocab 4096, 512 positions, tied embeddings unless the
 # family never ties. Special tokens sit inside the small vocabulary (the families' defaults point past it); decoders
 # leave them unset, as llama-1.3m does, and take them from the tokenizer.
@@ -80,7 +80,7 @@ class Family:
     (reference name -> hf_tfm name); `fixed` what the family always is in hf_tfm terms; `unread` the reference
     fields its models never read (with the reason), which the round-trip check does not compare (`our_unread`: the
     hf_tfm fields, on the way back); `weights` the state-dict layout; `summary` the hf_tfm options the family needs,
-    for README's table; `preset` the small member's reference config fields (`hf_tfm/presets/family_presets.py`);
+    for README's table; `preset` the small member's reference config fields (`hf_tfm/convert/family_presets.py`);
     `pair` the benchmark pairing (`benchmarks/pairs.py`: config `defaults`, and the `attention` and
     `experts_implementation` both sides run where not the defaults, which name the pair in reports), None where not
     benchmarked.

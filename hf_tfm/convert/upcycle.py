@@ -7,8 +7,8 @@ did, so training resumes from the dense model's quality and the experts diverge 
 
 import torch
 
-from ..modeling_tfm_layers import TfmMoE
-from ..modeling_tfm_stack import TfmPreTrainedModel
+from ..model.modeling_tfm_moe import TfmMoE
+from ..model.modeling_tfm_stack import TfmPreTrainedModel
 from .common import load_exact, require_compatible
 
 

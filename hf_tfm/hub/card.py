@@ -15,7 +15,6 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +22,11 @@ import yaml
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from ..convert.record import PARADIGMS
-from ..modeling_tfm import TfmPreTrainedModel
-from ..modeling_tfm_layers import TfmExperts, TfmFeedForward, TfmMoE
+from ..model.modeling_tfm import TfmPreTrainedModel
+from ..model.modeling_tfm_layers import TfmGLU, TfmMLP
+from ..model.modeling_tfm_loading import AUTO_CLASSES
+from ..model.modeling_tfm_moe import TfmExperts, TfmMoE
+from ..presets import shipped_folder
 from ..training.checkpoints import load_saved
 from ..training.tasks import HEADS, TASKS, head_for_architecture
 
@@ -132,12 +134,12 @@ def active_parameters(model: TfmPreTrainedModel) -> int:
 
 
 def auto_class_of(model_or_architecture: TfmPreTrainedModel | str, config=None) -> str:
-    """The transformers Auto class that loads this head, read off the config's `auto_classes` table."""
+    """The transformers Auto class that loads this head, read off `AUTO_CLASSES`."""
     if isinstance(model_or_architecture, str):
         architecture = model_or_architecture
     else:
         architecture, config = type(model_or_architecture).__name__, model_or_architecture.config
-    for auto_name, class_name in getattr(config, "auto_classes", {}).items():
+    for auto_name, class_name in AUTO_CLASSES.get(config.model_type, {}).items():
         if class_name == architecture:
             return auto_name
     paradigm = PARADIGMS.get(getattr(config, "model_type", None))
@@ -151,7 +153,7 @@ def pipeline_tag_of(model: TfmPreTrainedModel, task: str | None = None) -> str:
             raise ValueError(f"unknown task {task!r}; expected one of {', '.join(TASKS)}")
         return TASKS[task].head.pipeline_tag
     head = head_for_architecture(type(model).__name__)
-    if head is not None and type(model).__name__ in getattr(model.config, "auto_classes", {}).values():
+    if head is not None and type(model).__name__ in AUTO_CLASSES.get(model.config.model_type, {}).values():
         return head.pipeline_tag
     main_head = PARADIGMS[model.config.model_type].auto_class
     return next(head.pipeline_tag for head in HEADS.values() if head.auto_class == main_head)
@@ -166,7 +168,7 @@ def architecture_rows(model: TfmPreTrainedModel) -> list[tuple[str, str]]:
     heads = f"{config.num_attention_heads} / {config.num_key_value_heads} (head_dim {config.head_dim})"
     position = config.position_embedding_type
     if position == "rope":  # one RoPE, or one per layer type (local and global theta)
-        kinds = sorted(config.layer_kinds()) if config.nested_rope() else [None]
+        kinds = sorted(set(config.layer_types)) if config.nested_rope() else [None]
         ropes = [(kind, config.rope_parameters_for(kind)) for kind in kinds]
         position += (
             " ("
@@ -228,7 +230,7 @@ def architecture_rows(model: TfmPreTrainedModel) -> list[tuple[str, str]]:
 def _blocks(model: TfmPreTrainedModel):
     """The Transformer blocks of every stack: the modules whose `mlp` is a dense feed-forward or an MoE layer."""
     for module in model.modules():
-        if isinstance(getattr(module, "mlp", None), (TfmFeedForward, TfmMoE)):
+        if isinstance(getattr(module, "mlp", None), (TfmMLP, TfmGLU, TfmMoE)):
             yield module
 
 
@@ -271,7 +273,7 @@ def write_model_card(
     description: str | None = None,
     limitations: str | None = None,
 ) -> ModelCard:
-    """Render `hf_tfm/model_cards/tfm_model.md` for `model` and save it as `folder/README.md`.
+    """Render `model_cards/tfm_model.md` for `model` and save it as `folder/README.md`.
 
     `results` are the measured evaluation numbers (they become the card's `model-index`; none means the card says
     that no evaluation was recorded). `training` is either prose or a mapping of training arguments (rendered as a
@@ -336,7 +338,7 @@ def write_model_card(
             )
     card = ModelCard.from_template(
         data,
-        template_path=str(files("hf_tfm.model_cards").joinpath("tfm_model.md")),
+        template_path=str(shipped_folder("model_cards") / "tfm_model.md"),
         model_name=name,
         paradigm=PARADIGMS[model_type].description,
         summary=summary,

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
-from ..modeling_tfm_layers import TfmRouter
+from ..model.modeling_tfm_moe import TfmRouter
 
 LOG_FIELDS = ("step", "epoch", "name", "value")
 

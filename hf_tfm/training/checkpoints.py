@@ -5,7 +5,7 @@
 completes, by write-then-rename; resuming takes the newest checkpoint whose manifest verifies and whose optimizer
 state loads. Old checkpoints are pruned by the callback only after a newer one is verified, instead of by
 `save_total_limit` (which deletes first). The manifest, the staged folder swap and their recovery after a kill live in
-`hf_tfm.modeling_tfm_saving`, shared with the models' own `save_pretrained` / `from_pretrained`.
+`hf_tfm.saving`, shared with the models' own `save_pretrained`.
 """
 
 import json
@@ -15,11 +15,10 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from ..modeling_tfm_saving import (  # noqa: F401  (re-exported: the training code's names for them)
+from ..saving import (  # noqa: F401  (re-exported: the training code's names for them)
     MANIFEST,
     CorruptCheckpoint,
-    check_local_folder,
-    recover_folder,
+    check_file_sizes,
     replace_folder,
     verify,
     write_json_atomic,
@@ -40,21 +39,20 @@ _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
 
 def load_saved(folder: str | Path, auto_class=None, **kwargs):
-    """The model in a saved folder, restored if a killed save left it missing, verified against its manifest when it
-    has one, loaded with `auto_class` or else the Auto class of the head its `architectures` entry names
-    (`AutoModel` for a base model)."""
+    """The model in a saved folder, its weight files' sizes checked against its manifest when it has one, loaded with
+    `auto_class` or else the Auto class of the head its `architectures` entry names (`AutoModel` for a base model).
+    A folder missing after an interrupted save is named with its repair (`hf-tfm verify --repair`): a load writes
+    nothing."""
     import transformers
 
     import hf_tfm  # noqa: F401  (registers the tfm model types with the Auto classes)
 
     folder = Path(folder)
-    recover_folder(folder)
+    check_file_sizes(folder)  # hf_tfm's models check again: a stat per file
     config_file = folder / "config.json"
     if not config_file.is_file():
         raise FileNotFoundError(f"{folder} is not a saved model folder: config.json not found in it")
     config = json.loads(config_file.read_text())
-    if not str(config.get("model_type", "")).startswith("tfm_"):
-        check_local_folder(folder)  # hf_tfm's from_pretrained checks its own folders: no second hashing
     if auto_class is None:
         architecture = (config.get("architectures") or [""])[0]
         head = head_for_architecture(architecture)

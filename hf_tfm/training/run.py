@@ -36,6 +36,7 @@ from hf_tfm_cli.spec import RunSpec
 
 from ..compat import checkpointing_argument, load_trainer_checkpoint
 from ..hub.card import RUN_RECORD, read_run_record, write_card_from_run
+from ..model.modeling_tfm_loading import AUTO_CLASSES
 from ..presets import preset_path
 from . import tokenizers
 from .callbacks import CSVLogCallback, RouterBiasCallback, RouterStatsCallback
@@ -103,7 +104,7 @@ def config_problem(error: Exception) -> str:
 
 
 def check_head(task: str, config, model: str) -> None:
-    available = getattr(config, "auto_classes", {})
+    available = AUTO_CLASSES.get(getattr(config, "model_type", None), {})
     if TASKS[task].head.auto_class not in available:
         raise ValueError(
             f"task {task} needs a {TASKS[task].head.auto_class} head, "

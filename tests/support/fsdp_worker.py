@@ -12,7 +12,7 @@ FSDP2 over gloo on the CPU, driven three ways, each compared with one process tr
   optimizer (torch.distributed.checkpoint) saved after RESUME_AT steps, loaded into a fresh sharded model and
   optimizer, which then trains the remaining steps.
 - `accelerate`: what Trainer's own `fsdp` / `fsdp_config` arguments (and so `accelerate launch` with
-  hf_tfm/presets/accelerate/fsdp.yaml, which sets the same plugin) make of a CPU run.
+  configs/accelerate/fsdp.yaml, which sets the same plugin) make of a CPU run.
 
 The model is a tiny MoE decoder with auxiliary-loss-free balancing, so the trajectories also check that the expert
 counts behind the router biases are summed over the data-parallel ranks: one process counts the whole global batch.
@@ -37,9 +37,9 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM, Trainer, TrainerCallback, TrainingArguments
 
-import hf_tfm.modeling_tfm_stack
+import hf_tfm.model.modeling_tfm_stack
 from hf_tfm import TfmDecoderForCausalLM
-from hf_tfm.modeling_tfm_stack import TfmBlock
+from hf_tfm.model.modeling_tfm_stack import TfmBlock
 from hf_tfm.training.callbacks import RouterBiasCallback
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, whose conftest holds the tiny configs
@@ -128,12 +128,12 @@ def sharding(model) -> dict:
 @contextlib.contextmanager
 def local_expert_counts():
     """Router bias updates from this process's own expert counts, as if it trained alone."""
-    summed = hf_tfm.configuration_tfm_parallel.sum_over_data_parallel_ranks
-    hf_tfm.configuration_tfm_parallel.sum_over_data_parallel_ranks = lambda model, counts: counts
+    summed = hf_tfm.model.capabilities.sum_over_data_parallel_ranks
+    hf_tfm.model.capabilities.sum_over_data_parallel_ranks = lambda model, counts: counts
     try:
         yield
     finally:
-        hf_tfm.configuration_tfm_parallel.sum_over_data_parallel_ranks = summed
+        hf_tfm.model.capabilities.sum_over_data_parallel_ranks = summed
 
 
 def reference(folder: Path) -> dict:

@@ -160,7 +160,7 @@ def logits_sample(model) -> dict:
 def saved_configs() -> dict:
     """name -> config of every preset and variant, built by the checked-out hf_tfm."""
     import hf_tfm
-    from hf_tfm.configuration_tfm import PARADIGM_CONFIGS
+    from hf_tfm.model.configuration_tfm import PARADIGM_CONFIGS
 
     configs = {name: hf_tfm.preset_config(name) for name in hf_tfm.preset_names()}
     for name, (model_type, fields) in VARIANTS.items():

@@ -143,8 +143,10 @@ def main(runs_dir: Path) -> None:
         start = time.perf_counter()
         try:
             results[name] = run(runs_dir / spec["folder"], spec)
-        except Exception:  # recorded for the test to show; the other runs still go
+        except Exception:  # recorded for the test to show; the other runs still go (a rank that waits on the one
+            # that failed shows where in the launcher's output)
             results[name] = {"error": traceback.format_exc()}
+            print(f"rank {os.environ['RANK']}, run {name}:\n{results[name]['error']}", file=sys.stderr, flush=True)
         results[name]["seconds"] = round(time.perf_counter() - start, 2)
     versions = {"transformers": transformers.__version__, "torch": torch.__version__}
     output = runs_dir / f"rank{os.environ['RANK']}.json"

@@ -1,5 +1,0 @@
-"""Moved to `hf_tfm.convert.record`: this name works for one more release (hf_tfm/moved.py)."""
-
-from .moved import alias
-
-alias(__name__)

@@ -1,5 +1,0 @@
-"""Moved to `hf_tfm.export.gguf`: this name works for one more release (hf_tfm/moved.py)."""
-
-from .moved import alias
-
-alias(__name__)

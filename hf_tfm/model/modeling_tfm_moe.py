@@ -1,0 +1,227 @@
+"""Mixture of Experts: the router, the fused routed experts (run by transformers' experts backends), the MoE layer
+with an optional shared expert, and the router losses (load balancing, z-loss)."""
+
+import math
+
+import torch
+from torch import nn
+from transformers.activations import ACT2FN
+from transformers.integrations.moe import use_experts_implementation
+
+from .configuration_tfm import TfmConfig
+from .modeling_tfm_layers import TfmGLU
+
+
+class TfmRouter(nn.Module):
+    """Scores every expert for every token and picks the top-k. An optional per-expert bias (auxiliary-loss-free
+    balancing, DeepSeek-V3) shifts which experts are chosen but not the weights they get; an optional capacity drops
+    the assignments an expert cannot take (weight 0, so the token keeps only its other experts)."""
+
+    def __init__(self, config: TfmConfig):
+        super().__init__()
+        self.num_experts, self.top_k = config.num_experts, config.num_experts_per_tok
+        self.scoring_func, self.norm_topk_prob = config.scoring_func, config.norm_topk_prob
+        self.jitter_noise, self.capacity_factor = config.router_jitter_noise, config.capacity_factor
+        self.in_float32 = "router_in_float32" in config.numerics
+        self.weights_in_model_dtype = "router_weights_in_model_dtype" in config.numerics
+        self.weight = nn.Parameter(torch.empty(self.num_experts, config.hidden_size))
+        self.bias = nn.Parameter(torch.empty(self.num_experts)) if config.router_bias else None  # GPT-OSS
+        self.balancing = config.router_bias_update_rate > 0
+        self.choice_bias = self.balancing or config.router_choice_bias
+        if self.choice_bias:
+            self.expert_bias = nn.Buffer(torch.zeros(self.num_experts))  # learned state: saved with the model
+        if self.balancing:
+            self.tokens_per_expert = nn.Buffer(torch.zeros(self.num_experts), persistent=False)
+        self.groups, self.topk_groups = config.num_expert_groups, config.topk_expert_groups
+        self.scaling = config.routed_scaling_factor
+
+    def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """[tokens, hidden] -> router logits [tokens, experts], top-k weights and indices [tokens, k]."""
+        if self.training and self.jitter_noise > 0:
+            noise = torch.empty_like(hidden_states).uniform_(1.0 - self.jitter_noise, 1.0 + self.jitter_noise)
+            hidden_states = hidden_states * noise
+        if self.in_float32:  # DeepSeek-V3 scores in float32 whatever the model's dtype
+            bias = None if self.bias is None else self.bias.float()
+            router_logits = nn.functional.linear(hidden_states.float(), self.weight.float(), bias)
+        else:
+            router_logits = nn.functional.linear(hidden_states, self.weight, self.bias)
+        top_k_weights, top_k_index = self.top_k_experts(router_logits)
+        if self.scaling != 1.0:
+            top_k_weights = top_k_weights * self.scaling
+        if self.capacity_factor is not None:
+            top_k_weights = top_k_weights * self.within_capacity(top_k_index)
+        if self.weights_in_model_dtype:  # Qwen2-MoE, Qwen3-MoE, GPT-OSS: the weights scale the experts rounded
+            top_k_weights = top_k_weights.to(router_logits.dtype)
+        if self.balancing and self.training:
+            with torch.no_grad():  # not bincount, which reads the largest id to size its output (a device sync)
+                picks = top_k_index.flatten()
+                self.tokens_per_expert.index_add_(0, picks, torch.ones_like(picks, dtype=self.tokens_per_expert.dtype))
+        return router_logits, top_k_weights, top_k_index
+
+    def top_k_experts(self, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each token's k experts and their weights, by the scoring function."""
+        if self.scoring_func == "top_k_softmax":  # GPT-OSS: the k best logits, weighted by their own softmax
+            top_k_logits, top_k_index = torch.topk(router_logits, self.top_k, dim=-1)
+            return torch.softmax(top_k_logits, dim=-1, dtype=top_k_logits.dtype), top_k_index
+        if self.scoring_func == "softmax":
+            scores = torch.softmax(router_logits.float(), dim=-1)
+        else:
+            scores = torch.sigmoid(router_logits.float())
+        if not self.choice_bias and self.groups == 1:  # the weights are the scores topk picks
+            top_k_weights, top_k_index = torch.topk(scores, self.top_k, dim=-1)
+        else:  # picked by biased or group-limited scores, weighted by the scores themselves
+            choice = scores + self.expert_bias if self.choice_bias else scores
+            if self.groups > 1:
+                choice = self.within_best_groups(choice)
+            top_k_index = torch.topk(choice, self.top_k, dim=-1).indices
+            top_k_weights = scores.gather(-1, top_k_index)
+        if self.norm_topk_prob:
+            top_k_weights = top_k_weights / top_k_weights.sum(dim=-1, keepdim=True)
+        return top_k_weights, top_k_index
+
+    def within_best_groups(self, choice: torch.Tensor) -> torch.Tensor:
+        """`choice` with -inf outside each token's best `topk_groups` groups of experts, a group scored by the sum of
+        its two best choice scores (DeepSeek-V3's group-limited routing)."""
+        grouped = choice.view(choice.shape[0], self.groups, -1)
+        best = grouped.topk(2, dim=-1).values.sum(dim=-1).topk(self.topk_groups, dim=-1).indices
+        kept = torch.zeros_like(grouped[..., 0], dtype=torch.bool).scatter_(1, best, True)
+        return grouped.masked_fill(~kept.unsqueeze(-1), float("-inf")).view_as(choice)
+
+    def within_capacity(self, top_k_index: torch.Tensor) -> torch.Tensor:
+        """1 where an assignment fits its expert's capacity, 0 where it overflows (first come, first served in token
+        order, each token's first choice before its second)."""
+        tokens = top_k_index.shape[0]
+        capacity = math.ceil(self.capacity_factor * tokens * self.top_k / self.num_experts)
+        one_hot = nn.functional.one_hot(top_k_index.t().reshape(-1), self.num_experts)  # choice-major order
+        position = (one_hot.cumsum(dim=0) * one_hot).sum(dim=-1) - 1
+        return (position < capacity).reshape(self.top_k, tokens).t().to(torch.float32)
+
+    @torch.no_grad()
+    def update_bias(self, rate: float) -> None:
+        """Move each expert's bias against its load since the last update (under-loaded up, over-loaded down)."""
+        load = self.tokens_per_expert  # no load (nothing routed) moves nothing: sign(0) = 0, without a device sync
+        self.expert_bias += rate * torch.sign(load.mean() - load)
+        load.zero_()
+
+
+@use_experts_implementation
+class TfmExperts(nn.Module):
+    """All experts' GLU weights in two fused tensors (`gate_up_proj [E, 2I, H]`, `down_proj [E, H, I]`, Mixtral's
+    layout), with optional biases (`gate_up_proj_bias [E, 2I]`, `down_proj_bias [E, H]`: GPT-OSS), so transformers'
+    experts backends (`experts_implementation`: eager, batched_mm, grouped_mm...) run them; they call `_apply_gate`
+    for the activation. This eager forward is the reference the backends replace."""
+
+    def __init__(self, config: TfmConfig):
+        super().__init__()
+        self.num_experts = config.num_experts
+        experts, hidden, inner = config.num_experts, config.hidden_size, config.moe_intermediate_size
+        self.gate_up_proj = nn.Parameter(torch.empty(experts, 2 * inner, hidden))
+        self.down_proj = nn.Parameter(torch.empty(experts, hidden, inner))
+        self.gate_up_proj_bias = self.down_proj_bias = None
+        if config.expert_mlp_bias:
+            self.gate_up_proj_bias = nn.Parameter(torch.empty(experts, 2 * inner))
+            self.down_proj_bias = nn.Parameter(torch.empty(experts, hidden))
+        self.act_fn = ACT2FN[config.hidden_act]
+        self.swiglu_limit, self.swiglu_alpha = config.swiglu_limit, config.swiglu_alpha
+
+    def _apply_gate(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """`act(gate) * up`, or GPT-OSS's clamped SwiGLU where `swiglu_limit` is set."""
+        gate, up = gate_up.chunk(2, dim=-1)
+        if self.swiglu_limit is None:
+            return self.act_fn(gate) * up
+        gate = gate.clamp(min=None, max=self.swiglu_limit)
+        up = up.clamp(min=-self.swiglu_limit, max=self.swiglu_limit)
+        return (up + 1) * (gate * torch.sigmoid(gate * self.swiglu_alpha))
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
+        output = torch.zeros_like(hidden_states)
+        with torch.no_grad():
+            # under expert parallelism `num_experts` counts this rank's experts, and index `num_experts` marks a route
+            # to another rank's (weight 0): skipped, as Mixtral's experts do
+            routed = nn.functional.one_hot(top_k_index, num_classes=self.num_experts + 1).permute(2, 1, 0)  # [E+1,k,T]
+            hit = torch.greater(routed[: self.num_experts].sum(dim=(-1, -2)), 0).nonzero()
+        for expert in hit:
+            expert = expert[0]
+            slot, token = torch.where(routed[expert])
+            up_bias = None if self.gate_up_proj_bias is None else self.gate_up_proj_bias[expert]
+            down_bias = None if self.down_proj_bias is None else self.down_proj_bias[expert]
+            gate_up = nn.functional.linear(hidden_states[token], self.gate_up_proj[expert], up_bias)
+            expert_out = nn.functional.linear(self._apply_gate(gate_up), self.down_proj[expert], down_bias)
+            output.index_add_(0, token, (expert_out * top_k_weights[token, slot, None]).to(output.dtype))
+        return output
+
+
+class TfmMoE(nn.Module):
+    """A sparse feed-forward layer: a router, fused routed experts, and an optional always-on shared expert."""
+
+    def __init__(self, config: TfmConfig):
+        super().__init__()
+        self.router = TfmRouter(config)
+        self.experts = TfmExperts(config)
+        # transformers' experts backends read has_bias, which their decorator fixes per class: set per model here
+        self.experts.has_bias = config.expert_mlp_bias
+        # absent parts are None, not missing: a failed hasattr on a Module costs an exception per forward
+        self.shared_expert = self.shared_expert_gate = None
+        if config.shared_expert_intermediate_size > 0:
+            self.shared_expert = TfmGLU(config, config.shared_expert_intermediate_size)
+            if config.shared_expert_gate:
+                self.shared_expert_gate = nn.Linear(config.hidden_size, 1, bias=False)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        shape = hidden_states.shape
+        tokens = hidden_states.reshape(-1, shape[-1])
+        _, top_k_weights, top_k_index = self.router(tokens)
+        output = self.experts(tokens, top_k_index, top_k_weights)
+        if self.shared_expert is not None:
+            shared = self.shared_expert(tokens)
+            if self.shared_expert_gate is not None:
+                shared = torch.sigmoid(self.shared_expert_gate(tokens)) * shared
+            output = output + shared
+        return output.reshape(shape)
+
+
+# -------------------------------------------------------------------------------------------------- router losses
+
+
+def load_balancing_loss(
+    router_logits: tuple[torch.Tensor, ...], num_experts: int, top_k: int, attention_mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Switch Transformer's (Mixtral's) auxiliary loss over every MoE layer: `num_experts` times the sum over experts
+    of (share of top-k assignments it got) x (mean router probability it got), counting real tokens only when a
+    [batch, length] `attention_mask` is given. The same value as transformers' Mixtral `load_balancing_loss_func`
+    (tests/test_compat.py), owned here so no other model's module is imported; index_add_, so no device sync."""
+    device = router_logits[0].device
+    probabilities = torch.softmax(torch.cat([logits.to(device) for logits in router_logits]), dim=-1)
+    _, chosen = torch.topk(probabilities, top_k, dim=-1)
+    rows = probabilities.shape[0]
+    if attention_mask is None:
+        weights = torch.ones(rows, dtype=torch.float32, device=device)
+    else:
+        weights = attention_mask.reshape(-1).to(device, torch.float32).repeat(len(router_logits))
+    assignments = torch.zeros(num_experts, dtype=torch.float32, device=device)
+    assignments.index_add_(0, chosen.reshape(-1), weights.repeat_interleave(top_k))
+    probability_sums = (probabilities.float() * weights[:, None]).sum(dim=0)
+    total = weights.sum()
+    return torch.sum((assignments / total) * (probability_sums / total)) * num_experts
+
+
+def router_z_loss(router_logits: tuple[torch.Tensor, ...], attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """ST-MoE's z-loss: the mean squared log-sum-exp of the router logits over real tokens, summed over layers."""
+    weights = None if attention_mask is None else attention_mask.reshape(-1).float()
+    z_loss = 0.0
+    for logits in router_logits:
+        squared = torch.logsumexp(logits.float(), dim=-1) ** 2
+        z_loss = z_loss + (squared.mean() if weights is None else (squared * weights).sum() / weights.sum())
+    return z_loss
+
+
+def router_losses(config: TfmConfig, router_logits, attention_mask) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the weighted sum of the router losses to add to the task loss, the load-balancing loss to report), over the
+    tokens a 2D padding mask marks real (4D masks prepared for generation count every token). The z-loss is computed
+    only when it has a weight, so that a model trained without it does not pay for it."""
+    mask = attention_mask if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2 else None
+    aux = load_balancing_loss(router_logits, config.num_experts, config.num_experts_per_tok, mask)
+    weighted = config.router_aux_loss_coef * aux
+    if config.router_z_loss_coef > 0:
+        weighted = weighted + config.router_z_loss_coef * router_z_loss(router_logits, mask)
+    return weighted, aux
