@@ -8,7 +8,7 @@ hundreds of MB in fp32 (random weights: the reference built, hf_tfm converted fr
 Each model is saved, then loaded with `from_pretrained(..., quantization_config=TorchAoConfig(...))` as a user would:
 int8 weight-only (`Int8WeightOnlyConfig`) and int8 dynamic activation (`Int8DynamicActivationInt8WeightConfig`).
 transformers quantises `nn.Linear` weights only; hf_tfm quantises its MoE experts' 3D weights too
-(hf_tfm.modeling_tfm_quantization), and the Mixtral reference gets the same done to it here
+(hf_tfm.quantization), and the Mixtral reference gets the same done to it here
 (`finish_torchao_loading`: quantised experts, run eager), so both sides hold the same int8 weights. GPT-2's reference
 keeps its projections in `Conv1D`, which torchao does not touch: it stays full precision under either configuration,
 as a user loading it would get.
@@ -38,7 +38,7 @@ from benchmarks.measure import alternating_medians
 from benchmarks.record import header, write
 from hf_tfm import TfmDecoderForCausalLM
 from hf_tfm.convert import to_tfm
-from hf_tfm.model.modeling_tfm_loading import finish_torchao_loading, is_quantized
+from hf_tfm.quantization import finish_torchao_loading, is_quantized
 
 PAIRS = {
     "gpt2": (GPT2LMHeadModel, GPT2Config(n_embd=768, n_layer=12, n_head=12, vocab_size=50257), to_tfm),

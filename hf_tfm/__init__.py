@@ -6,14 +6,15 @@ else of transformers.
 
 Where things live: `model/` is the model bundle, what ships next to every checkpoint as remote code (the config and its
 rules, the layers, the stack, the heads, what each backend can run, what each release needs). Not remote code:
-`saving.py` (staged saves, manifests, `hf-tfm verify`), `hub/` (the card on every save, pushes), `convert/` (families,
-both ways), `export/` (ONNX, GGUF), `training/`, `presets.py` (the configs/ folder), `commands.py` (the
-`hf-tfm` commands), `compat.py` (the one table of release decisions).
+`model_hooks.py` (what the models hand over to the package: staged saves, checks around a load, pushes), `saving.py`
+(staged saves, manifests, `hf-tfm verify`), `quantization.py` (torchao on the MoE experts), `hub/` (cards, pushes),
+`convert/` (families, both ways), `export/` (ONNX, GGUF), `training/`, `presets.py` (the configs/ folder),
+`commands.py` (the `hf-tfm` commands), `compat.py` (the one table of release decisions).
 """
 
 import transformers
 
-from .hub import model_hooks  # noqa: F401  (loaded: the models hand their saving and publishing to it)
+from . import model_hooks  # noqa: F401  (loaded: the models hand their saving, loading and publishing to it)
 from .model import capabilities, modeling_tfm
 from .model.configuration_tfm import (
     PARADIGM_CONFIGS,

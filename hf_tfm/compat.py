@@ -1,7 +1,7 @@
 """Everything in hf_tfm that depends on which transformers (or torch) release is installed, in one table.
 
-`TABLE` holds every version decision and every transformers internal hf_tfm touches: the model bundle's own rows
-(`hf_tfm/model/compat.py`, which ships with every checkpoint as remote code), then the rows of the code outside it
+`TABLE` holds every version decision and every transformers internal hf_tfm touches: the model bundle's (decided in
+`hf_tfm/model/compat.py`, which ships with every checkpoint as remote code), then those of the code outside it
 (training, publishing, conversion). Each row says what it is, which releases need it and what replaces it; its probe
 fails naming the row when a release removes or changes what it relies on (`tests/test_compat.py`, run on every minor
 release by `make test-matrix`). Decisions ask the installed transformers what it does, never a version number.
@@ -12,12 +12,174 @@ Gemma 2's capped eager attention), hf_tfm owns a copy, tested against the refere
 """
 
 import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
+from transformers import masking_utils
+from transformers.distributed import DistributedConfig
 from transformers.modeling_utils import PreTrainedModel
+from transformers.utils.deprecation import deprecate_kwarg
 
-from .model.compat import *  # noqa: F403  (the model bundle's decisions, under the one name the package reads)
-from .model.compat import TABLE as MODEL_ROWS
-from .model.compat import Row, has_parameters
+from .model.compat import (  # the model bundle's decisions, under the one name the package reads
+    CACHE_NAME,
+    CACHE_NAMES,
+    MASK_CACHE_ARGUMENT,
+    TOKEN_DISPATCH,
+    accepts_legacy_cache_argument,
+    fold_layer_numbers,
+    slice_logits_to_keep,
+    vllm_mla_disabled,
+)
+
+__all__ = [
+    "CACHE_NAME",
+    "CACHE_NAMES",
+    "MASK_CACHE_ARGUMENT",
+    "TABLE",
+    "TOKEN_DISPATCH",
+    "accepts_legacy_cache_argument",
+    "checkpointing_argument",
+    "fold_layer_numbers",
+    "gpt_oss_declares_swiglu",
+    "load_trainer_checkpoint",
+    "slice_logits_to_keep",
+    "upload_folder",
+    "vllm_mla_disabled",
+]
+
+
+# ---------------------------------------------------------------------------------------------------- the table
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    what: str
+    releases: str
+    replaced_by: str
+    probe: Callable[[], Any]  # raises, or returns a problem string, when the installed transformers breaks the row
+
+
+def has_parameters(function, *names) -> str | None:
+    missing = [name for name in names if name not in inspect.signature(function).parameters]
+    return f"{function.__qualname__} has no parameter {', '.join(missing)}" if missing else None
+
+
+def _probe_cache_field() -> str | None:
+    from transformers.generation import utils as generation
+
+    names = generation.ALL_CACHE_NAMES
+    if CACHE_NAME not in names:
+        return f"generate() reads the cache as one of {names}, hf_tfm returns it as {CACHE_NAME!r}"
+    return has_parameters(masking_utils.create_sliding_window_causal_mask, MASK_CACHE_ARGUMENT) or has_parameters(
+        deprecate_kwarg, "old_name", "version", "new_name"
+    )
+
+
+def _probe_experts() -> str | None:
+    for name in ("_can_set_experts_implementation", "get_correct_experts_implementation"):
+        if not hasattr(PreTrainedModel, name):
+            return f"PreTrainedModel.{name} is gone: hf_tfm's experts backend choice is no longer asked"
+    if not isinstance(inspect.getattr_static(PreTrainedModel, "_can_set_experts_implementation"), classmethod):
+        return "PreTrainedModel._can_set_experts_implementation is no longer a classmethod"
+    return None
+
+
+def _probe_capturing_hooks() -> str | None:
+    from transformers.utils import output_capturing
+
+    return None if callable(getattr(output_capturing, "maybe_install_capturing_hooks", None)) else "gone"
+
+
+def _probe_loading_report() -> str | None:
+    folded = fold_layer_numbers(["a.0.b", "a.1.b"])
+    return None if folded == ["a.{0, 1}.b"] else f"update_key_name folds a.0.b, a.1.b into {folded}"
+
+
+def _probe_token_dispatch() -> str | None:
+    fields = DistributedConfig.__dataclass_fields__
+    return None if "ep_size" in fields or "enable_expert_parallel" in fields else "no expert-parallel option"
+
+
+def _probe_rope_dict() -> str | None:
+    from transformers.configuration_utils import PreTrainedConfig
+
+    for name in ("convert_rope_params_to_dict", "standardize_rope_params", "default_theta"):
+        if not hasattr(PreTrainedConfig, name):
+            return f"PreTrainedConfig.{name} is gone: nested RoPE dicts are no longer completed"
+    return None
+
+
+MODEL_ROWS = [  # the decisions of the model bundle (hf_tfm/model/compat.py) and the internals it touches
+    Row(
+        "cache argument",
+        "the cache's keyword and output field (`cache` from 5.24, `past_key_values` before): CACHE_NAME, "
+        "MASK_CACHE_ARGUMENT, accepts_legacy_cache_argument (transformers' deprecate_kwarg from 5.24)",
+        "5.17-5.23 pass `past_key_values`; 5.24+ `cache` (the old name is removed in 5.40)",
+        "forwards take `cache` only once the lower bound reaches 5.24",
+        _probe_cache_field,
+    ),
+    Row(
+        "slice_logits_to_keep",
+        "transformers.modeling_utils.slice_logits_to_keep, copied for releases that lack it",
+        "5.17-5.20 (added in 5.21)",
+        "the import alone once the lower bound reaches 5.21",
+        lambda: None,
+    ),
+    Row(
+        "PreTrainedModel.get_correct_attn_implementation",
+        "overridden to ask the capabilities table (capabilities.py) of every backend a model is built with, loaded "
+        "with or switched to, and to default to eager where sdpa cannot run the config",
+        "all",
+        "a public backend-capability hook, if transformers adds one",
+        lambda: has_parameters(
+            PreTrainedModel.get_correct_attn_implementation, "requested_attention", "is_init_check"
+        ),
+    ),
+    Row(
+        "PreTrainedModel._can_set_experts_implementation",
+        "a classmethod answering True for every hf_tfm class (any config can have experts): transformers' own greps "
+        "the class's file for the experts decorator, which hf_tfm's heads do not hold",
+        "all",
+        "a public flag for 'this class can have experts'",
+        _probe_experts,
+    ),
+    Row(
+        "output_capturing.maybe_install_capturing_hooks",
+        "installs the router-logit capture hooks in train(), outside any compiled graph (transformers installs "
+        "them on first use under a lock dynamo cannot trace)",
+        "all",
+        "capture hooks installed at construction",
+        _probe_capturing_hooks,
+    ),
+    Row(
+        "loading_report.update_key_name",
+        "fold_layer_numbers: layer numbers folded in the weights a loading error lists (modeling_tfm_loading)",
+        "all",
+        "a local folding function",
+        _probe_loading_report,
+    ),
+    Row(
+        "DistributedConfig expert parallelism",
+        "TOKEN_DISPATCH: `ep_size` with token dispatch (5.21+) or `enable_expert_parallel` with router masking",
+        "5.17-5.20 router masking; 5.21+ token dispatch",
+        "token dispatch alone once the lower bound reaches 5.21",
+        _probe_token_dispatch,
+    ),
+    Row(
+        "PreTrainedConfig.convert_rope_params_to_dict",
+        "nested_rope_params_to_dict: a RoPE dict per layer type gets its defaults per entry (5.17 fails to validate "
+        "the nest it completes itself)",
+        "5.17 (later releases complete nested dicts themselves)",
+        "transformers' own conversion once the lower bound completes nested dicts",
+        _probe_rope_dict,
+    ),
+]
+
+
+# -------------------------------------------------------------------------------------- the rest of the package
 
 
 def upload_folder(model, folder, repo_id: str, *, token=None, keep_hub_card: bool = False, **commit):

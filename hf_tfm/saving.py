@@ -12,7 +12,7 @@ A load reads and never writes: `from_pretrained` of a local folder compares its 
 (`check_file_sizes`: no hashing), and names the repair when the folder is missing after an interrupted save. Hashing
 every byte is `hf-tfm verify`'s, and resume's (`hf_tfm.training.checkpoints`).
 
-The models' own `save_pretrained` saves through `replace_folder`, with a model card (`hf_tfm.hub.model_hooks`).
+The models' own `save_pretrained` saves through `replace_folder`, with a model card (`hf_tfm.model_hooks`).
 """
 
 import hashlib

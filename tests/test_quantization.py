@@ -1,5 +1,5 @@
 """torchao quantisation through transformers' `TorchAoConfig`: int8 weight-only and int8 dynamic-activation for every
-paradigm, the MoE experts' 3D weights included (hf_tfm.modeling_tfm_quantization), proved against the full-precision
+paradigm, the MoE experts' 3D weights included (hf_tfm.quantization), proved against the full-precision
 model holding the same (dequantised) weights and against the reference classes quantised the same way."""
 
 import pytest
@@ -16,7 +16,7 @@ from hf_tfm import (
     TfmEncoderForSequenceClassification,
 )
 from hf_tfm.convert import to_tfm
-from hf_tfm.model.modeling_tfm_loading import (
+from hf_tfm.quantization import (
     expert_modules,
     finish_torchao_loading,
     is_quantized,

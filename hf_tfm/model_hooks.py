@@ -1,22 +1,26 @@
 """What an hf_tfm model's `save_pretrained`, `from_pretrained` and `push_to_hub` hand over to when the hf_tfm
 package is loaded (`hf_tfm.model.modeling_tfm_loading.package_hooks`): saves staged and swapped in whole with a model
-card and a manifest (`hf_tfm.saving`), the cheap size check of a local folder before a load, and pushes that publish
-hf_tfm's card unless the Hub holds one to keep. Without the package (a checkpoint's remote code alone) the models
-save, load and push as transformers does.
+card and a manifest (`hf_tfm.saving`); before a load the cheap size check of a local folder, and after it the MoE
+experts quantised as torchao quantised the Linear layers; a hand-edited width named by its config field; pushes that
+publish hf_tfm's card unless the Hub holds one to keep. Without the package (a checkpoint's remote code alone) the
+models save, load and push as transformers does.
 """
 
 import inspect
+import itertools
 import os
 import tempfile
 from pathlib import Path
 
+import torch
 from transformers.utils import logging
 
-from ..compat import upload_folder
-from ..saving import carry_over, check_file_sizes, is_staging, replace_folder
-from . import card
+from .compat import upload_folder
+from .hub import card
+from .quantization import finish_torchao_loading
+from .saving import carry_over, check_file_sizes, is_staging, replace_folder
 
-__all__ = ["check_file_sizes", "push_with_card", "save_staged"]
+__all__ = ["check_file_sizes", "finish_loading", "push_with_card", "save_staged", "size_mismatch_error"]
 
 logger = logging.get_logger(__name__)
 
@@ -127,3 +131,71 @@ def push_with_card(
             revision=revision,
             commit_description=commit_description,
         )
+
+
+# ----------------------------------------------------------------------------------------------------------- loading
+
+
+def finish_loading(model) -> None:
+    """After every `from_pretrained`: the MoE experts quantised as torchao quantised the Linear layers."""
+    finish_torchao_loading(model)
+
+
+def size_mismatch_error(model_class, source, kwargs: dict, error: RuntimeError) -> Exception:
+    """transformers' refusal of mismatched sizes (after a report), as an error naming the config.json field a hand edit
+    changed, when `source` is a local folder whose weights it explains; else transformers' own."""
+    folder = Path(source) / (kwargs.get("subfolder") or "")
+    if "ignore_mismatched_sizes" not in str(error) or not folder.is_dir():
+        return error
+    message = size_mismatch_message(model_class, model_class.config_class.from_pretrained(folder), folder)
+    return error if message is None else ValueError(message)
+
+
+def saved_shapes(folder: Path) -> dict[str, tuple]:
+    """Each weight's shape in the folder's safetensors files, read from their headers (no tensor is loaded)."""
+    from safetensors import safe_open
+
+    shapes = {}
+    for path in sorted(Path(folder).glob("*.safetensors")):
+        with safe_open(path, "pt") as weights:
+            shapes.update((key, tuple(weights.get_slice(key).get_shape())) for key in weights.keys())
+    return shapes
+
+
+def shape_mismatches(model_class, config, saved: dict) -> list[tuple[str, tuple, tuple]]:
+    """(weight, saved shape, shape `config` makes) wherever they differ; the model is built on the meta device."""
+    with torch.device("meta"):
+        built = {key: tuple(value.shape) for key, value in model_class(config).state_dict().items()}
+    return [(key, shape, built[key]) for key, shape in saved.items() if key in built and built[key] != shape]
+
+
+def size_mismatch_message(model_class, config, folder: Path) -> str | None:
+    """Name the config.json field (a hand edit) that makes the weights' shapes differ: the field which, put back to the
+    width the weights have, makes the most of them fit; then the weights themselves. None when no shape differs."""
+    saved = saved_shapes(folder)
+    mismatched = shape_mismatches(model_class, config, saved)
+    if not mismatched:
+        return None
+    values = config.to_dict()
+    widths = {(was, now) for _, saved_shape, built in mismatched for was, now in zip(saved_shape, built) if was != now}
+    candidates = {}  # (field, saved width) -> mismatches left with the field set to it
+    for (field, value), (was, now) in itertools.product(values.items(), widths):
+        if type(value) is int and value == now:
+            try:
+                trial = type(config)(**{**values, field: was})
+            except Exception:  # noqa: BLE001  (a value the config refuses is not the culprit)
+                continue
+            candidates[field, was] = len(shape_mismatches(model_class, trial, saved))
+    best = min(candidates.values(), default=len(mismatched))
+    culprits = [
+        f"{field}={values[field]} in config.json, {was}-wide weights"
+        for (field, was), left in candidates.items()
+        if left == best and best < len(mismatched)
+    ]
+    shown = [f"{key}: saved {shape}, config makes {built}" for key, shape, built in mismatched[:4]]
+    more = f" (and {len(mismatched) - 4} more)" if len(mismatched) > 4 else ""
+    return (
+        f"the weights in {folder} do not fit its config.json: {'; '.join(culprits) or 'shapes differ'} "
+        f"({'; '.join(shown)}{more}). Put the field back to what the weights were trained with, or pass "
+        "strict=False (or ignore_mismatched_sizes=True) to load the mismatched weights freshly initialised."
+    )

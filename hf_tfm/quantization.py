@@ -1,0 +1,91 @@
+"""torchao quantisation of the MoE experts' 3D weights, after `from_pretrained` quantised the Linear layers.
+
+`from_pretrained(..., quantization_config=TorchAoConfig(Int8WeightOnlyConfig()))` quantises every `nn.Linear` weight as
+transformers loads it, and nothing else: the experts' fused `gate_up_proj [E, 2I, H]` and `down_proj [E, H, I]` (most
+of an MoE model's bytes) would stay in full precision, silently. The models hand over to `finish_torchao_loading`
+after every load (`hf_tfm.model_hooks`), which quantises them with the same torchao configuration, through torchao's
+parameter quantisation (`FqnToConfig`), so the expert weights become the tensor subclass the Linear layers hold.
+"""
+
+import torch
+from torch import nn
+
+EXPERT_WEIGHTS = ("gate_up_proj", "down_proj")
+
+
+def expert_modules(model: nn.Module) -> dict[str, nn.Module]:
+    """Modules holding fused 3D expert weights (hf_tfm's `TfmExperts`, transformers' Mixtral-style ones), by name."""
+    return {
+        name: module
+        for name, module in model.named_modules()
+        if all(getattr(getattr(module, weight, None), "ndim", 0) == 3 for weight in EXPERT_WEIGHTS)
+    }
+
+
+def is_quantized(weight: torch.Tensor) -> bool:
+    return type(weight) not in (nn.Parameter, torch.Tensor)  # torchao's weights are tensor subclasses
+
+
+def experts_quantized(module: nn.Module) -> bool:
+    return all(is_quantized(getattr(module, weight)) for weight in EXPERT_WEIGHTS)
+
+
+def quantize_expert_weights(model: nn.Module, quant_type, skip=()) -> None:
+    """Quantise every expert module's 3D weights with the torchao configuration `quant_type` (torchao's parameter
+    quantisation, keyed by parameter name), except modules whose name contains an entry of `skip` and weights already
+    quantised. transformers quantises only `nn.Linear` weights: the experts, most of an MoE model's bytes, would stay
+    in full precision, silently. A configuration torchao cannot apply to a parameter is refused naming the module."""
+    from torchao.quantization import FqnToConfig, quantize_
+
+    for name, module in expert_modules(model).items():
+        if any(entry in name for entry in skip or ()) or experts_quantized(module):
+            continue
+        reason = "torchao skipped them"  # as it skips shapes its kernels cannot take, with a log line only
+        try:
+            quantize_(module, FqnToConfig({weight: quant_type for weight in EXPERT_WEIGHTS}), filter_fn=None)
+        except (NotImplementedError, AssertionError, ValueError) as error:
+            reason = str(error)
+        if not experts_quantized(module):
+            raise ValueError(
+                f"{name}: torchao's {type(quant_type).__name__} cannot quantise the experts' 3D weights "
+                f"{EXPERT_WEIGHTS} ({reason}). Use Int8WeightOnlyConfig or Int8DynamicActivationInt8WeightConfig, or "
+                f"keep the experts in full precision with TorchAoConfig(..., modules_to_not_convert=['experts'])."
+            )
+
+
+def unquantized_linears(model: nn.Module, quantizer) -> list[str]:
+    """Linear layers the quantiser was to quantise that still hold full-precision weights: torchao skips, with a log
+    line only, shapes its kernels cannot take. A head tied to the token table is the table, which stays."""
+    tied = model.get_input_embeddings().weight
+    return [
+        f"{name} (weight {list(module.weight.shape)})"
+        for name, module in model.named_modules()
+        if isinstance(module, nn.Linear)
+        and not is_quantized(module.weight)
+        and module.weight is not tied
+        and quantizer.param_needs_quantization(model, f"{name}.weight")
+    ]
+
+
+def finish_torchao_loading(model: nn.Module) -> None:
+    """After `from_pretrained` with a torchao quantisation config: quantise the experts as the Linear layers were, run
+    quantised experts in the eager loop (torchao's int8 tensors support indexing one expert and `F.linear`, not the
+    batched backends), and refuse a model that torchao left partly unquantised, naming the layers."""
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is None or quantizer.quantization_config.quant_method != "torchao":
+        return
+    from torchao.quantization import FqnToConfig
+
+    quant_type = quantizer.quantization_config.get_apply_tensor_subclass()
+    if not isinstance(quant_type, FqnToConfig):  # a per-name plan is the user's own: transformers applied it
+        quantize_expert_weights(model, quant_type, quantizer.quantization_config.modules_to_not_convert)
+        skipped = unquantized_linears(model, quantizer)
+        if skipped:
+            raise ValueError(
+                f"torchao's {type(quant_type).__name__} left {len(skipped)} Linear layers unquantised, first "
+                f"{skipped[0]}: torchao skips weights its kernels cannot take. Choose a configuration that fits these "
+                f"shapes (for int4, a group_size dividing in_features) or list the layers in "
+                f"TorchAoConfig(..., modules_to_not_convert=[...])."
+            )
+    if any(experts_quantized(module) for module in expert_modules(model).values()):
+        model.set_experts_implementation("eager")
