@@ -100,208 +100,113 @@ def _bad_rope_dict(config) -> str | None:
     return None
 
 
-def _moe(refuses: Callable) -> Callable:
-    """A rule that holds only with experts."""
-    return lambda config: config.num_experts > 0 and refuses(config)
+def _each(fields, refuses: Callable, why: str, when: Callable = lambda config: True) -> list[Rule]:
+    """A rule for each of `fields`: `refuses(value)`, in configs that `when` holds for."""
+    return [Rule(f, lambda c, f=f: when(c) and refuses(_value(c, f)), why) for f in fields]
 
 
-def _latent(refuses: Callable) -> Callable:
-    """A rule that holds only with latent attention."""
-    return lambda config: config.kv_lora_rank is not None and refuses(config)
+def _experts(config) -> bool:
+    return config.num_experts > 0
 
 
-NOT_WITH_LATENT = "{value!r} is not available with latent attention (kv_lora_rank)"
-NOT_WITH_TOP_K_SOFTMAX = "{value!r} is not available with top_k_softmax scoring"
+def _latent(config) -> bool:
+    return config.kv_lora_rank is not None
 
 
 def _sliding(config) -> bool:
     return "sliding_attention" in (config.layer_types or ())
 
 
+def _rope_scaling(config) -> str:
+    rope = config.rope_parameters or {}
+    return rope.get("rope_type", rope.get("type", "default"))
+
+
+NOT_WITH_LATENT = "{value!r} is not available with latent attention (kv_lora_rank)"
+NOT_WITH_TOP_K_SOFTMAX = "{value!r} is not available with top_k_softmax scoring"
+# fmt: off
 RULES = (
     # what each plain field may hold
-    *[
-        Rule(f, lambda c, f=f: _value(c, f) is not None and _value(c, f) <= 0, "must be > 0, got {value}")
-        for f in POSITIVE
-    ],
-    *[
-        Rule(f, lambda c, f=f: _value(c, f) is not None and _value(c, f) <= 0, "must be > 0 or None, got {value}")
-        for f in POSITIVE_OR_NONE
-    ],
-    *[
-        Rule(f, lambda c, f=f: _value(c, f) is not None and _value(c, f) < 0, "must be >= 0, got {value}")
-        for f in AT_LEAST_ZERO
-    ],
-    *[
-        Rule(f, lambda c, f=f: not 0.0 <= _value(c, f) < 1.0, "a dropout probability is in [0, 1), got {value}")
-        for f in PROBABILITIES
-    ],
-    *[
-        Rule(f, lambda c, f=f, a=allowed: _value(c, f) not in a, f"{{value!r}} is not one of {allowed}")
-        for f, allowed in CHOICES.items()
-    ],
-    *[
-        Rule(
-            f,
-            lambda c, f=f: any(not 0 <= i < _depth(c) for i in _value(c, f) or ()),
-            "layer indices {value} are not all in [0, num_hidden_layers)",
-        )
-        for f in LAYER_LISTS
-    ],
-    *[Rule(f, _moe(lambda c, f=f: _value(c, f) <= 0), "must be > 0, got {value}") for f in MOE_POSITIVE],
-    *[
-        Rule(
-            f,
-            _latent(lambda c, f=f: _value(c, f) is not None and _value(c, f) <= 0),
-            "must be a positive integer, got {value}",
-        )
-        for f in LATENT_WIDTHS
-    ],
-    # combinations
-    Rule(
-        "hidden_size",
-        lambda c: c.head_dim is None,
-        "{value} is not divisible by num_attention_heads={config.num_attention_heads} (set head_dim explicitly to "
-        "decouple them)",
-    ),
-    Rule(
-        "num_key_value_heads",
-        lambda c: c.num_attention_heads % c.num_key_value_heads != 0,
-        "num_attention_heads={config.num_attention_heads} is not divisible by num_key_value_heads={value}",
-    ),
+    *_each(POSITIVE, lambda v: v is not None and v <= 0, "must be > 0, got {value}"),
+    *_each(POSITIVE_OR_NONE, lambda v: v is not None and v <= 0, "must be > 0 or None, got {value}"),
+    *_each(AT_LEAST_ZERO, lambda v: v is not None and v < 0, "must be >= 0, got {value}"),
+    *_each(PROBABILITIES, lambda v: not 0.0 <= v < 1.0, "a dropout probability is in [0, 1), got {value}"),
+    *_each(MOE_POSITIVE, lambda v: v <= 0, "must be > 0, got {value}", when=_experts),
+    *_each(LATENT_WIDTHS, lambda v: v is not None and v <= 0, "must be a positive integer, got {value}", when=_latent),
+    *[Rule(f, lambda c, f=f, a=a: _value(c, f) not in a, f"{{value!r}} is not one of {a}")
+      for f, a in CHOICES.items()],
+    *[Rule(f, lambda c, f=f: any(not 0 <= i < _depth(c) for i in _value(c, f) or ()),
+           "layer indices {value} are not all in [0, num_hidden_layers)") for f in LAYER_LISTS],
     Rule("hidden_act", lambda c: c.hidden_act not in ACT2FN, "{value!r} is not a transformers activation"),
     Rule("numerics", lambda c: not set(c.numerics or ()) <= set(NUMERICS), f"{{value}} are not all among {NUMERICS}"),
-    Rule(
-        "query_pre_attn_scalar",
-        lambda c: c.query_pre_attn_scalar is not None and c.attention_multiplier is not None,
-        "set it or attention_multiplier, not both: both set the attention scale",
-    ),
-    Rule(
-        "parallel_residual",
-        lambda c: c.parallel_residual and c.norm_position != "pre",
-        "a parallel residual reads pre-norms, but norm_position={config.norm_position!r}",
-    ),
-    Rule(
-        "parallel_residual",
-        lambda c: c.parallel_residual and c.is_encoder_decoder,
-        "an encoder-decoder's decoder has a cross-attention sublayer between the two branches",
-    ),
-    Rule(
-        "first_layer_attn_norm",
-        lambda c: not c.first_layer_attn_norm and c.norm_position not in ("pre", "sandwich"),
-        "only a norm before attention can be dropped, but norm_position={config.norm_position!r}",
-    ),
-    Rule(
-        "position_ids_from_padding",
-        lambda c: c.position_ids_from_padding and c.pad_token_id is None,
-        "positions counted over non-padding tokens need pad_token_id",
-    ),
-    Rule(
-        "rope_parameters",
-        lambda c: (
-            c.position_embedding_type != "rope"
-            and (c.rope_parameters or {}).get("rope_type", (c.rope_parameters or {}).get("type", "default"))
-            != "default"
-        ),
-        "RoPE scaling {value} is set but position_embedding_type={config.position_embedding_type!r}; use "
-        "position_embedding_type='rope'",
-    ),
-    Rule(
-        "rope_parameters",
-        lambda c: (
-            c.position_embedding_type == "rope"
-            and c.nested_rope()
-            and not set(c.layer_types or ["full_attention"]) <= set(c.rope_parameters)
-        ),
-        "nested per layer type, but has no entry for each of {config.layer_types}",
-    ),
+    # combinations
+    Rule("hidden_size", lambda c: c.head_dim is None, "{value} is not divisible by num_attention_heads="
+         "{config.num_attention_heads} (set head_dim explicitly to decouple them)"),
+    Rule("num_key_value_heads", lambda c: c.num_attention_heads % c.num_key_value_heads != 0,
+         "num_attention_heads={config.num_attention_heads} is not divisible by num_key_value_heads={value}"),
+    Rule("query_pre_attn_scalar", lambda c: c.query_pre_attn_scalar is not None and c.attention_multiplier is not None,
+         "set it or attention_multiplier, not both: both set the attention scale"),
+    Rule("parallel_residual", lambda c: c.parallel_residual and c.norm_position != "pre",
+         "a parallel residual reads pre-norms, but norm_position={config.norm_position!r}"),
+    Rule("parallel_residual", lambda c: c.parallel_residual and c.is_encoder_decoder,
+         "an encoder-decoder's decoder has a cross-attention sublayer between the two branches"),
+    Rule("first_layer_attn_norm", lambda c: not c.first_layer_attn_norm and c.norm_position not in ("pre", "sandwich"),
+         "only a norm before attention can be dropped, but norm_position={config.norm_position!r}"),
+    Rule("position_ids_from_padding", lambda c: c.position_ids_from_padding and c.pad_token_id is None,
+         "positions counted over non-padding tokens need pad_token_id"),
+    # RoPE
+    Rule("rope_parameters", lambda c: c.position_embedding_type != "rope" and _rope_scaling(c) != "default",
+         "RoPE scaling {value} is set but position_embedding_type={config.position_embedding_type!r}; use "
+         "position_embedding_type='rope'"),
+    Rule("rope_parameters", lambda c: c.position_embedding_type == "rope" and c.nested_rope()
+         and not set(c.layer_types or ["full_attention"]) <= set(c.rope_parameters),
+         "nested per layer type, but has no entry for each of {config.layer_types}"),
     Rule("rope_parameters", lambda c: _bad_rope_dict(c) is not None, _bad_rope_dict),
-    Rule(
-        "nope_layers",
-        lambda c: bool(c.nope_layers) and c.position_embedding_type != "rope",
-        "lists layers without RoPE, but position_embedding_type={config.position_embedding_type!r}",
-    ),
-    # an encoder-decoder's caches size themselves from `layer_types`, which would not fit a decoder of another depth
-    *[
-        Rule(
-            f,
-            lambda c, f=f: c.is_encoder_decoder and bool(_value(c, f)),
-            "per-layer options are for single-stack models only",
-        )
-        for f in ("layer_types", "sliding_window", "nope_layers")
-    ],
-    Rule(
-        "layer_types",
-        lambda c: not c.is_encoder_decoder and len(c.layer_types) != c.num_hidden_layers,
-        lambda c: f"has {len(c.layer_types)} entries for num_hidden_layers={c.num_hidden_layers}; set both together",
-    ),
-    Rule(
-        "layer_types",
-        lambda c: not set(c.layer_types or ()) <= set(LAYER_TYPES),
-        f"{{value}} are not all among {LAYER_TYPES}",
-    ),
-    Rule(
-        "sliding_window",
-        lambda c: _sliding(c) and c.sliding_window is None,
-        "layer_types has sliding_attention layers, but sliding_window is not set",
-    ),
-    Rule(
-        "layer_types",
-        lambda c: _sliding(c) and c.position_embedding_type in ATTENTION_BIAS_POSITIONS,
-        "sliding layers cannot use position_embedding_type={config.position_embedding_type!r} (its bias spans "
-        "every key)",
-    ),
+    Rule("nope_layers", lambda c: bool(c.nope_layers) and c.position_embedding_type != "rope",
+         "lists layers without RoPE, but position_embedding_type={config.position_embedding_type!r}"),
+    # layer types: an encoder-decoder's caches size themselves from them, which would not fit a decoder of other depth
+    *[Rule(f, lambda c, f=f: c.is_encoder_decoder and bool(_value(c, f)),
+           "per-layer options are for single-stack models only")
+      for f in ("layer_types", "sliding_window", "nope_layers")],
+    Rule("layer_types", lambda c: not c.is_encoder_decoder and len(c.layer_types) != c.num_hidden_layers,
+         lambda c: f"has {len(c.layer_types)} entries for num_hidden_layers={c.num_hidden_layers}; set both together"),
+    Rule("layer_types", lambda c: not set(c.layer_types or ()) <= set(LAYER_TYPES),
+         f"{{value}} are not all among {LAYER_TYPES}"),
+    Rule("sliding_window", lambda c: _sliding(c) and c.sliding_window is None,
+         "layer_types has sliding_attention layers, but sliding_window is not set"),
+    Rule("layer_types", lambda c: _sliding(c) and c.position_embedding_type in ATTENTION_BIAS_POSITIONS,
+         "sliding layers cannot use position_embedding_type={config.position_embedding_type!r} (its bias spans "
+         "every key)"),
     # Mixture of Experts
-    Rule(
-        "num_experts_per_tok",
-        _moe(lambda c: not 1 <= c.num_experts_per_tok <= c.num_experts),
-        "top-k must be in [1, num_experts={config.num_experts}], got {value}",
-    ),
-    *[
-        Rule(f, _moe(lambda c, r=refused: c.scoring_func == "top_k_softmax" and r(c)), NOT_WITH_TOP_K_SOFTMAX)
-        for f, refused in (
-            ("norm_topk_prob", lambda c: not c.norm_topk_prob),
-            ("router_choice_bias", lambda c: c.router_choice_bias),
-            ("router_bias_update_rate", lambda c: c.router_bias_update_rate > 0),
-            ("num_expert_groups", lambda c: c.num_expert_groups > 1),
-        )
-    ],
-    Rule(
-        "num_expert_groups",
-        _moe(
-            lambda c: (
-                c.num_expert_groups < 1
-                or c.num_experts % c.num_expert_groups
-                or (c.num_expert_groups > 1 and c.num_experts // c.num_expert_groups < 2)
-            )
-        ),
-        "{value} must split num_experts={config.num_experts} into equal groups of at least 2 experts",
-    ),
-    Rule(
-        "topk_expert_groups",
-        _moe(
-            lambda c: (
-                not 1 <= c.topk_expert_groups <= c.num_expert_groups
-                or c.num_experts_per_tok > c.topk_expert_groups * (c.num_experts // c.num_expert_groups)
-            )
-        ),
-        "{value} must be in [1, num_expert_groups={config.num_expert_groups}] and its groups must hold "
-        "num_experts_per_tok={config.num_experts_per_tok} experts",
-    ),
+    Rule("num_experts_per_tok", lambda c: _experts(c) and not 1 <= c.num_experts_per_tok <= c.num_experts,
+         "top-k must be in [1, num_experts={config.num_experts}], got {value}"),
+    *[Rule(f, lambda c, r=r: _experts(c) and c.scoring_func == "top_k_softmax" and r(c), NOT_WITH_TOP_K_SOFTMAX)
+      for f, r in (
+        ("norm_topk_prob", lambda c: not c.norm_topk_prob),
+        ("router_choice_bias", lambda c: c.router_choice_bias),
+        ("router_bias_update_rate", lambda c: c.router_bias_update_rate > 0),
+        ("num_expert_groups", lambda c: c.num_expert_groups > 1),
+    )],
+    Rule("num_expert_groups", lambda c: _experts(c) and (
+         c.num_expert_groups < 1 or c.num_experts % c.num_expert_groups
+         or (c.num_expert_groups > 1 and c.num_experts // c.num_expert_groups < 2)),
+         "{value} must split num_experts={config.num_experts} into equal groups of at least 2 experts"),
+    Rule("topk_expert_groups", lambda c: _experts(c) and (not 1 <= c.topk_expert_groups <= c.num_expert_groups
+         or c.num_experts_per_tok > c.topk_expert_groups * (c.num_experts // c.num_expert_groups)),
+         "{value} must be in [1, num_expert_groups={config.num_expert_groups}] and its groups must hold "
+         "num_experts_per_tok={config.num_experts_per_tok} experts"),
     # latent attention
-    *[
-        Rule(f, _latent(refused), NOT_WITH_LATENT)
-        for f, refused in (
-            ("position_embedding_type", lambda c: c.position_embedding_type != "rope"),
-            ("qk_norm", lambda c: c.qk_norm != "none"),
-            ("layer_types", _sliding),
-            ("attention_sinks", lambda c: c.attention_sinks),
-            ("attn_logit_softcapping", lambda c: c.attn_logit_softcapping is not None),
-            ("is_encoder_decoder", lambda c: c.is_encoder_decoder),
-            ("fused_qkv_proj", lambda c: c.fused_qkv_proj),
-        )
-    ],
+    *[Rule(f, lambda c, r=r: _latent(c) and r(c), NOT_WITH_LATENT) for f, r in (
+        ("position_embedding_type", lambda c: c.position_embedding_type != "rope"),
+        ("qk_norm", lambda c: c.qk_norm != "none"),
+        ("layer_types", _sliding),
+        ("attention_sinks", lambda c: c.attention_sinks),
+        ("attn_logit_softcapping", lambda c: c.attn_logit_softcapping is not None),
+        ("is_encoder_decoder", lambda c: c.is_encoder_decoder),
+        ("fused_qkv_proj", lambda c: c.fused_qkv_proj),
+    )],
 )
+# fmt: on
 
 
 def check_config(config, kwargs: dict | None = None) -> None:
