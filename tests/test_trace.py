@@ -139,14 +139,14 @@ def test_a_host_sync_is_counted_with_its_place():
     shows its reads, named by the function that made them."""
     result = traced("llama")
     assert result["ours"]["host_syncs"] == 0
-    from hf_tfm.model.modeling_tfm_stack import TfmStack
+    from hf_tfm.model.modeling_tfm_inputs import InputRules
 
-    # every training step is taken for the first: the stack never remembers having trained
-    TfmStack.trained_a_step = property(lambda stack: False, lambda stack, value: None)
+    # every training step is taken for the first: the validator never remembers having trained
+    InputRules.trained_a_step = property(lambda rules: False, lambda rules, value: None)
     try:
         result = traced("llama")
     finally:
-        del TfmStack.trained_a_step
+        del InputRules.trained_a_step
     assert result["ours"]["host_syncs"] > 0
     assert any("read_bounds" in place for place, _ in result["ours"]["sync_places"])
 

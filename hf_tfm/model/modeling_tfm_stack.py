@@ -25,6 +25,7 @@ from .compat import CACHE_NAME, CACHE_NAMES, accepts_legacy_cache_argument
 from .configuration_tfm import TfmConfig, round_up_to_multiple
 from .configuration_tfm_rules import check_config
 from .modeling_tfm_attention import AttentionModule, TfmAttention, TfmCrossAttention, make_self_attention
+from .modeling_tfm_inputs import InputRules
 from .modeling_tfm_layers import (
     Absent,
     TfmGLU,
@@ -339,7 +340,6 @@ class TfmStack(TfmPreTrainedModel):
         self.layer_types = list(config.layer_types or ["full_attention"] * depth)
         self.layer_kinds = tuple(sorted(set(self.layer_types)))  # the masks to build
         self.cross_attention = cross_attention  # only an encoder-decoder's decoder attends to another stack
-        self.argument_prefix = "decoder_" if cross_attention else ""  # how a user spells this stack's arguments
         # an encoder-decoder's stacks are given the body's token table: one module, held by the body and both stacks
         self.embed_tokens = embed_tokens if embed_tokens is not None else make_token_embedding(config)
         self.embed_positions, self.rotary_emb, self.position_bias = make_positions(
@@ -355,7 +355,7 @@ class TfmStack(TfmPreTrainedModel):
         self.norm = make_norm(config) if config.final_norm else Absent()
         self.pooler = TfmPooler(config) if pooler else None
         self.gradient_checkpointing = False
-        self.trained_a_step = False  # whether a training forward has run (and checked its inputs' values)
+        self.input_rules = InputRules(config, prefix="decoder_" if cross_attention else "")
         self.post_init()
 
     def init_parallel_plans(self) -> None:
@@ -397,14 +397,9 @@ class TfmStack(TfmPreTrainedModel):
         **kwargs: Unpack[TransformersKwargs],
     ) -> TfmModelOutput:
         past_length = cache.get_seq_length() if cache is not None else 0
-        # a training step after the first reads no input values: it must not wait for the device, and later batches
-        # come from the same tokenizer and collator (a compiled graph checks nothing and counts nothing)
-        training_step = self.training and torch.is_grad_enabled() and not torch.compiler.is_compiling()
-        later_step, self.trained_a_step = training_step and self.trained_a_step, self.trained_a_step or training_step
-        check_inputs(
-            self.config, input_ids, inputs_embeds, attention_mask, position_ids, token_type_ids, past_length,
-            self.argument_prefix, later_step,
-        )  # fmt: skip
+        self.input_rules.check(
+            input_ids, inputs_embeds, attention_mask, position_ids, token_type_ids, past_length, self.training
+        )
         sequence_ids = None
         if position_ids is not None:  # a caller's positions may restart inside a row: packed sequences
             sequence_ids = self.packed_sequence_ids(position_ids, attention_mask, cache, input_ids, inputs_embeds)
@@ -514,176 +509,3 @@ def new_dynamic_cache(config: TfmConfig, cross_attention: bool) -> Cache:
     cross-attends (its second part holds the encoder's keys and values)."""
     cache = DynamicCache(config=config)
     return EncoderDecoderCache(cache, DynamicCache(config=config)) if cross_attention else cache
-
-
-# ------------------------------------------------------------------------------------------- the inputs' rules
-# What a stack refuses to run on, as a table: bad input becomes an error naming the argument and its shape or value,
-# never an index error deep in an embedding, a CUDA device-side assert, or a silent wrong answer. `check_inputs` is
-# the one call a stack's forward makes: the shape rules (`SHAPE_RULES`) cost no device work and run on every forward;
-# the values (ids and positions inside their tables: `check_values`) are read, in one host-device synchronisation, only
-# by a forward that starts a sequence or feeds several tokens and is no training step after the first (a decode step's
-# token came from the model's own vocabulary; a step must not wait for the device). Under torch.compile only the choice
-# of input is checked: data-dependent checks would break the graph.
-
-
-@dataclass
-class Inputs:
-    """One forward's inputs as a stack received them; `past_length` is a device tensor for a static cache."""
-
-    config: object
-    input_ids: torch.Tensor | None
-    inputs_embeds: torch.Tensor | None
-    attention_mask: torch.Tensor | dict | None
-    position_ids: torch.Tensor | None
-    token_type_ids: torch.Tensor | None
-    past_length: int | torch.Tensor
-    prefix: str  # how the caller spells this stack's arguments ("decoder_" for an encoder-decoder's decoder)
-    batch: int
-    length: int
-
-    def mask_shape(self) -> str:
-        if isinstance(self.past_length, int):
-            keys = self.past_length + self.length
-            return f"({self.batch}, {keys}) (batch, cached tokens {self.past_length} + new tokens {self.length})"
-        return f"(batch {self.batch}, cached tokens + new tokens {self.length})"
-
-
-@dataclass(frozen=True)
-class ShapeRule:
-    argument: str  # checked when given
-    refuses: Callable[[Inputs], bool]
-    says: str  # after "<argument> has shape <shape>", formatted with the inputs
-
-
-def _mask_refused(inputs: Inputs) -> bool:
-    mask = inputs.attention_mask
-    if isinstance(mask, dict) or mask.dim() == 4:  # prepared masks (per layer type, or 4D), passed on as they are
-        return False
-    if mask.dim() != 2 or mask.shape[0] != inputs.batch:
-        return True
-    if isinstance(inputs.past_length, int):
-        return mask.shape[1] != inputs.past_length + inputs.length
-    return mask.shape[1] < inputs.length  # a static cache's length is a device tensor: comparing it would sync
-
-
-EMPTY = ": an empty sequence, give at least one token"
-SHAPE_RULES = (
-    ShapeRule(
-        "input_ids",
-        lambda inputs: inputs.input_ids.dim() != 2,
-        ", expected (batch, sequence length); for a single sequence add the batch dimension (input_ids[None])",
-    ),
-    ShapeRule(
-        "inputs_embeds",
-        lambda inputs: inputs.inputs_embeds.dim() != 3 or inputs.inputs_embeds.shape[-1] != inputs.config.hidden_size,
-        ", expected (batch, sequence length, hidden_size={inputs.config.hidden_size})",
-    ),
-    ShapeRule("input_ids", lambda inputs: inputs.length == 0, EMPTY),
-    ShapeRule("inputs_embeds", lambda inputs: inputs.length == 0, EMPTY),
-    ShapeRule(
-        "token_type_ids",
-        lambda inputs: inputs.config.type_vocab_size == 0,
-        ", but the config has type_vocab_size=0 (no token-type embeddings)",
-    ),
-    ShapeRule(
-        "token_type_ids",
-        lambda inputs: tuple(inputs.token_type_ids.shape) != (inputs.batch, inputs.length),
-        ", expected ({inputs.batch}, {inputs.length})",
-    ),
-    ShapeRule("attention_mask", _mask_refused, ", expected {mask_shape}, or a prepared 4D mask"),
-    ShapeRule(
-        "position_ids",
-        lambda inputs: (
-            inputs.position_ids.dim() != 2
-            or inputs.position_ids.shape[0] not in (1, inputs.batch)
-            or inputs.position_ids.shape[1] != inputs.length
-        ),
-        ", expected ({inputs.batch}, {inputs.length}) or (1, {inputs.length})",
-    ),
-)
-# what each id indexes: (argument, the config field its table's size is, what the table holds)
-ID_TABLES = (("input_ids", "vocab_size", "the vocabulary"), ("token_type_ids", "type_vocab_size", "the token types"))
-# the schemes whose positions index a table
-ABSOLUTE_POSITIONS = ("learned", "sinusoidal")
-
-
-def check_inputs(
-    config, input_ids, inputs_embeds, attention_mask, position_ids, token_type_ids, past_length, prefix: str,
-    later_training_step: bool,
-) -> None:  # fmt: skip
-    """Raise a `ValueError` naming the first argument a rule refuses. `prefix`: how the caller spells the arguments;
-    `later_training_step`: a training step after the first, which reads no values."""
-    if (input_ids is None) == (inputs_embeds is None):
-        raise ValueError(f"You must specify exactly one of {prefix}input_ids or {prefix}inputs_embeds")
-    if torch.compiler.is_compiling():
-        return
-    tokens = input_ids if input_ids is not None else inputs_embeds
-    batch, length = (*tokens.shape, 0, 0)[:2]  # a 1D tensor is named by the first rule
-    inputs = Inputs(
-        config,
-        input_ids,
-        inputs_embeds,
-        attention_mask,
-        position_ids,
-        token_type_ids,
-        past_length,
-        prefix,
-        batch,
-        length,
-    )
-    for rule in SHAPE_RULES:
-        tensor = getattr(inputs, rule.argument)
-        if tensor is not None and rule.refuses(inputs):
-            says = rule.says.format(inputs=inputs, mask_shape=inputs.mask_shape())
-            raise ValueError(f"{prefix}{rule.argument} has shape {tuple(tensor.shape)}{says}")
-    # a forward that starts a sequence or feeds several tokens (one on a static cache counts as a decode step)
-    starts = length > 1 or (isinstance(past_length, int) and past_length == 0)
-    read_values = starts and not later_training_step
-    if config.check_input_values and (read_values or config.position_embedding_type in ABSOLUTE_POSITIONS):
-        check_values(inputs, read_values)
-
-
-def check_values(inputs: Inputs, read_values: bool) -> None:
-    """Ids inside their tables, and positions inside a learned or sinusoidal table, read together in one sync.
-    Positions the stack makes count the tokens so far: past the table exactly when the host-known length is (an
-    error without reading anything). Given ones are read with the ids, and on a decode step only once that length is
-    past the table, so that the step gets its error without a sync on the others."""
-    config, name = inputs.config, f"{inputs.prefix}position_ids"
-    end = inputs.past_length + inputs.length if isinstance(inputs.past_length, int) else 0
-    beyond = config.position_embedding_type in ABSOLUTE_POSITIONS and end > config.max_position_embeddings
-    if inputs.position_ids is None and beyond:
-        raise beyond_the_position_table(config, name, end - 1)
-    # (argument, its tensor, the first value past its table, what the table holds)
-    checked = [
-        (argument, getattr(inputs, argument), getattr(config, field), what)
-        for argument, field, what in ID_TABLES
-        if read_values and getattr(inputs, argument) is not None and inputs.batch > 0
-    ]
-    absolute = config.position_embedding_type in ABSOLUTE_POSITIONS
-    if absolute and inputs.position_ids is not None and (read_values or beyond) and inputs.batch > 0:
-        checked.append(("position_ids", inputs.position_ids, config.max_position_embeddings, None))
-    if not checked:
-        return
-    lowest_position = -int(config.position_ids_from_padding)  # -1: RoBERTa's padding position (its padding row)
-    for (argument, _, limit, what), (low, high) in zip(checked, read_bounds([entry[1] for entry in checked])):
-        if what is None and low < lowest_position:
-            raise ValueError(f"{name} contains position {low}: positions must be >= {lowest_position}")
-        if what is None and high >= limit:
-            raise beyond_the_position_table(config, name, high)
-        if low < 0 or high >= limit:
-            bad = low if low < 0 else high
-            raise ValueError(f"{inputs.prefix}{argument} contains id {bad}, outside {what} [0, {limit})")
-
-
-def read_bounds(tensors: list[torch.Tensor]) -> list[list[int]]:
-    """Each tensor's [min, max], brought to the host together: one device synchronisation however many tensors."""
-    device = tensors[0].device
-    return torch.stack([torch.stack(torch.aminmax(tensor)).to(device, torch.long) for tensor in tensors]).tolist()
-
-
-def beyond_the_position_table(config, name: str, position: int) -> ValueError:
-    """The error for positions past a learned or sinusoidal table, given or made by the stack alike."""
-    return ValueError(
-        f"{name} reach position {position}, beyond the {config.position_embedding_type} position table "
-        f"(max_position_embeddings={config.max_position_embeddings}); shorten the input"
-    )
