@@ -13,7 +13,7 @@ operator the step runs (forward, backward and the AdamW update), as a GPU would 
   its target) and writes (its tensor outputs), in GiB;
 - matmul FLOPs by the dtype of their inputs (torch's flop formulas): a matmul left in float32 under autocast shows;
 - host synchronisations: the operators that read a value into Python or size an output by the values (the list of
-  `benchmarks.beyond_sync.waits_for_device`), each named with the code that made it;
+  `benchmarks.host_sync.waits_for_device`), each named with the code that made it;
 - peak memory: the most bytes held at once by the storages the counted step allocated (each counted from the operator
   that made it until it is freed), as a GPU allocator's peak above the memory held when the step starts (the
   parameters and the optimizer's state; allocator rounding and a backend's workspace aside); with `--peak-places`,
@@ -50,7 +50,7 @@ from torch.utils.flop_counter import flop_registry
 from torch.utils.weak import WeakIdKeyDictionary
 from transformers import DynamicCache, EncoderDecoderCache, StaticCache
 
-from benchmarks.beyond_sync import caller, waits_for_device
+from benchmarks.host_sync import caller, waits_for_device
 from benchmarks.measure import training_batch
 from benchmarks.pairs import KINDS, PROFILES, training_dtypes
 from benchmarks.record import RESULTS, header, write

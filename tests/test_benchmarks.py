@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from benchmarks import beyond, beyond_loss, profile_gap, quality, report, speed
+from benchmarks import chunked_loss, profile_gap, quality, report, speed, techniques
 from benchmarks.pairs import KINDS, PROFILES, build_pair, parameter_count, train_flops_per_token
 
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -145,14 +145,14 @@ def test_profile_gap_takes_apart_each_causal_pair(tmp_path, monkeypatch):
     assert "## Where the batch-1 decoding gap comes from (CPU)" in report.gap_section(record, tmp_path / "x.json")[0]
 
 
-def test_beyond_parity_measures_every_chunked_loss_variant_and_reports_it(tmp_path):
-    """benchmarks/beyond.py at toy shapes: for each pair, the default, plain and swept loss_chunk_size each get a
+def test_techniques_measures_every_chunked_loss_variant_and_reports_it(tmp_path):
+    """benchmarks/techniques.py at toy shapes: for each pair, the default, plain and swept loss_chunk_size each get a
     train-step row and a peak-memory row against the reference, and each trains the reference's function."""
-    output = tmp_path / "results" / "beyond-cpu-2026-01-01.json"
-    record = beyond.main(["--profile", "smoke", "--only", "chunked loss", "--output", str(output)])
+    output = tmp_path / "results" / "techniques-cpu-2026-01-01.json"
+    record = techniques.main(["--profile", "smoke", "--only", "chunked loss", "--output", str(output)])
     assert json.loads(output.read_text()) == json.loads(json.dumps(record))
     assert {"device", "versions", "command", "settings"} <= set(record) and record["errors"] == []
-    profile = beyond_loss.PROFILES["smoke"]["pairs"]
+    profile = chunked_loss.PROFILES["smoke"]["pairs"]
     evidence = record["techniques"]["chunked loss"]["evidence"]
     assert set(evidence) == set(profile)
     for name, pair in evidence.items():
@@ -182,7 +182,7 @@ def test_the_report_reads_the_newest_file_of_a_kind(tmp_path):
     second setup), which plain string order would put first ("-" sorts before ".")."""
     for name in ("cpu-2026-01-01.json", "cpu-2026-01-02.json", "cpu-2026-01-02-2.json", "cpu-2026-01-02-10.json"):
         (tmp_path / name).write_text("{}")
-    (tmp_path / "beyond-cpu-2026-02-01.json").write_text("{}")  # another kind, whose name also starts with "cpu"
+    (tmp_path / "techniques-cpu-2026-02-01.json").write_text("{}")  # another kind, whose name also starts with "cpu"
     assert report.latest("cpu", tmp_path).name == "cpu-2026-01-02-10.json"
     assert report.latest("gpu", tmp_path) is None
 
@@ -198,12 +198,12 @@ def test_gpu_profile_refuses_to_run_without_a_gpu(monkeypatch):
         speed.main(["--profile", "gpu"])
 
 
-def test_beyond_sync_smoke():
-    """benchmarks/beyond_sync.py at toy shapes: a generate() row per cache against LlamaForCausalLM on the same
+def test_host_sync_smoke():
+    """benchmarks/host_sync.py at toy shapes: a generate() row per cache against LlamaForCausalLM on the same
     tokens, and the evidence that hf_tfm's decode steps make no host sync through generate()."""
-    from benchmarks import beyond_sync
+    from benchmarks import host_sync
 
-    evidence, rows = beyond_sync.measure("smoke")
+    evidence, rows = host_sync.measure("smoke")
     assert all(evidence["same_tokens"].values())
     assert [row["variant"] for row in rows] == ["batch 1, dynamic cache", "batch 1, static cache"]
     for row in rows:
@@ -214,13 +214,13 @@ def test_beyond_sync_smoke():
         assert ours["per_decode_step"] <= reference["per_decode_step"]
 
 
-def test_beyond_packing_smoke():
-    """benchmarks/beyond_packing.py at toy shapes: per pair and batch size a real-tokens/s row, packed against
+def test_packing_smoke():
+    """benchmarks/packing.py at toy shapes: per pair and batch size a real-tokens/s row, packed against
     padded, on the same real tokens, packed with no more padding than padded."""
-    from benchmarks import beyond_packing
+    from benchmarks import packing
 
-    evidence, rows = beyond_packing.measure("smoke")
-    assert set(evidence) == set(beyond_packing.PROFILES["smoke"]["pairs"])
+    evidence, rows = packing.measure("smoke")
+    assert set(evidence) == set(packing.PROFILES["smoke"]["pairs"])
     for pair in evidence.values():
         for batch in pair["batches"].values():
             tokens = batch["tokens"]

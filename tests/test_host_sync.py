@@ -4,7 +4,7 @@ while bad input is still named in an error on the forward that starts a sequence
 own, and the reference classes make it too: whether sdpa may skip a padding mask that a decode step is given
 (`MASK_SKIP_DECISIONS`).
 
-Syncs are counted by `benchmarks.beyond_sync.HostSyncCounter`, a torch dispatch mode that records the aten ops that
+Syncs are counted by `benchmarks.host_sync.HostSyncCounter`, a torch dispatch mode that records the aten ops that
 read values (`_local_scalar_dense`, which `item()`, `int()`, `bool()`, `float()` and `__index__` all call, `nonzero`,
 boolean-mask indexing, `bincount`...) whatever Python method or C++ call led to them, plus the tensor methods that copy
 to the host without an aten op (`tolist`, `numpy`, `cpu`). It runs on the CPU and counts what a GPU run would wait on.
@@ -24,7 +24,7 @@ from transformers import (
 )
 from transformers.cache_utils import DynamicCache, StaticCache
 
-from benchmarks.beyond_sync import HostSyncCounter, greedy_steps_by_hand, syncs_per_call
+from benchmarks.host_sync import HostSyncCounter, greedy_steps_by_hand, syncs_per_call
 from hf_tfm import (
     TfmDecoderConfig,
     TfmDecoderForCausalLM,

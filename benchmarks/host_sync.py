@@ -74,7 +74,7 @@ def caller() -> str:
     frame = sys._getframe(2)
     while frame is not None and len(frames) < 3:
         path = frame.f_code.co_filename
-        if ("hf_tfm" in path or "transformers" in path) and "beyond_sync" not in path:
+        if ("hf_tfm" in path or "transformers" in path) and "host_sync" not in path:
             name = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
             frames.append(f"{path.rsplit('/', 1)[-1]}:{frame.f_lineno} {name}")
         frame = frame.f_back
