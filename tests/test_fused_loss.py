@@ -1,4 +1,4 @@
-"""The chunked linear + cross-entropy loss (modeling_tfm_loss.py) gives the loss and gradients of the full-logits
+"""The chunked linear + cross-entropy loss (modeling_tfm_lm_head.py) gives the loss and gradients of the full-logits
 path, for every language-model head and head option, and logits come back wherever a caller reads them."""
 
 import pytest
@@ -149,7 +149,7 @@ def test_rows_aligned_for_16_bit_matmuls_change_nothing(options, weights, monkey
     """A 16-bit projection of a 101-token table runs on 104 rows (`aligned_rows`: 16-byte-aligned rows for GPU
     matmul kernels): the loss and every gradient equal those of the unaligned 101 rows, under bf16 autocast (fp32
     weights) and with bf16 weights."""
-    from hf_tfm.model import modeling_tfm_lm_head as modeling_tfm_loss
+    from hf_tfm.model import modeling_tfm_lm_head
 
     rows, width, table = 37, 16, 101
     torch.manual_seed(0)
@@ -176,12 +176,12 @@ def test_rows_aligned_for_16_bit_matmuls_change_nothing(options, weights, monkey
         loss.backward()
         return [loss.detach()] + [leaf.grad for leaf in leaves]
 
-    assert modeling_tfm_loss.aligned_rows(weight, torch.bfloat16).shape[0] == 104
+    assert modeling_tfm_lm_head.aligned_rows(weight, torch.bfloat16).shape[0] == 104
     aligned = loss_and_grads()
     if "vocab_size" in options:  # a padded table's own rows: projected, never scored, no gradient
         assert aligned[2][options["vocab_size"] :].abs().max() == 0
     shapes = []
-    monkeypatch.setattr(modeling_tfm_loss, "aligned_rows", lambda t, dtype: shapes.append(t.shape) or t.to(dtype))
+    monkeypatch.setattr(modeling_tfm_lm_head, "aligned_rows", lambda t, dtype: shapes.append(t.shape) or t.to(dtype))
     unaligned = loss_and_grads()
     assert shapes and shapes[0][0] == table  # the control ran unaligned
     for ours, theirs in zip(aligned, unaligned, strict=True):
@@ -212,7 +212,7 @@ def test_aligned_rows_cost_a_step_no_memory(monkeypatch):
     more at the step's peak). The step under bf16 autocast peaks where the unaligned step does, give or take the 7
     zero rows. Peak bytes from the profiler's allocation records: exact, not timed."""
     from benchmarks.measure import peak_bytes
-    from hf_tfm.model import modeling_tfm_lm_head as modeling_tfm_loss
+    from hf_tfm.model import modeling_tfm_lm_head
 
     torch.manual_seed(0)
     # a large table and few tokens: the step peaks in backward, where the head's gradient arrives
@@ -228,7 +228,7 @@ def test_aligned_rows_cost_a_step_no_memory(monkeypatch):
 
     step()
     aligned = peak_bytes(step, torch.device("cpu"))
-    monkeypatch.setattr(modeling_tfm_loss, "aligned_rows", lambda table, dtype: table.to(dtype))
+    monkeypatch.setattr(modeling_tfm_lm_head, "aligned_rows", lambda table, dtype: table.to(dtype))
     unaligned = peak_bytes(step, torch.device("cpu"))
     weight_gradient = 20001 * 64 * 4
     assert aligned <= unaligned + weight_gradient / 8, (aligned, unaligned)

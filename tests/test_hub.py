@@ -360,17 +360,18 @@ def test_failure_in_the_middle_of_a_push(hub_server, moe_folder, monkeypatch):
     push_folder(folder, "test-user/absorbed")
     assert hub_server.count("commit", status=500) == 1 and "config.json" in published("test-user/absorbed")
 
-    # ...six are not
-    hub_server.fail_next("commit", times=6)
+    # ...a failing Hub is not: the client retries (a folder of more than 20 files in smaller commits), then raises
+    hub_server.fail_next("commit", times=1000)
     with pytest.raises(HfHubHTTPError) as error:
         push_folder(folder, "test-user/flaky", commit_message="first try")
     message = str(error.value)
     assert error.value.response.status_code == 500 and "500" in message
     assert "injected fault on commit" in message  # the server's error body is in the message
     assert str(folder) in message and "test-user/flaky" in message and "Run the push again" in message
-    assert hub_server.count("commit", status=500) == 7
+    assert hub_server.count("commit", status=500) > 1
     assert folder_state(folder) == before
-    assert published("test-user/flaky") == {".gitattributes"}  # nothing half-committed
+    assert published("test-user/flaky") == {".gitattributes"}  # nothing committed
+    hub_server.fail_next("commit", times=0)
 
     push_folder(folder, "test-user/flaky", commit_message="second try")
     assert published("test-user/flaky") == {".gitattributes", *before}
@@ -452,6 +453,6 @@ def test_cli_card_and_push(hub_server, moe_folder, monkeypatch, capsys):
     assert "README.md" in hub_server.files("test-user/cli-moe", "v1")
     assert "pushed" in capsys.readouterr().out
     fast_client_retries(monkeypatch)
-    hub_server.fail_next("commit", times=6)
+    hub_server.fail_next("commit", times=1000)  # more than the client retries
     with pytest.raises(SystemExit, match=f"error: .*{folder.name}"):
         main(["push", str(folder), "test-user/cli-flaky"])

@@ -13,7 +13,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from benchmarks import trace
 from benchmarks.pairs import KINDS, PROFILES
-from hf_tfm.model import modeling_tfm_lm_head as modeling_tfm_loss
+from hf_tfm.model import modeling_tfm_lm_head
 
 PAIRS = ["gpt2", "llama", "bert", "t5", "bart", "mixtral", "gpt_oss"]
 # Kernels at or below the reference's, but for GPT-2: its 50257-token vocabulary takes six loss chunks of about ten
@@ -125,10 +125,9 @@ def test_a_dropout_attention_a_gpu_would_fuse_is_traced_as_its_fused_kernel():
 def test_the_trace_sees_small_loss_chunks(monkeypatch):
     """The control: chunks of 256 tokens (the default before issue 29) cost Llama's step more kernels and bytes than
     the reference's, and the trace says so."""
-    chunked = modeling_tfm_loss.linear_cross_entropy  # called with the config's loss_chunk_size fifth
-    monkeypatch.setattr(
-        modeling_tfm_loss, "linear_cross_entropy", lambda *args, **kwargs: chunked(*args[:4], 256, *args[5:], **kwargs)
-    )
+    chunked = modeling_tfm_lm_head.linear_cross_entropy  # called with the config's loss_chunk_size fifth
+    with_chunks_of_256 = lambda *args, **kwargs: chunked(*args[:4], 256, *args[5:], **kwargs)  # noqa: E731
+    monkeypatch.setattr(modeling_tfm_lm_head, "linear_cross_entropy", with_chunks_of_256)
     result = traced("llama")
     assert result["ours"]["kernels"] > result["reference"]["kernels"]
     assert result["ours"]["bytes_gib"] > result["reference"]["bytes_gib"]

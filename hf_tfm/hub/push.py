@@ -59,7 +59,8 @@ def push_folder(
 
     Creates the repo if needed (`private` applies to a new repo; pushing with `private=True` to an existing public
     repo is refused rather than publishing), creates the branch `revision` from `main` if it does not exist, and
-    uploads every file of the folder in one commit. Unchanged files are skipped by the client, so re-running a push
+    uploads every file of the folder in one commit (the client retries a failed commit, a folder of more than 20 files
+    in smaller commits). Unchanged files are skipped by the client, so re-running a push
     that failed half-way completes it. An HTTP failure is raised as the client's `HfHubHTTPError`, with the folder,
     repo and revision appended to its message; the local folder is never modified.
     """

@@ -9,7 +9,11 @@ never writes, renames or deletes.
 
 import sys
 
+from transformers.utils import logging
+
 from .compat import fold_layer_numbers
+
+logger = logging.get_logger(__name__)
 
 # every Auto class a paradigm answers to, with the model class (in modeling_tfm.py) it builds: what the package
 # registers (hf_tfm/__init__.py) and what `save_pretrained` writes into `auto_map`
@@ -129,6 +133,11 @@ class TfmLoadingMixin:
             check_loaded_weights(model, info, pretrained_model_name_or_path)
         if hooks is not None:
             hooks.finish_loading(model)
+        elif getattr(model.config, "quantization_config", None) is not None and model.config.has_moe_layers():
+            logger.warning(
+                "The MoE experts' weights stay in full precision: quantising them needs the hf_tfm package "
+                "(pip install hf_tfm); transformers quantised the Linear layers only"
+            )
         output = model.get_output_embeddings()
         if hasattr(output, "freeze_bias"):
             output.freeze_bias()
