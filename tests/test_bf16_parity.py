@@ -14,52 +14,12 @@ import copy
 
 import pytest
 import torch
-from test_convert_deepseek_v3 import deepseek_v3
-from test_convert_gemma2 import gemma2
-from test_convert_gemma3 import gemma3
-from test_convert_gpt_neox import gpt_neox
-from test_convert_gpt_oss import gpt_oss
-from test_convert_mistral import mistral
-from test_convert_modernbert import modernbert
-from test_convert_olmo2 import olmo2
-from test_convert_phi3 import phi3
-from test_convert_qwen2 import qwen2
-from test_convert_qwen2_moe import qwen2_moe
-from test_convert_qwen3 import qwen3
-from test_convert_qwen3_moe import qwen3_moe
-from test_convert_roberta import roberta
-from test_convert_smollm3 import smollm3
-from test_encoder import bert
-from test_moe import mixtral
-from test_parity import gpt2, llama
-from test_t5_bart_parity import bart, t5
+from support.families import tiny_reference
 
 from hf_tfm.convert import to_tfm
+from hf_tfm.convert.families import FAMILIES
 from hf_tfm.model.modeling_tfm_layers import TfmRMSNorm, TfmRMSNormScaledInFloat32, TfmUnitOffsetRMSNorm
 
-FAMILIES = {
-    "gpt2": gpt2,
-    "llama": llama,
-    "mistral": mistral,
-    "mixtral": mixtral,
-    "qwen2": qwen2,
-    "qwen3": qwen3,
-    "qwen2_moe": qwen2_moe,
-    "qwen3_moe": qwen3_moe,
-    "olmo2": olmo2,
-    "phi3": phi3,
-    "gpt_neox": gpt_neox,
-    "gemma2": gemma2,
-    "gemma3_text": gemma3,
-    "smollm3": smollm3,
-    "gpt_oss": gpt_oss,
-    "deepseek_v3": deepseek_v3,
-    "bert": bert,
-    "roberta": roberta,
-    "modernbert": modernbert,
-    "t5": t5,
-    "bart": bart,
-}
 # `numerics` entry -> the families whose record sets it: without it, the bf16 logits must differ (the control)
 NUMERICS = {
     "rmsnorm_scale_in_float32": ("olmo2", "gpt_oss"),
@@ -72,7 +32,7 @@ NUMERICS = {
 
 def bf16_pair(name: str):
     """The reference and hf_tfm's conversion of it in bf16, and a batch (a seq2seq decoder reads a prefix)."""
-    reference = FAMILIES[name]()
+    reference = tiny_reference(name)
     ours = to_tfm(reference).to(torch.bfloat16).eval()
     reference = reference.to(torch.bfloat16).eval()
     ids = torch.randint(3, reference.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))

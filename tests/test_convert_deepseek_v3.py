@@ -9,7 +9,8 @@ from functools import partial
 
 import pytest
 import torch
-from conftest import perturb, tiny_model
+from conftest import tiny_model
+from support.families import tiny_reference
 from support.parity_harness import (
     ATOL,
     LLAMA_SHAPED,
@@ -20,36 +21,12 @@ from support.parity_harness import (
     assert_router_outputs_match,
     padded_batch,
 )
-from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, DistributedConfig
+from transformers import DeepseekV3Config, DistributedConfig
 
 from hf_tfm import TfmDecoderConfig, capabilities
 from hf_tfm.convert import config_from_tfm, config_to_tfm, from_tfm, to_tfm
 from hf_tfm.model.capabilities import check_parallel_layout
 
-TINY_DEEPSEEK = dict(
-    vocab_size=97,
-    hidden_size=32,
-    num_hidden_layers=3,  # one dense layer, then two MoE layers
-    num_attention_heads=4,
-    num_key_value_heads=4,
-    intermediate_size=48,
-    moe_intermediate_size=8,
-    n_routed_experts=8,
-    num_experts_per_tok=2,
-    n_group=4,
-    topk_group=2,
-    first_k_dense_replace=1,
-    n_shared_experts=2,
-    kv_lora_rank=16,
-    q_lora_rank=12,
-    qk_rope_head_dim=4,
-    qk_nope_head_dim=6,
-    v_head_dim=5,  # narrower than the keys' 10
-    max_position_embeddings=64,
-    pad_token_id=0,
-    bos_token_id=1,
-    eos_token_id=2,
-)
 YARN = {
     "rope_type": "yarn",
     "factor": 4.0,
@@ -62,14 +39,8 @@ YARN = {
 }
 
 
-def deepseek_v3(**overrides) -> DeepseekV3ForCausalLM:
-    torch.manual_seed(0)
-    model = perturb(DeepseekV3ForCausalLM(DeepseekV3Config(**{**TINY_DEEPSEEK, **overrides})))
-    with torch.no_grad():  # a trained choice bias: it must move which experts are chosen
-        for name, buffer in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                buffer.copy_(torch.randn(buffer.shape, generator=torch.Generator().manual_seed(1)) * 0.5)
-    return model
+def deepseek_v3(**overrides):
+    return tiny_reference("deepseek_v3", **overrides)
 
 
 VARIANTS = [

@@ -7,11 +7,10 @@ from functools import partial
 
 import pytest
 import torch
-from conftest import perturb, tiny_config
+from conftest import tiny_config
+from support.families import tiny_reference, tiny_reference_config
 from support.parity_harness import (
     LLAMA_SHAPED,
-    TINY_DECODER,
-    WINDOW,
     assert_decoding_matches,
     assert_generate_matches,
     assert_logits_match,
@@ -19,31 +18,18 @@ from support.parity_harness import (
     assert_round_trip,
     padded_batch,
 )
-from transformers import AutoModelForCausalLM, Gemma2Config, Gemma2ForCausalLM
+from transformers import AutoModelForCausalLM
 
 from hf_tfm import TfmDecoderForCausalLM
 from hf_tfm.convert import config_from_tfm, config_to_tfm, from_tfm, to_tfm
 
 
-def gemma2_config(**overrides) -> Gemma2Config:
-    fields = dict(
-        TINY_DECODER,
-        num_hidden_layers=3,  # sliding, full, sliding
-        head_dim=16,  # not hidden_size / heads = 8
-        query_pre_attn_scalar=24,  # not head_dim
-        sliding_window=WINDOW,
-        attn_logit_softcapping=1.0,  # small enough that the tiny model's scores are really capped
-        final_logit_softcapping=2.0,
-        pad_token_id=0,
-    )
-    return Gemma2Config(**{**fields, **overrides})
+def gemma2_config(**overrides):
+    return tiny_reference_config("gemma2", **overrides)
 
 
-def gemma2(**overrides) -> Gemma2ForCausalLM:
-    torch.manual_seed(0)
-    model = Gemma2ForCausalLM(gemma2_config(**overrides))
-    model.set_attn_implementation("eager")  # transformers 5.17 defaults Gemma 2 to sdpa, which ignores the cap
-    return perturb(model)
+def gemma2(**overrides):
+    return tiny_reference("gemma2", **overrides)
 
 
 def test_gemma2_parity():

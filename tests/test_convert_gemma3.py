@@ -7,11 +7,10 @@ from functools import partial
 
 import pytest
 import torch
-from conftest import perturb, tiny_config
+from conftest import tiny_config
+from support.families import tiny_reference
 from support.parity_harness import (
     LLAMA_SHAPED,
-    TINY_DECODER,
-    WINDOW,
     assert_converts_exactly,
     assert_decoding_matches,
     assert_option_matters,
@@ -19,28 +18,15 @@ from support.parity_harness import (
     assert_round_trip,
     padded_batch,
 )
-from transformers import AutoModelForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig
+from transformers import AutoModelForCausalLM, Gemma3TextConfig
 
 from hf_tfm.convert import config_from_tfm, config_to_tfm, from_tfm, to_tfm
 
 LOCAL_GLOBAL = ["sliding_attention", "full_attention", "sliding_attention"]
 
 
-def gemma3(**overrides) -> Gemma3ForCausalLM:
-    fields = dict(
-        TINY_DECODER,
-        num_hidden_layers=3,
-        head_dim=16,  # not hidden_size / heads = 8
-        query_pre_attn_scalar=24,  # not head_dim
-        sliding_window=WINDOW,
-        layer_types=LOCAL_GLOBAL,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    torch.manual_seed(0)
-    model = Gemma3ForCausalLM(Gemma3TextConfig(**{**fields, **overrides}))
-    return perturb(model)
+def gemma3(**overrides):
+    return tiny_reference("gemma3_text", **overrides)
 
 
 VARIANTS = [

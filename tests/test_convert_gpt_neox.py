@@ -5,30 +5,20 @@ from functools import partial
 
 import pytest
 import torch
-from conftest import VOCAB, perturb, tiny_config
+from conftest import tiny_config
+from support.families import tiny_reference, tiny_reference_config
 from support.parity_harness import assert_generate_matches, assert_logits_match, assert_round_trip, padded_batch
-from transformers import AutoModelForCausalLM, GPTNeoXConfig, GPTNeoXForCausalLM
+from transformers import AutoModelForCausalLM
 
 from hf_tfm.convert import config_from_tfm, config_to_tfm, from_tfm, to_tfm
 
 
-def gpt_neox_config(**overrides) -> GPTNeoXConfig:
-    fields = dict(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,  # head_dim 16: rotary_pct 0.25 rotates 4 of its 16 features
-        intermediate_size=64,
-        max_position_embeddings=64,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    return GPTNeoXConfig(**{**fields, **overrides})
+def gpt_neox_config(**overrides):
+    return tiny_reference_config("gpt_neox", **overrides)
 
 
-def gpt_neox(**overrides) -> GPTNeoXForCausalLM:
-    return perturb(GPTNeoXForCausalLM(gpt_neox_config(**overrides)))
+def gpt_neox(**overrides):
+    return tiny_reference("gpt_neox", **overrides)
 
 
 VARIANTS = [

@@ -8,10 +8,10 @@ from functools import partial
 
 import pytest
 import torch
-from conftest import perturb, tiny_model
+from conftest import tiny_model
+from support.families import tiny_reference
 from support.parity_harness import (
     LLAMA_SHAPED,
-    TINY_DECODER,
     WINDOW,
     assert_converts_exactly,
     assert_decoding_matches,
@@ -20,7 +20,7 @@ from support.parity_harness import (
     assert_round_trip,
     assert_router_outputs_match,
 )
-from transformers import DistributedConfig, GptOssConfig, GptOssForCausalLM
+from transformers import DistributedConfig, GptOssConfig
 
 from hf_tfm import TfmDecoderForCausalLM, capabilities
 from hf_tfm.compat import gpt_oss_declares_swiglu
@@ -29,25 +29,10 @@ from hf_tfm.convert.common import config_with
 from hf_tfm.model.capabilities import check_parallel_layout
 
 E, K = 4, 2
-# small enough that the tiny model's gate and up really are clamped (GPT-OSS's 7.0 never bites at this scale)
-LIMIT = dict(swiglu_limit=0.5) if gpt_oss_declares_swiglu() else {}
 
 
-def gpt_oss(**overrides) -> GptOssForCausalLM:
-    fields = dict(
-        TINY_DECODER,
-        num_hidden_layers=3,  # sliding, full, sliding
-        head_dim=16,  # not hidden_size / heads = 8
-        intermediate_size=16,  # each expert's width
-        num_local_experts=E,
-        num_experts_per_tok=K,
-        sliding_window=WINDOW,
-        router_aux_loss_coef=0.02,
-        pad_token_id=0,
-        **LIMIT,
-    )
-    torch.manual_seed(0)
-    return perturb(GptOssForCausalLM(GptOssConfig(**{**fields, **overrides})))
+def gpt_oss(**overrides):
+    return tiny_reference("gpt_oss", **overrides)
 
 
 VARIANTS = [

@@ -4,10 +4,10 @@ past it with a dynamic and a static cache), no window, and tied embeddings."""
 from functools import partial
 
 import pytest
-from conftest import perturb, tiny_model
+from conftest import tiny_model
+from support.families import tiny_reference
 from support.parity_harness import (
     LLAMA_SHAPED,
-    TINY_DECODER,
     WINDOW,
     assert_converts_exactly,
     assert_decoding_matches,
@@ -15,13 +15,13 @@ from support.parity_harness import (
     assert_refused_by_name,
     assert_round_trip,
 )
-from transformers import MistralConfig, MistralForCausalLM
+from transformers import MistralConfig
 
 from hf_tfm.convert import config_from_tfm, config_to_tfm, from_tfm, to_tfm
 
 
-def mistral(**overrides) -> MistralForCausalLM:
-    return perturb(MistralForCausalLM(MistralConfig(**{**TINY_DECODER, "sliding_window": WINDOW, **overrides})))
+def mistral(**overrides):
+    return tiny_reference("mistral", **overrides)
 
 
 VARIANTS = [

@@ -7,12 +7,12 @@ from functools import partial
 
 import pytest
 import torch
-from conftest import VOCAB, perturb, tiny_config
+from conftest import perturb, tiny_config
+from support.families import tiny_reference, tiny_reference_config
 from support.parity_harness import ATOL, assert_logits_match, assert_round_trip, padded_batch
 from transformers import (
     AttentionInterface,
     AttentionMaskInterface,
-    ModernBertConfig,
     ModernBertForMaskedLM,
     ModernBertModel,
 )
@@ -27,27 +27,12 @@ KINDS = ("full_attention", "sliding_attention")
 BIASES = dict(attention_bias=True, mlp_bias=True, norm_bias=True, classifier_bias=True)
 
 
-def modernbert_config(**overrides) -> ModernBertConfig:
-    fields = dict(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=3,  # global, local, local (global_attn_every_n_layers=3)
-        num_attention_heads=4,
-        max_position_embeddings=64,
-        local_attention=LOCAL_ATTENTION,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-        cls_token_id=1,
-        sep_token_id=2,
-    )
-    return ModernBertConfig(**{**fields, **overrides})
+def modernbert_config(**overrides):
+    return tiny_reference_config("modernbert", **overrides)
 
 
 def modernbert(cls=ModernBertForMaskedLM, **overrides):
-    torch.manual_seed(0)
-    return perturb(cls(modernbert_config(**overrides)))
+    return tiny_reference("modernbert", cls, **overrides)
 
 
 MODELS = [

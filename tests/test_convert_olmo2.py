@@ -6,26 +6,24 @@ from functools import partial
 
 import pytest
 import torch
-from conftest import perturb, tiny_config
+from conftest import tiny_config
+from support.families import tiny_reference, tiny_reference_config
 from support.parity_harness import (
     LLAMA_SHAPED,
-    TINY_DECODER,
     assert_converts_exactly,
     assert_option_matters,
     assert_round_trip,
 )
-from transformers import Olmo2Config, Olmo2ForCausalLM
 
 from hf_tfm.convert import config_from_tfm, config_to_tfm, from_tfm, to_tfm
 
 
-def olmo2_config(**overrides) -> Olmo2Config:
-    return Olmo2Config(**{**TINY_DECODER, "pad_token_id": 0, **overrides})
+def olmo2_config(**overrides):
+    return tiny_reference_config("olmo2", **overrides)
 
 
-def olmo2(**overrides) -> Olmo2ForCausalLM:
-    torch.manual_seed(0)
-    return perturb(Olmo2ForCausalLM(olmo2_config(**overrides)))
+def olmo2(**overrides):
+    return tiny_reference("olmo2", **overrides)
 
 
 @pytest.mark.parametrize(

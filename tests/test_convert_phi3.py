@@ -6,11 +6,11 @@ from functools import partial
 
 import pytest
 import torch
-from conftest import perturb, tiny_config
+from conftest import tiny_config
 from peft import LoraConfig, get_peft_model
+from support.families import tiny_reference, tiny_reference_config
 from support.parity_harness import (
     LLAMA_SHAPED,
-    TINY_DECODER,
     WINDOW,
     assert_converts_exactly,
     assert_decoding_matches,
@@ -18,7 +18,6 @@ from support.parity_harness import (
     assert_option_matters,
     assert_round_trip,
 )
-from transformers import Phi3Config, Phi3ForCausalLM
 
 from hf_tfm.convert import config_from_tfm, config_to_tfm, from_tfm, to_tfm
 
@@ -39,13 +38,12 @@ def longrope(original_max_position_embeddings: int, partial_rotary_factor: float
     return dict(rope_parameters=rope, original_max_position_embeddings=original_max_position_embeddings)
 
 
-def phi3_config(**overrides) -> Phi3Config:
-    return Phi3Config(**{**TINY_DECODER, "pad_token_id": 0, **overrides})
+def phi3_config(**overrides):
+    return tiny_reference_config("phi3", **overrides)
 
 
-def phi3(**overrides) -> Phi3ForCausalLM:
-    torch.manual_seed(0)
-    return perturb(Phi3ForCausalLM(phi3_config(**overrides)))
+def phi3(**overrides):
+    return tiny_reference("phi3", **overrides)
 
 
 @pytest.mark.parametrize(

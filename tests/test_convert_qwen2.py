@@ -5,24 +5,24 @@
 from functools import partial
 
 import pytest
-from conftest import perturb, tiny_model
+from conftest import tiny_model
+from support.families import tiny_reference
 from support.parity_harness import (
     LLAMA_SHAPED,
-    TINY_DECODER,
     WINDOW,
     assert_converts_exactly,
     assert_refused_by_name,
     assert_round_trip,
 )
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2Config
 
 from hf_tfm.convert import config_from_tfm, config_to_tfm, from_tfm, to_tfm
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 
 
-def qwen2(**overrides) -> Qwen2ForCausalLM:
-    return perturb(Qwen2ForCausalLM(Qwen2Config(**{**TINY_DECODER, **overrides})))
+def qwen2(**overrides):
+    return tiny_reference("qwen2", **overrides)
 
 
 WINDOWED = dict(use_sliding_window=True, sliding_window=WINDOW)

@@ -7,11 +7,11 @@ from functools import partial
 
 import pytest
 import torch
-from conftest import perturb, tiny_model
+from conftest import tiny_model
+from support.families import tiny_reference
 from support.parity_harness import (
     ATOL,
     LLAMA_SHAPED,
-    TINY_DECODER,
     WINDOW,
     assert_converts_exactly,
     assert_refused_by_name,
@@ -20,25 +20,15 @@ from support.parity_harness import (
     moe_layers,
     padded_batch,
 )
-from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+from transformers import Qwen2MoeConfig
 
 from hf_tfm.convert import config_from_tfm, config_to_tfm, from_tfm, to_tfm
 
 E, K = 4, 2
 
 
-def qwen2_moe(**overrides) -> Qwen2MoeForCausalLM:
-    fields = dict(
-        TINY_DECODER,  # its intermediate_size is the dense layers' width, apart from the experts'
-        moe_intermediate_size=16,
-        shared_expert_intermediate_size=24,
-        num_experts=E,
-        num_experts_per_tok=K,
-        norm_topk_prob=True,
-        router_aux_loss_coef=0.02,
-    )
-    torch.manual_seed(0)
-    return perturb(Qwen2MoeForCausalLM(Qwen2MoeConfig(**{**fields, **overrides})))
+def qwen2_moe(**overrides):
+    return tiny_reference("qwen2_moe", **overrides)
 
 
 VARIANTS = [

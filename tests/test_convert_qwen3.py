@@ -4,25 +4,24 @@ attention_bias flag for all four projections, and sliding layers (a window short
 from functools import partial
 
 import pytest
-from conftest import perturb, tiny_model
+from conftest import tiny_model
+from support.families import tiny_reference
 from support.parity_harness import (
     LLAMA_SHAPED,
-    TINY_DECODER,
     WINDOW,
     assert_converts_exactly,
     assert_refused_by_name,
     assert_round_trip,
 )
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from transformers import Qwen3Config
 
 from hf_tfm.convert import config_from_tfm, config_to_tfm, from_tfm, to_tfm
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 
 
-def qwen3(**overrides) -> Qwen3ForCausalLM:
-    # Qwen3's head_dim is its own field: 4 heads of 16 on a width of 32
-    return perturb(Qwen3ForCausalLM(Qwen3Config(**{**TINY_DECODER, "head_dim": 16, **overrides})))
+def qwen3(**overrides):
+    return tiny_reference("qwen3", **overrides)
 
 
 VARIANTS = [

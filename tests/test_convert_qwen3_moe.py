@@ -6,11 +6,10 @@ reference."""
 from functools import partial
 
 import pytest
-import torch
-from conftest import perturb, tiny_model
+from conftest import tiny_model
+from support.families import tiny_reference
 from support.parity_harness import (
     LLAMA_SHAPED,
-    TINY_DECODER,
     WINDOW,
     assert_converts_exactly,
     assert_refused_by_name,
@@ -18,24 +17,15 @@ from support.parity_harness import (
     assert_router_outputs_match,
     moe_layers,
 )
-from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+from transformers import Qwen3MoeConfig
 
 from hf_tfm.convert import config_from_tfm, config_to_tfm, from_tfm, to_tfm
 
 E, K = 4, 2
 
 
-def qwen3_moe(**overrides) -> Qwen3MoeForCausalLM:
-    fields = dict(
-        TINY_DECODER,  # its intermediate_size is the dense layers' width, apart from the experts'
-        moe_intermediate_size=16,
-        num_experts=E,
-        num_experts_per_tok=K,
-        norm_topk_prob=True,
-        router_aux_loss_coef=0.02,
-    )
-    torch.manual_seed(0)
-    return perturb(Qwen3MoeForCausalLM(Qwen3MoeConfig(**{**fields, **overrides})))
+def qwen3_moe(**overrides):
+    return tiny_reference("qwen3_moe", **overrides)
 
 
 VARIANTS = [

@@ -7,34 +7,21 @@ from functools import partial
 import pytest
 import torch
 from conftest import VOCAB, perturb, tiny_config
+from support.families import tiny_reference, tiny_reference_config
 from support.parity_harness import assert_logits_match, assert_round_trip, padded_batch
-from transformers import RobertaConfig, RobertaForMaskedLM, RobertaModel
+from transformers import RobertaForMaskedLM, RobertaModel
 
 from hf_tfm import TfmEncoderConfig, TfmEncoderForMaskedLM, TfmEncoderModel
 from hf_tfm.convert import config_from_tfm, config_to_tfm, from_tfm, to_tfm
 
 
-def roberta_config(**overrides) -> RobertaConfig:
-    fields = dict(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=40,
-        type_vocab_size=1,  # as roberta-base
-        layer_norm_eps=1e-5,
-        pad_token_id=0,  # the harness pads with 0
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    return RobertaConfig(**{**fields, **overrides})
+def roberta_config(**overrides):
+    return tiny_reference_config("roberta", **overrides)
 
 
 def roberta(cls=RobertaForMaskedLM, add_pooling_layer=True, **overrides):
-    torch.manual_seed(0)
-    config = roberta_config(**overrides)
-    return perturb(cls(config, add_pooling_layer=add_pooling_layer) if cls is RobertaModel else cls(config))
+    kwargs = {"add_pooling_layer": add_pooling_layer} if cls is RobertaModel else {}
+    return tiny_reference("roberta", cls, kwargs, **overrides)
 
 
 def untied_roberta_mlm():

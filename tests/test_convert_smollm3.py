@@ -5,37 +5,28 @@ with dynamic and static caches."""
 from functools import partial
 
 import pytest
-import torch
-from conftest import perturb, tiny_config
+from conftest import tiny_config
+from support.families import tiny_reference, tiny_reference_config
 from support.parity_harness import (
     LLAMA_SHAPED,
-    TINY_DECODER,
     WINDOW,
     assert_converts_exactly,
     assert_decoding_matches,
     assert_option_matters,
     assert_round_trip,
 )
-from transformers import SmolLM3Config, SmolLM3ForCausalLM
 
 from hf_tfm.convert import config_from_tfm, config_to_tfm, from_tfm, to_tfm
 
 SLIDING = dict(use_sliding_window=True, sliding_window=WINDOW)
 
 
-def smollm3_config(**overrides) -> SmolLM3Config:
-    fields = dict(
-        TINY_DECODER,
-        num_hidden_layers=4,
-        no_rope_layer_interval=2,  # layers 1 and 3 without RoPE
-        pad_token_id=0,
-    )
-    return SmolLM3Config(**{**fields, **overrides})
+def smollm3_config(**overrides):
+    return tiny_reference_config("smollm3", **overrides)
 
 
-def smollm3(**overrides) -> SmolLM3ForCausalLM:
-    torch.manual_seed(0)
-    return perturb(SmolLM3ForCausalLM(smollm3_config(**overrides)))
+def smollm3(**overrides):
+    return tiny_reference("smollm3", **overrides)
 
 
 @pytest.mark.parametrize(

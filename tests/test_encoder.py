@@ -9,9 +9,10 @@ import torch
 import torch.nn.functional as F
 import transformers
 from conftest import VOCAB, assert_same_state_dict, perturb, tiny_config
+from support.families import tiny_reference
 from test_minilm import minilm_dir
 from test_save_load import _run_without_hf_tfm
-from transformers import AutoTokenizer, BertConfig, BertForMaskedLM, BertModel, pipeline
+from transformers import AutoTokenizer, BertForMaskedLM, BertModel, pipeline
 
 from hf_tfm import (
     TfmEncoderConfig,
@@ -47,16 +48,8 @@ def encoder(cls=TfmEncoderModel, **overrides):
 
 
 def bert(cls=BertModel, add_pooling_layer=True, **overrides):
-    fields = dict(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=64,
-    )
-    config = BertConfig(**{**fields, **overrides})
-    return perturb(cls(config, add_pooling_layer=add_pooling_layer) if cls is BertModel else cls(config))
+    kwargs = {"add_pooling_layer": add_pooling_layer} if cls is BertModel else {}
+    return tiny_reference("bert", cls, kwargs, **overrides)
 
 
 def untied_bert_mlm():

@@ -10,13 +10,13 @@ import torch
 import torch.nn.functional as F
 from conftest import VOCAB, assert_same_state_dict, perturb, tiny_config, tiny_model
 from safetensors.torch import load_file
+from support.families import tiny_reference
 from test_save_load import _run_without_hf_tfm
 from test_training import ListDataset, accumulation_run
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForMaskedLM,
     AutoModelForSeq2SeqLM,
-    MixtralConfig,
     MixtralForCausalLM,
 )
 from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
@@ -97,23 +97,8 @@ def record_routing(model) -> list[tuple[torch.Tensor, torch.Tensor]]:
 # ----------------------------------------------------------------------------------------------- Mixtral parity
 
 
-def mixtral(**overrides) -> MixtralForCausalLM:
-    fields = dict(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=VOCAB,
-        max_position_embeddings=64,
-        num_local_experts=E,
-        num_experts_per_tok=K,
-        router_aux_loss_coef=0.02,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    torch.manual_seed(0)
-    return perturb(MixtralForCausalLM(MixtralConfig(**{**fields, **overrides})))
+def mixtral(**overrides):
+    return tiny_reference("mixtral", **overrides)
 
 
 @pytest.mark.parametrize("experts", ["eager", "grouped_mm"])

@@ -4,8 +4,9 @@ from functools import partial
 
 import pytest
 import torch
-from conftest import VOCAB, assert_same_state_dict, perturb, tiny_config, tiny_model
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from conftest import VOCAB, assert_same_state_dict, tiny_config, tiny_model
+from support.families import tiny_reference
+from transformers import GPT2Config, LlamaConfig
 
 from hf_tfm import TfmEncoderConfig
 from hf_tfm.convert import config_from_tfm, config_to_tfm, from_tfm, to_tfm
@@ -25,25 +26,12 @@ YARN = {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 
 
 
 def gpt2(**overrides):
-    fields = dict(n_embd=32, n_layer=2, n_head=4, vocab_size=VOCAB, n_positions=64, bos_token_id=1, eos_token_id=2)
-    return perturb(GPT2LMHeadModel(GPT2Config(**{**fields, **overrides})))
+    return tiny_reference("gpt2", **overrides)
 
 
 def llama(rope_parameters=None, tie_word_embeddings=False):
-    config = LlamaConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=VOCAB,
-        max_position_embeddings=64,
-        bos_token_id=1,
-        eos_token_id=2,
-        tie_word_embeddings=tie_word_embeddings,
-        **({"rope_parameters": rope_parameters} if rope_parameters else {}),
-    )
-    return perturb(LlamaForCausalLM(config))
+    rope = {"rope_parameters": rope_parameters} if rope_parameters else {}
+    return tiny_reference("llama", tie_word_embeddings=tie_word_embeddings, **rope)
 
 
 # (id, reference factory, to_tfm, back to reference)

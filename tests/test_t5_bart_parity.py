@@ -4,8 +4,10 @@ from functools import partial
 
 import pytest
 import torch
-from conftest import VOCAB, assert_same_state_dict, perturb, tiny_model
-from transformers import BartConfig, BartForConditionalGeneration, T5Config, T5ForConditionalGeneration
+from conftest import VOCAB, assert_same_state_dict, tiny_model
+from support.families import tiny_reference
+from support.parity_harness import source_batch
+from transformers import BartConfig, T5Config
 
 from hf_tfm.convert import config_from_tfm, config_to_tfm, from_tfm, to_tfm
 from hf_tfm.model import modeling_tfm_positions
@@ -15,55 +17,26 @@ PAD, BOS, EOS = 0, 1, 2
 
 
 def t5(v1_1: bool = False):
-    """v1.0: ReLU MLP, LM head tied and rescaled. v1.1: gated GELU, its own LM head, not rescaled. head_dim 16 with
-    4 heads (inner width 64 != d_model 32); few buckets, so the logarithmic ones are used."""
-    config = T5Config(
-        vocab_size=VOCAB,
-        d_model=32,
-        d_kv=16,
-        d_ff=64,
-        num_layers=2,
-        num_heads=4,
-        relative_attention_num_buckets=8,
-        relative_attention_max_distance=20,
-        feed_forward_proj="gated-gelu" if v1_1 else "relu",
-        tie_word_embeddings=not v1_1,
-        dropout_rate=0.0,
-        pad_token_id=PAD,
-        eos_token_id=EOS,
-        decoder_start_token_id=PAD,
-    )
-    model = T5ForConditionalGeneration(config)
-    if v1_1:  # what from_pretrained leaves for a v1.1 checkpoint: an lm_head of its own
+    """v1.0 (the record's): ReLU MLP, LM head tied and rescaled. v1.1: gated GELU, its own LM head, not rescaled."""
+    if not v1_1:
+        return tiny_reference("t5")
+
+    def own_head(model):  # what from_pretrained leaves for a v1.1 checkpoint: an lm_head of its own
         model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
-    return perturb(model, scale=0.3)
+
+    return tiny_reference("t5", feed_forward_proj="gated-gelu", tie_word_embeddings=False, prepare=own_head)
 
 
 def bart(tied: bool = True, one_table: bool = True, **overrides):
     """Untied BART still has one token table in practice (checkpoints store it three times, equal)."""
-    fields = dict(
-        vocab_size=VOCAB,
-        d_model=32,
-        encoder_layers=2,
-        decoder_layers=3,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=64,
-        decoder_ffn_dim=64,
-        max_position_embeddings=64,
-        scale_embedding=tied,  # one of each
-        tie_word_embeddings=tied,
-        pad_token_id=PAD,
-        bos_token_id=BOS,
-        eos_token_id=EOS,
-        decoder_start_token_id=EOS,
-        forced_eos_token_id=EOS,
-    )
-    model = BartForConditionalGeneration(BartConfig(**{**fields, **overrides}))
-    if one_table and not tied:
-        shared = model.model.shared.weight
-        model.model.encoder.embed_tokens.weight = model.model.decoder.embed_tokens.weight = shared
-    return perturb(model, scale=0.3)
+
+    def one_token_table(model):
+        if one_table and not tied:
+            shared = model.model.shared.weight
+            model.model.encoder.embed_tokens.weight = model.model.decoder.embed_tokens.weight = shared
+
+    fields = dict(scale_embedding=tied, tie_word_embeddings=tied)  # one of each
+    return tiny_reference("bart", prepare=one_token_table, **{**fields, **overrides})
 
 
 # (id, reference factory, to_tfm, back to reference)
@@ -75,16 +48,6 @@ REFERENCES = [
 ]
 
 
-def encoder_batch():
-    """Two source rows, the second right-padded by 3, and the padding mask."""
-    torch.manual_seed(2)
-    input_ids = torch.randint(3, VOCAB, (2, 9))
-    attention_mask = torch.ones_like(input_ids)
-    attention_mask[1, 6:] = 0
-    input_ids[1, 6:] = PAD
-    return input_ids, attention_mask
-
-
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 @pytest.mark.parametrize("make_ref, to_tfm, from_tfm", REFERENCES)
 def test_logits_match_reference(make_ref, to_tfm, from_tfm, attn):
@@ -94,7 +57,7 @@ def test_logits_match_reference(make_ref, to_tfm, from_tfm, attn):
     # transformers 5.17's T5 keeps the stacks' own config copies at sdpa when only the top model is switched
     for model in (ref, ref.get_encoder(), ref.get_decoder(), ours):
         model.set_attn_implementation(attn)
-    input_ids, attention_mask = encoder_batch()
+    input_ids, attention_mask = source_batch()
     kwargs = dict(
         input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=torch.randint(3, VOCAB, (2, 6))
     )
@@ -111,7 +74,7 @@ def test_generate_matches_reference(make_ref, to_tfm, from_tfm, num_beams):
     generation defaults, such as BART's forced EOS)."""
     ref = make_ref()
     ours = to_tfm(ref)
-    input_ids, attention_mask = encoder_batch()
+    input_ids, attention_mask = source_batch()
     kwargs = dict(attention_mask=attention_mask, do_sample=False, num_beams=num_beams, max_new_tokens=6)
     assert torch.equal(ours.generate(input_ids, **kwargs), ref.generate(input_ids, **kwargs))
 

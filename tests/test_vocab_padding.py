@@ -8,9 +8,8 @@ from functools import partial
 import pytest
 import torch
 from conftest import VOCAB, assert_same_state_dict, perturb, tiny_config
-from support.parity_harness import assert_generate_matches, assert_logits_match, padded_batch
-from test_parity import gpt2, llama
-from test_t5_bart_parity import bart, encoder_batch, t5
+from support.families import tiny_reference, untied_bart
+from support.parity_harness import assert_generate_matches, assert_logits_match, padded_batch, source_batch
 
 from hf_tfm import (
     TfmDecoderConfig,
@@ -245,8 +244,8 @@ def test_resize_refuses_bad_arguments(argument, match):
 
 # (reference factory, to_tfm, back)
 DECODER_REFERENCES = [
-    pytest.param(gpt2, to_tfm, partial(from_tfm, name="gpt2"), id="gpt2-tied"),
-    pytest.param(llama, to_tfm, partial(from_tfm, name="llama"), id="llama-untied"),
+    pytest.param(partial(tiny_reference, "gpt2"), to_tfm, partial(from_tfm, name="gpt2"), id="gpt2-tied"),
+    pytest.param(partial(tiny_reference, "llama"), to_tfm, partial(from_tfm, name="llama"), id="llama-untied"),
 ]
 
 
@@ -267,10 +266,8 @@ def test_converted_decoder_padded_keeps_parity_and_converts_back(make_ref, to_tf
 @pytest.mark.parametrize(
     "make_ref, to_tfm, from_tfm",
     [
-        pytest.param(t5, to_tfm, partial(from_tfm, name="t5"), id="t5-tied-rescaled"),
-        pytest.param(
-            lambda: bart(tied=False), to_tfm, partial(from_tfm, name="bart"), id="bart-untied-final-logits-bias"
-        ),
+        pytest.param(partial(tiny_reference, "t5"), to_tfm, partial(from_tfm, name="t5"), id="t5-tied-rescaled"),
+        pytest.param(untied_bart, to_tfm, partial(from_tfm, name="bart"), id="bart-untied-final-logits-bias"),
     ],
 )
 def test_converted_seq2seq_padded_keeps_parity_and_converts_back(make_ref, to_tfm, from_tfm):
@@ -278,7 +275,7 @@ def test_converted_seq2seq_padded_keeps_parity_and_converts_back(make_ref, to_tf
     ours = to_tfm(ref)
     ours.resize_token_embeddings(pad_to_multiple_of=MULTIPLE)
     assert ours.model.shared.weight.shape[0] == ROWS
-    input_ids, attention_mask = encoder_batch()
+    input_ids, attention_mask = source_batch()
     kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=input_ids[:, :6])
     with torch.no_grad():
         torch.testing.assert_close(ours(**kwargs).logits, ref(**kwargs).logits, atol=1e-4, rtol=0)

@@ -14,12 +14,22 @@ from .common import (
     implicit_head_dim,
     require_full_rotary,
 )
-from .record import PRESET_DECODER, PRESET_SIZE, PRESET_UNSET_TOKENS, Family, Weights
+from .record import (
+    PRESET_DECODER,
+    PRESET_SIZE,
+    PRESET_UNSET_TOKENS,
+    TINY_DECODER,
+    TINY_VOCAB,
+    TINY_WINDOW,
+    Family,
+    Weights,
+)
 
 # ------------------------------------------------------------------------------------------------------------ GPT-2
 # Conv1D weights stored [in, out] and q, k, v fused in c_attn: transposed and split on the way in, back on the way out.
 GPT2 = Family(
     name="gpt2",
+    tiny=dict(n_embd=32, n_layer=2, n_head=4, vocab_size=TINY_VOCAB, n_positions=64, bos_token_id=1, eos_token_id=2),
     paradigm="tfm_decoder",
     classes={"GPT2LMHeadModel": "TfmDecoderForCausalLM"},
     config_class="GPT2Config",
@@ -100,6 +110,17 @@ def _neox_rope_to_tfm(rope: dict) -> dict:
 
 GPT_NEOX = Family(
     name="gpt_neox",
+    tiny=dict(
+        vocab_size=TINY_VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,  # head_dim 16: rotary_pct 0.25 rotates 4 of its 16 features
+        intermediate_size=64,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    ),
     summary="parallel residual",
     paradigm="tfm_decoder",
     classes={"GPTNeoXForCausalLM": "TfmDecoderForCausalLM"},
@@ -273,6 +294,7 @@ LLAMA = llama_family(
     LLAMA_ARCHITECTURE,
     unread={"pretraining_tp": "transformers 5's Llama never reads it (a 4.x way of computing the same layers)"},
     pair={},
+    tiny=TINY_DECODER,
 )
 
 # Llama without biases, plus a sliding window on every layer when sliding_window is set (hf_tfm's default
@@ -284,6 +306,7 @@ MISTRAL = llama_family(
     {**LLAMA_ARCHITECTURE, "attention_bias": False, "mlp_bias": False},
     preset=dict(PRESET_DECODER, sliding_window=128),
     summary="sliding window",
+    tiny=dict(TINY_DECODER, sliding_window=TINY_WINDOW),
 )
 
 
@@ -327,6 +350,7 @@ MIXTRAL = llama_family(
     their_form=lambda config: config_with(config, head_dim=None) if _derived_head_dim(config) else config,
     pair={"experts_implementation": "grouped_mm"},
     summary="MoE",
+    tiny=dict(TINY_DECODER, num_local_experts=4, num_experts_per_tok=2, router_aux_loss_coef=0.02),
 )
 
 # Mistral with biases on q, k and v but none on o, its window on the layers layer_types marks sliding; no head_dim
@@ -341,6 +365,7 @@ QWEN2 = llama_family(
     unread=QWEN_UNREAD,
     their_form=without_derived_head_dim,
     preset=PRESET_DECODER,
+    tiny=TINY_DECODER,
 )
 
 # Qwen2 with a per-head RMSNorm on queries and keys, one attention_bias flag, and a head_dim field
@@ -355,6 +380,7 @@ QWEN3 = llama_family(
     preset=dict(PRESET_DECODER, head_dim=32),
     pair={},
     summary="QK-norm",
+    tiny=dict(TINY_DECODER, head_dim=16),  # 4 heads of 16 on a width of 32,
 )
 
 # Qwen3's attention with Mixtral's router, renormalised only with norm_topk_prob, on the layers decoder_sparse_step
@@ -392,6 +418,14 @@ QWEN3_MOE = llama_family(
     their_form=without_derived_head_dim,
     preset=dict(PRESET_DECODER, head_dim=32, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=176),
     summary="MoE",
+    tiny=dict(
+        TINY_DECODER,
+        moe_intermediate_size=16,
+        num_experts=4,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        router_aux_loss_coef=0.02,
+    ),
 )
 
 
@@ -456,6 +490,15 @@ QWEN2_MOE = llama_family(
         moe_intermediate_size=176,
         shared_expert_intermediate_size=352,
     ),
+    tiny=dict(
+        TINY_DECODER,
+        moe_intermediate_size=16,
+        num_experts=4,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        router_aux_loss_coef=0.02,
+        shared_expert_intermediate_size=24,
+    ),
 )
 
 
@@ -485,6 +528,7 @@ OLMO2 = llama_family(
         )
     ),
     preset=PRESET_DECODER,
+    tiny=dict(TINY_DECODER, pad_token_id=0),
 )
 
 
@@ -568,6 +612,16 @@ GEMMA2 = llama_family(
     ),
     pair={"attention": "eager"},  # eager on both sides: sdpa cannot soft-cap attention scores
     summary="sandwich norms, soft-capping",
+    tiny=dict(
+        TINY_DECODER,
+        num_hidden_layers=3,  # sliding, full, sliding
+        head_dim=16,  # not hidden_size / heads = 8
+        query_pre_attn_scalar=24,  # not head_dim
+        sliding_window=TINY_WINDOW,
+        attn_logit_softcapping=1.0,  # small enough that the tiny model's scores are really capped
+        final_logit_softcapping=2.0,
+        pad_token_id=0,
+    ),
 )
 
 
@@ -612,6 +666,15 @@ GEMMA3 = llama_family(
     ),
     pair={},
     summary="QK-norm, local/global RoPE",
+    tiny=dict(
+        TINY_DECODER,
+        num_hidden_layers=3,
+        head_dim=16,  # not hidden_size / heads = 8
+        query_pre_attn_scalar=24,  # not head_dim
+        sliding_window=TINY_WINDOW,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        pad_token_id=0,
+    ),
 )
 
 
@@ -715,6 +778,18 @@ GPT_OSS = llama_family(
     # eager on both sides: sdpa cannot add sinks (transformers' GPT-OSS does not offer it)
     pair={"attention": "eager", "experts_implementation": "grouped_mm"},
     summary="attention sinks, MoE with biases and clamped SwiGLU",
+    tiny=dict(
+        TINY_DECODER,
+        num_hidden_layers=3,  # sliding, full, sliding
+        head_dim=16,  # not hidden_size / heads = 8
+        intermediate_size=16,  # each expert's width
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        sliding_window=TINY_WINDOW,
+        router_aux_loss_coef=0.02,
+        pad_token_id=0,
+        swiglu_limit=0.5,  # really clamps at this scale (7.0 never bites); where the config declares it
+    ),
 )
 
 
@@ -833,6 +908,30 @@ DEEPSEEK_V3 = llama_family(
         tie_word_embeddings=False,
     ),
     pair={"experts_implementation": "grouped_mm"},
+    tiny=dict(
+        vocab_size=TINY_VOCAB,
+        hidden_size=32,
+        num_hidden_layers=3,  # one dense layer, then two MoE layers
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        intermediate_size=48,
+        moe_intermediate_size=8,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        n_group=4,
+        topk_group=2,
+        first_k_dense_replace=1,
+        n_shared_experts=2,
+        kv_lora_rank=16,
+        q_lora_rank=12,
+        qk_rope_head_dim=4,
+        qk_nope_head_dim=6,
+        v_head_dim=5,  # narrower than the keys' 10
+        max_position_embeddings=64,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    ),
 )
 
 
@@ -894,6 +993,7 @@ PHI3 = llama_family(
         else config
     ),
     preset=PRESET_DECODER,
+    tiny=dict(TINY_DECODER, pad_token_id=0),
 )
 
 
@@ -962,6 +1062,7 @@ SMOLLM3 = llama_family(
     ),
     preset=PRESET_DECODER,  # NoPE every 4th layer, as SmolLM3-3B
     summary="NoPE layers",
+    tiny=dict(TINY_DECODER, num_hidden_layers=4, no_rope_layer_interval=2, pad_token_id=0),  # layers 1, 3 NoPE,
 )
 
 DECODERS = (

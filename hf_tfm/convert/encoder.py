@@ -6,7 +6,7 @@ rows' gradients in training.
 import copy
 
 from .common import config_with, field_names, require_full_rotary
-from .record import PRESET_ENCODER_TOKENS, PRESET_SIZE, Family, Weights
+from .record import PRESET_ENCODER_TOKENS, PRESET_SIZE, TINY_ENCODER, TINY_WINDOW, Family, Weights
 
 # ------------------------------------------------------------------------------------------------------------- BERT
 # A post-norm encoder with a norm after the embeddings and none after the last block, learned absolute positions,
@@ -98,6 +98,7 @@ BERT_HOOKS = dict(
 
 BERT = Family(
     name="bert",
+    tiny=TINY_ENCODER,
     paradigm="tfm_encoder",
     classes={"BertForMaskedLM": "TfmEncoderForMaskedLM", "BertModel": "TfmEncoderModel"},
     config_class="BertConfig",
@@ -160,6 +161,15 @@ def _require_gelu_head(model) -> None:
 
 ROBERTA = Family(
     name="roberta",
+    tiny=dict(
+        TINY_ENCODER,
+        max_position_embeddings=40,
+        type_vocab_size=1,  # as roberta-base
+        layer_norm_eps=1e-5,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    ),
     paradigm="tfm_encoder",
     classes={"RobertaForMaskedLM": "TfmEncoderForMaskedLM", "RobertaModel": "TfmEncoderModel"},
     config_class="RobertaConfig",
@@ -253,6 +263,17 @@ def _head_bias_config(model, config):
 
 MODERNBERT = Family(
     name="modernbert",
+    tiny=dict(
+        TINY_ENCODER,
+        intermediate_size=48,
+        num_hidden_layers=3,  # global, local, local (global_attn_every_n_layers=3)
+        local_attention=TINY_WINDOW,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        cls_token_id=1,
+        sep_token_id=2,
+    ),
     summary="local/global",
     paradigm="tfm_encoder",
     classes={"ModernBertForMaskedLM": "TfmEncoderForMaskedLM", "ModernBertModel": "TfmEncoderModel"},

@@ -3,7 +3,7 @@ copies both references keep per stack must equal it.
 """
 
 from .common import config_with
-from .record import Family, Weights
+from .record import TINY_VOCAB, Family, Weights
 
 ONE_TOKEN_TABLE = "hf_tfm keeps one token table shared by encoder and decoder"
 
@@ -63,6 +63,22 @@ def _untie(model, target) -> None:
 
 T5 = Family(
     name="t5",
+    tiny=dict(  # v1.0: ReLU MLP, the LM head tied and rescaled; few buckets, so the logarithmic ones are used
+        vocab_size=TINY_VOCAB,
+        d_model=32,
+        d_kv=16,  # 4 heads of 16: an inner width of 64, not d_model
+        d_ff=64,
+        num_layers=2,
+        num_heads=4,
+        relative_attention_num_buckets=8,
+        relative_attention_max_distance=20,
+        feed_forward_proj="relu",
+        tie_word_embeddings=True,
+        dropout_rate=0.0,
+        pad_token_id=0,
+        eos_token_id=2,
+        decoder_start_token_id=0,
+    ),
     summary="v1.0 and v1.1",
     paradigm="tfm_encoder_decoder",
     classes={"T5ForConditionalGeneration": "TfmEncoderDecoderForConditionalGeneration"},
@@ -143,6 +159,24 @@ T5 = Family(
 # over; inference is exact.
 BART = Family(
     name="bart",
+    tiny=dict(
+        vocab_size=TINY_VOCAB,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=3,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=64,
+        scale_embedding=True,
+        tie_word_embeddings=True,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        decoder_start_token_id=2,
+        forced_eos_token_id=2,
+    ),
     paradigm="tfm_encoder_decoder",
     classes={"BartForConditionalGeneration": "TfmEncoderDecoderForConditionalGeneration"},
     config_class="BartConfig",

@@ -45,6 +45,32 @@ PRESET_DECODER = dict(
 )
 
 
+# The tests' size (tests/support/families.py builds each family's tiny reference model from its record's `tiny`): a
+# forward pass costs milliseconds on one CPU core. 97 tokens, ids 0-2 kept for pad, bos and eos; a sliding window of
+# 4, shorter than the tests' 9-token prompts.
+TINY_VOCAB = 97
+TINY_WINDOW = 4
+TINY_DECODER = dict(
+    vocab_size=TINY_VOCAB,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+TINY_ENCODER = dict(
+    vocab_size=TINY_VOCAB,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    max_position_embeddings=64,
+)
+
+
 @dataclass(frozen=True)
 class Weights:
     """A family's state-dict layout against hf_tfm's, written once in the reference's direction; the engine inverts
@@ -81,6 +107,8 @@ class Family:
     fields its models never read (with the reason), which the round-trip check does not compare (`our_unread`: the
     hf_tfm fields, on the way back); `weights` the state-dict layout; `summary` the hf_tfm options the family needs,
     for README's table; `preset` the small member's reference config fields (`hf_tfm/convert/family_presets.py`);
+    `tiny` the reference config fields of the family's tiny test model (`tests/support/families.py`), every option
+    its usual checkpoint uses switched on;
     `pair` the benchmark pairing (`benchmarks/pairs.py`: config `defaults`, and the `attention` and
     `experts_implementation` both sides run where not the defaults, which name the pair in reports), None where not
     benchmarked.
@@ -111,6 +139,7 @@ class Family:
     our_unread: dict[str, str] = field(default_factory=dict)
     weights: Weights = Weights()
     preset: dict | None = None
+    tiny: dict = field(default_factory=dict)
     pair: dict | None = None
     to_tfm: Callable | None = None
     from_tfm: Callable | None = None

@@ -1,6 +1,7 @@
 """The proofs every exact converter owes, written once: the reference logits (fp32, atol 1e-4) on an unpadded,
 a right-padded and a left-padded batch, the same greedy and beam tokens, and the reference state dict back bit for
-bit. A family's test file builds a tiny perturbed reference model and calls these."""
+bit. tests/test_convert_families.py runs them on every family's tiny reference model (tests/support/families.py); a
+family's own test file runs them on its options' variants."""
 
 import pytest
 import torch
@@ -38,6 +39,15 @@ def padded_batch(length: int = 9, pad_rows: tuple[int, int] = (0, 3), left: bool
     input_ids[1, pads] = PAD
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     return input_ids, attention_mask, position_ids
+
+
+def source_batch():
+    """An encoder's or an encoder-decoder's batch: two rows of 9 tokens, the second right-padded by 3, and its mask."""
+    input_ids = torch.randint(3, VOCAB, (2, 9), generator=torch.Generator().manual_seed(2))
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[1, 6:] = 0
+    input_ids[1, 6:] = PAD
+    return input_ids, attention_mask
 
 
 def assert_logits_match(ref, ours, attn: str = "eager", length: int = 9, atol: float = ATOL, position_ids=True):

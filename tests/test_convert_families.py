@@ -1,0 +1,97 @@
+"""The proofs every converted family owes, written once and parametrized over the family registry
+(`hf_tfm.convert.families.FAMILIES`), each on the family's tiny reference model (its record's `tiny` config,
+`tests/support/families.py`): the reference outputs with every attention backend hf_tfm runs the family on, both
+ways; the same greedy and beam tokens (decoders with the dynamic and the static cache); the reference state dict back
+bit for bit. A family's own test file (`test_convert_<family>.py`) holds only what is particular to it: its options'
+variants, the fields it cannot express, released configs, its own numerics."""
+
+from functools import partial
+
+import pytest
+import torch
+from conftest import VOCAB, assert_same_state_dict
+from support.families import tiny_reference
+from support.parity_harness import ATOL, assert_converts_exactly, source_batch
+
+from hf_tfm.convert import from_tfm, to_tfm
+from hf_tfm.convert.families import FAMILIES
+from hf_tfm.model.capabilities import backend_refusal
+
+DECODERS = [name for name, record in FAMILIES.items() if record.paradigm == "tfm_decoder"]
+ENCODERS = [name for name, record in FAMILIES.items() if record.paradigm == "tfm_encoder"]
+ENCODER_DECODERS = [name for name, record in FAMILIES.items() if record.paradigm == "tfm_encoder_decoder"]
+
+
+def backends(model) -> list[str]:
+    """eager, and sdpa where hf_tfm runs the config on it (a soft cap or attention sinks need another kernel)."""
+    return ["eager"] + (["sdpa"] if backend_refusal(model.config, "sdpa") is None else [])
+
+
+def test_every_family_is_proved_here():
+    assert set(DECODERS + ENCODERS + ENCODER_DECODERS) == set(FAMILIES) and len(FAMILIES) >= 21
+    assert all(record.tiny for record in FAMILIES.values())
+
+
+@pytest.mark.parametrize("name", DECODERS)
+def test_a_decoder_converts_exactly(name):
+    reference = tiny_reference(name)
+    ours = assert_converts_exactly(
+        reference,
+        to_tfm,
+        partial(from_tfm, name=name),
+        caches=("dynamic", "static"),
+        attns=backends(to_tfm(reference)),
+    )
+    assert type(ours).__name__ == "TfmDecoderForCausalLM"
+
+
+def assert_outputs_match(reference, ours, attn: str, **extra):
+    """The logits (a base model's last hidden states) on the real tokens of `source_batch`."""
+    for model in (reference, ours):
+        model.set_attn_implementation(attn)
+    if reference.config.is_encoder_decoder:  # T5's stacks keep config copies of their own
+        reference.get_encoder().set_attn_implementation(attn)
+        reference.get_decoder().set_attn_implementation(attn)
+    input_ids, attention_mask = source_batch()
+    with torch.no_grad():
+        expected = reference(input_ids=input_ids, attention_mask=attention_mask, **extra)
+        actual = ours(input_ids=input_ids, attention_mask=attention_mask, **extra)
+    expected = expected.logits if "logits" in expected else expected.last_hidden_state
+    actual = actual.logits if "logits" in actual else actual.last_hidden_state
+    assert expected.abs().max() > 100 * ATOL  # the comparison is not vacuous
+    real = attention_mask.bool() if not extra else slice(None)  # a decoder's tokens are all real
+    torch.testing.assert_close(actual[real], expected[real], atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("name", ENCODERS)
+def test_an_encoder_converts_exactly(name):
+    reference = tiny_reference(name)
+    ours = to_tfm(reference)
+    for attn in backends(ours):
+        assert_outputs_match(reference, ours, attn)
+    assert_outputs_match(reference, from_tfm(ours, name), "eager")
+
+
+@pytest.mark.parametrize("name", ENCODER_DECODERS)
+def test_an_encoder_decoder_converts_exactly(name):
+    reference = tiny_reference(name)
+    ours = to_tfm(reference)
+    decoder_input_ids = torch.randint(3, VOCAB, (2, 6), generator=torch.Generator().manual_seed(3))
+    for attn in backends(ours):
+        assert_outputs_match(reference, ours, attn, decoder_input_ids=decoder_input_ids)
+    assert_outputs_match(reference, from_tfm(ours, name), "eager", decoder_input_ids=decoder_input_ids)
+    input_ids, attention_mask = source_batch()
+    for num_beams in (1, 3):
+        kwargs = dict(attention_mask=attention_mask, do_sample=False, num_beams=num_beams, max_new_tokens=6)
+        assert torch.equal(ours.generate(input_ids, **kwargs), reference.generate(input_ids, **kwargs))
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_the_round_trip_restores_the_state_dict(name):
+    reference = tiny_reference(name)
+    expected = reference.state_dict()
+    back = from_tfm(to_tfm(reference), name)
+    assert type(back) is type(reference)
+    assert_same_state_dict(back.state_dict(), expected)
+    tied = [model.get_output_embeddings().weight is model.get_input_embeddings().weight for model in (reference, back)]
+    assert tied[0] == tied[1]
