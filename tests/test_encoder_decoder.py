@@ -267,3 +267,32 @@ def test_labels_without_decoder_start_token_id_are_refused():
     input_ids, attention_mask = encoder_batch()
     with pytest.raises(ValueError, match="decoder_start_token_id"):
         model(input_ids=input_ids, attention_mask=attention_mask, labels=labels_with_ignored())
+
+
+def test_a_config_change_the_model_cannot_honour_fails_at_save(tmp_path):
+    """A sliding window set on a built encoder-decoder's config (as transformers' eager-vs-sdpa tests set it) cannot
+    change the model: the save refuses it by name and writes nothing, so no checkpoint exists that its own loader
+    would refuse; a model built from that config is refused where it is built."""
+    model = seq2seq()
+    model.config.sliding_window = 2
+    with pytest.raises(Exception, match="sliding_window") as error:
+        model.save_pretrained(tmp_path / "model")
+    assert "single-stack" in str(error.value)
+    assert not (tmp_path / "model").exists() and list(tmp_path.iterdir()) == []
+    with pytest.raises(ValueError, match="sliding_window"):
+        TfmEncoderDecoderForConditionalGeneration(model.config)
+
+
+def test_the_one_token_table_is_declared_tied_as_t5_and_bart_declare_it(tmp_path):
+    """The body's table under its three names is in `_tied_weights_keys`, which transformers' tie machinery reads
+    (`all_tied_weights_keys`, as for T5Model and BartModel); a reload holds one tensor under the three names."""
+    model = seq2seq()
+    expected = {"encoder.embed_tokens.weight": "shared.weight", "decoder.embed_tokens.weight": "shared.weight"}
+    assert model.model._tied_weights_keys == expected
+    assert {f"model.{key}": f"model.{value}" for key, value in expected.items()}.items() <= (
+        model.all_tied_weights_keys.items()
+    )
+    model.save_pretrained(tmp_path / "model")
+    loaded = TfmEncoderDecoderForConditionalGeneration.from_pretrained(tmp_path / "model")
+    shared = loaded.model.shared.weight
+    assert loaded.model.encoder.embed_tokens.weight is shared and loaded.model.decoder.embed_tokens.weight is shared
