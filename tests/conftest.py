@@ -13,10 +13,11 @@ import pytest
 import torch
 
 from hf_tfm import TfmDecoderConfig, TfmDecoderForCausalLM
+from hf_tfm.convert.record import TINY_VOCAB
 
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
-VOCAB = 97
+VOCAB = TINY_VOCAB  # the family records' tiny size (hf_tfm.convert.record)
 
 
 def tiny_config(config_class=TfmDecoderConfig, **overrides):

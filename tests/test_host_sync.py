@@ -13,7 +13,6 @@ to the host without an aten op (`tolist`, `numpy`, `cpu`). It runs on the CPU an
 import pytest
 import torch
 from conftest import VOCAB, tiny_config
-from support.parity_harness import TINY_DECODER
 from transformers import (
     BartConfig,
     BartForConditionalGeneration,
@@ -32,6 +31,7 @@ from hf_tfm import (
     TfmEncoderDecoderForConditionalGeneration,
 )
 from hf_tfm.compat import CACHE_NAME
+from hf_tfm.convert.record import TINY_DECODER
 
 STEPS = 3
 GREEDY = dict(do_sample=False, max_new_tokens=STEPS + 1, min_new_tokens=STEPS + 1)

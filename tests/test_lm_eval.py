@@ -6,10 +6,10 @@ YAML multiple-choice task gives the same accuracy."""
 import pytest
 import torch
 from conftest import perturb
-from support.parity_harness import TINY_DECODER
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from hf_tfm.convert import to_tfm
+from hf_tfm.convert.record import TINY_DECODER
 from hf_tfm.training.tokenizers import train_tokenizer
 
 lm_eval = pytest.importorskip("lm_eval")

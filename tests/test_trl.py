@@ -10,7 +10,6 @@ CPU run needs is set (steps, batch, lengths, the CPU, no reporting); everything 
 import pytest
 import torch
 from conftest import perturb
-from support.parity_harness import TINY_DECODER
 
 trl = pytest.importorskip("trl")
 datasets = pytest.importorskip("datasets")
@@ -24,6 +23,7 @@ from transformers import (  # noqa: E402
 )
 
 from hf_tfm.convert import to_tfm  # noqa: E402
+from hf_tfm.convert.record import TINY_DECODER  # noqa: E402
 from hf_tfm.training.tokenizers import train_tokenizer  # noqa: E402
 
 TEXTS = [

@@ -7,21 +7,11 @@ import pytest
 import torch
 from conftest import VOCAB, assert_same_state_dict
 
+from hf_tfm.convert.record import TINY_WINDOW
+
 ATOL = 1e-4
 PAD = 0
-WINDOW = 4  # a sliding window shorter than the 9-token test prompts
-# the tiny decoder each Llama-family reference test builds, before its own fields
-TINY_DECODER = dict(
-    vocab_size=VOCAB,
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=64,
-    bos_token_id=1,
-    eos_token_id=2,
-)
+WINDOW = TINY_WINDOW  # a sliding window shorter than the 9-token test prompts
 # an hf_tfm config laid out as a Llama-family decoder, before a family's own fields
 LLAMA_SHAPED = dict(
     position_embedding_type="rope", norm_type="rmsnorm", ffn_type="glu", attention_bias=False, mlp_bias=False
