@@ -30,7 +30,6 @@ holds.
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -40,6 +39,7 @@ from accelerate.commands.config.config_args import ClusterConfig, load_config_fr
 from accelerate.commands.launch import _validate_launch_command, launch_command_parser
 from accelerate.utils import DistributedType
 from conftest import tiny_model
+from support.processes import run_process_group
 from transformers import AutoModelForCausalLM
 
 import hf_tfm  # noqa: F401  (registers the tfm model types)
@@ -61,7 +61,7 @@ LOSS_RTOL, PARAMETER_ATOL, LOGITS_ATOL = 1e-5, 1e-5, 1e-5
 
 def train(output: Path, launcher: list[str], batch: int) -> str:
     command = [*launcher, str(SCRIPT), *TINY, "--batch-size", str(batch), "--output-dir", str(output)]
-    result = subprocess.run(command, cwd=REPO, env=ENV, capture_output=True, text=True, check=False, timeout=600)
+    result = run_process_group(command, cwd=REPO, env=ENV, timeout=600)
     assert result.returncode == 0, f"{' '.join(command)}\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}"
     return result.stdout
 

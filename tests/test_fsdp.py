@@ -14,11 +14,11 @@ checkpoint's resumed run repeats the uninterrupted one exactly (measured: equal 
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from support.processes import run_process_group
 
 REPO = Path(__file__).resolve().parent.parent
 WORKER = REPO / "tests" / "support" / "fsdp_worker.py"
@@ -31,7 +31,7 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "
 def results(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("fsdp")
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(WORKER)]
-    run = subprocess.run([*command, str(out)], cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600)
+    run = run_process_group([*command, str(out)], cwd=REPO, env=ENV, timeout=600)
     assert run.returncode == 0, f"{' '.join(command)}\n{run.stdout[-3000:]}\n{run.stderr[-8000:]}"
     return json.loads((out / "results.json").read_text())
 

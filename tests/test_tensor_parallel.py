@@ -15,13 +15,13 @@ config field."""
 import json
 import os
 import re
-import subprocess
 import sys
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
+from support.processes import run_process_group
 from transformers.distributed import DistributedConfig
 from transformers.distributed.tensor_parallel import ALL_PARALLEL_STYLES
 
@@ -289,9 +289,7 @@ def measured(tmp_path_factory) -> list[dict]:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     env = os.environ | {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     for attempt in range(2):
-        result = subprocess.run(
-            [*command, str(WORKER), str(directory)], env=env, capture_output=True, text=True, timeout=300, check=False
-        )
+        result = run_process_group([*command, str(WORKER), str(directory)], env=env, timeout=300)
         if result.returncode == 0 or not died_in_native_code(result.stderr) or attempt == 1:
             break
         # once in CI (2026-11-27) rank 0 aborted in the t5_like run with glibc's "malloc(): unaligned fastbin chunk
