@@ -410,3 +410,31 @@ def test_generate_with_adapter(trained):
     merged = PeftModel.from_pretrained(paradigm.build(seed=0), trained.adapter_dir).merge_and_unload()
     assert torch.equal(merged.generate(input_ids=prompt, **greedy), generated)
     assert paradigm.build(seed=0).generate(input_ids=prompt, **greedy).tolist() != [expected]
+
+
+LM_HEADS = {  # model class, config, the vocabulary projection's name
+    "causal": (TfmDecoderForCausalLM, TfmDecoderConfig, "lm_head"),
+    "masked": (TfmEncoderForMaskedLM, TfmEncoderConfig, "lm_head.decoder"),
+    "seq2seq": (TfmEncoderDecoderForConditionalGeneration, TfmEncoderDecoderConfig, "lm_head"),
+}
+
+
+@pytest.mark.parametrize("head", LM_HEADS)
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_lora_on_the_lm_head_trains_and_merges(head, mode):
+    """LoRA may target the vocabulary projection (untied): PEFT wraps it in a layer of its own, which the head calls in
+    its place; the loss is the merged model's (chunked in training, over full logits in eval) and the adapter gets
+    gradients."""
+    model_class, config_class, name = LM_HEADS[head]
+    torch.manual_seed(0)
+    model = model_class(tiny_config(config_class, tie_word_embeddings=False, **BASE)).train(mode == "train")
+    ids = torch.randint(4, 90, (2, 8))
+    inputs = {"input_ids": ids, "labels": ids} | ({"decoder_input_ids": ids} if head == "seq2seq" else {})
+    lora = get_peft_model(model, LoraConfig(r=4, target_modules=[name], init_lora_weights=False))
+    loss = lora(**inputs).loss
+    loss.backward()
+    adapter = lora.get_submodule(f"base_model.model.{name}").lora_B["default"].weight
+    assert adapter.grad is not None and adapter.grad.abs().sum() > 0
+    merged = lora.merge_and_unload()
+    with torch.no_grad():
+        torch.testing.assert_close(merged(**inputs).loss, loss.detach(), atol=1e-5, rtol=1e-5)

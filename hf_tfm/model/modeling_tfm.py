@@ -39,7 +39,7 @@ from transformers.utils import ModelOutput, TransformersKwargs, can_return_tuple
 from .compat import CACHE_NAME, MASK_CACHE_ARGUMENT, accepts_legacy_cache_argument
 from .configuration_tfm import TfmDecoderConfig, TfmEncoderConfig, TfmEncoderDecoderConfig
 from .modeling_tfm_layers import make_dropout, make_token_embedding
-from .modeling_tfm_lm_head import TfmLMHead, TfmMaskedLMHead
+from .modeling_tfm_lm_head import TfmLMHead, TfmMaskedLMHead, lm_head_in
 from .modeling_tfm_loading import HEAD_MODULES
 from .modeling_tfm_moe import router_losses
 from .modeling_tfm_stack import (
@@ -443,7 +443,10 @@ class TfmDecoderForCausalLM(TfmDecoderHead, TfmGenerationMixin):
         return self.run(inputs, {"labels": labels}, logits_to_keep=logits_to_keep, **kwargs)
 
     def predict(self, outputs, inputs, labels, logits_to_keep=0, **kwargs) -> dict:
-        return self.lm_head.predict(outputs.last_hidden_state, labels, self.loss_function, logits_to_keep, **kwargs)
+        # through the module the model holds in the head's place (PEFT's wrapper of a targeted head calls it)
+        return lm_head_in(self.lm_head).predict(
+            outputs.last_hidden_state, labels, self.loss_function, self.lm_head, logits_to_keep, **kwargs
+        )
 
 
 class TfmDecoderForSequenceClassification(TfmSequenceClassification, TfmDecoderHead):
@@ -552,7 +555,10 @@ class TfmEncoderForMaskedLM(TfmEncoderHead):
 
     def predict(self, outputs, inputs, labels, **kwargs) -> dict:
         hidden_states = self.lm_head.transform(outputs.last_hidden_state)
-        return self.lm_head.decoder.predict(hidden_states, labels, self.loss_function, select_scored=True, **kwargs)
+        decoder = self.lm_head.decoder
+        return lm_head_in(decoder).predict(
+            hidden_states, labels, self.loss_function, decoder, select_scored=True, **kwargs
+        )
 
 
 class TfmEncoderForSequenceClassification(TfmSequenceClassification, TfmEncoderHead):
@@ -675,7 +681,9 @@ class TfmEncoderDecoderForConditionalGeneration(TfmHead, TfmGenerationMixin):
     def predict(self, outputs, inputs, labels, logits_to_keep=0, **kwargs) -> dict:
         # labels are already the decoder's targets: plain cross-entropy, not transformers' ForConditionalGeneration
         # loss, which shifts labels like a causal LM
-        return self.lm_head.predict(outputs.last_hidden_state, labels, ForMaskedLMLoss, logits_to_keep, **kwargs)
+        return lm_head_in(self.lm_head).predict(
+            outputs.last_hidden_state, labels, ForMaskedLMLoss, self.lm_head, logits_to_keep, **kwargs
+        )
 
     def router_stacks(self, outputs, inputs: dict) -> list[tuple[str, tuple, torch.Tensor | None]]:
         # each stack's router losses over that stack's real tokens

@@ -52,16 +52,19 @@ class TfmLMHead(nn.Linear):
         if self.bias_after_matmul and self.bias is not None:
             self.bias.requires_grad_(False)
 
-    def logits(self, hidden_states: torch.Tensor, logits_to_keep: int | torch.Tensor = 0) -> torch.Tensor:
-        """The logits of the real tokens at the positions kept."""
+    def logits(
+        self, hidden_states: torch.Tensor, logits_to_keep: int | torch.Tensor, layer: nn.Module
+    ) -> torch.Tensor:
+        """The logits of the real tokens at the positions kept. `layer`: the module the model holds in this head's
+        place (the head itself, or a PEFT wrapper around it), called for the projection."""
         hidden_states = slice_logits_to_keep(hidden_states, logits_to_keep)
         if self.input_scale != 1.0:
             hidden_states = hidden_states * self.input_scale
-        if self.bias_after_matmul and self.bias is not None and reads_its_weight(self, TfmLMHead):
+        if self.bias_after_matmul and self.bias is not None and reads_its_weight(layer, TfmLMHead):
             # rounded twice in bf16, as BART's (a sharded head's own call adds it inside, as the hooks gather)
             logits = nn.functional.linear(hidden_states, self.weight) + self.bias
         else:
-            logits = self(hidden_states)  # through the module's hooks: tensor parallelism gathers here
+            logits = layer(hidden_states)  # through the module's hooks: tensor parallelism gathers here
         if logits.shape[-1] != self.config.vocab_size:  # a padded head: a view of the real tokens' logits
             logits = logits[..., : self.config.vocab_size]
         cap = self.config.final_logit_softcapping
@@ -73,19 +76,19 @@ class TfmLMHead(nn.Linear):
         return logits * cap
 
     def predict(
-        self, hidden_states, labels, loss_function, logits_to_keep=0, select_scored: bool = False, **kwargs
+        self, hidden_states, labels, loss_function, layer: nn.Module, logits_to_keep=0, select_scored=False, **kwargs
     ) -> dict:
         """{"logits", "loss"}. Training with labels and gradients: the loss alone (Trainer's training step reads only
         the loss), projected chunk by chunk (`loss_chunk_size`; only the scored tokens with `select_scored`: a masked
         LM). Otherwise (evaluation, generation, `loss_chunk_size=0`, a weight that cannot be read as it is: a
         tensor-parallel shard or a ZeRO-3 partition, which the module's hooks gather; a quantised weight): the logits
         and, with labels, transformers' `loss_function` over them, 0 for a batch without a target (where it gives NaN).
-        Labels line up token for token with the states they score."""
+        Labels line up token for token with the states they score. `layer`: as for `logits`."""
         if labels is not None and labels.shape != hidden_states.shape[:-1]:
             raise ValueError(f"labels have shape {tuple(labels.shape)}, expected {tuple(hidden_states.shape[:-1])}")
         chunked = self.training and torch.is_grad_enabled() and self.config.loss_chunk_size != 0
-        if labels is None or not (chunked and reads_its_weight(self, TfmLMHead)):
-            logits = self.logits(hidden_states, logits_to_keep)
+        if labels is None or not (chunked and reads_its_weight(layer, TfmLMHead)):
+            logits = self.logits(hidden_states, logits_to_keep, layer)
             if labels is None:
                 return {"logits": logits, "loss": None}
             loss = loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
@@ -111,6 +114,11 @@ class TfmLMHead(nn.Linear):
         return {"logits": None, "loss": loss}
 
 
+def lm_head_in(layer: nn.Module) -> TfmLMHead:
+    """The `TfmLMHead` that `layer` is, or wraps: PEFT replaces a targeted head by a layer of its own that holds it."""
+    return next(module for module in layer.modules() if isinstance(module, TfmLMHead))
+
+
 class TfmMaskedLMHead(nn.Module):
     """BERT's MLM head: dense, activation and norm (`transform`), then the vocabulary projection (`decoder`, tied to
     the token table) with its own trained bias."""
@@ -126,7 +134,7 @@ class TfmMaskedLMHead(nn.Module):
         return self.norm(self.act_fn(self.dense(hidden_states)))
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.decoder.logits(self.transform(hidden_states))
+        return lm_head_in(self.decoder).logits(self.transform(hidden_states), 0, self.decoder)
 
 
 # ------------------------------------------------------------------------------------ the chunked cross-entropy
