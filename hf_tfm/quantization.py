@@ -1,8 +1,8 @@
 """torchao quantisation of the MoE experts' 3D weights, after `from_pretrained` quantised the Linear layers.
 
 `from_pretrained(..., quantization_config=TorchAoConfig(Int8WeightOnlyConfig()))` quantises every `nn.Linear` weight as
-transformers loads it, and nothing else: the experts' fused `gate_up_proj [E, 2I, H]` and `down_proj [E, H, I]` (most
-of an MoE model's bytes) would stay in full precision, silently. The models hand over to `finish_torchao_loading`
+transformers loads it, and nothing else: the experts' fused `gate_up_proj [E, 2I, H]` (`up_proj [E, I, H]` for ungated
+experts) and `down_proj [E, H, I]` (most of an MoE model's bytes) would stay in full precision, silently. The models hand over to `finish_torchao_loading`
 after every load (`hf_tfm.model_hooks`), which quantises them with the same torchao configuration, through torchao's
 parameter quantisation (`FqnToConfig`), so the expert weights become the tensor subclass the Linear layers hold.
 """
@@ -10,16 +10,18 @@ parameter quantisation (`FqnToConfig`), so the expert weights become the tensor 
 import torch
 from torch import nn
 
-EXPERT_WEIGHTS = ("gate_up_proj", "down_proj")
+
+
+def expert_weights(module: nn.Module) -> list[str]:
+    """The names of `module`'s fused 3D expert weights: gated experts' `gate_up_proj` or ungated ones' `up_proj`,
+    and `down_proj`; [] for any other module (a dense feed-forward's `up_proj` is a Linear layer)."""
+    names = [name for name in ("gate_up_proj", "up_proj", "down_proj") if getattr(getattr(module, name, None), "ndim", 0) == 3]
+    return names if len(names) == 2 and names[-1] == "down_proj" else []
 
 
 def expert_modules(model: nn.Module) -> dict[str, nn.Module]:
     """Modules holding fused 3D expert weights (hf_tfm's `TfmExperts`, transformers' Mixtral-style ones), by name."""
-    return {
-        name: module
-        for name, module in model.named_modules()
-        if all(getattr(getattr(module, weight, None), "ndim", 0) == 3 for weight in EXPERT_WEIGHTS)
-    }
+    return {name: module for name, module in model.named_modules() if expert_weights(module)}
 
 
 def is_quantized(weight: torch.Tensor) -> bool:
@@ -27,7 +29,7 @@ def is_quantized(weight: torch.Tensor) -> bool:
 
 
 def experts_quantized(module: nn.Module) -> bool:
-    return all(is_quantized(getattr(module, weight)) for weight in EXPERT_WEIGHTS)
+    return all(is_quantized(getattr(module, weight)) for weight in expert_weights(module))
 
 
 def quantize_expert_weights(model: nn.Module, quant_type, skip=()) -> None:
@@ -42,13 +44,13 @@ def quantize_expert_weights(model: nn.Module, quant_type, skip=()) -> None:
             continue
         reason = "torchao skipped them"  # as it skips shapes its kernels cannot take, with a log line only
         try:
-            quantize_(module, FqnToConfig({weight: quant_type for weight in EXPERT_WEIGHTS}), filter_fn=None)
+            quantize_(module, FqnToConfig({weight: quant_type for weight in expert_weights(module)}), filter_fn=None)
         except (NotImplementedError, AssertionError, ValueError) as error:
             reason = str(error)
         if not experts_quantized(module):
             raise ValueError(
                 f"{name}: torchao's {type(quant_type).__name__} cannot quantise the experts' 3D weights "
-                f"{EXPERT_WEIGHTS} ({reason}). Use Int8WeightOnlyConfig or Int8DynamicActivationInt8WeightConfig, or "
+                f"{expert_weights(module)} ({reason}). Use Int8WeightOnlyConfig or Int8DynamicActivationInt8WeightConfig, or "
                 f"keep the experts in full precision with TorchAoConfig(..., modules_to_not_convert=['experts'])."
             )
 

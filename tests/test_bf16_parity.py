@@ -7,7 +7,9 @@ control shows each one matters):
 - `router_weights_in_model_dtype` (Qwen2-MoE, Qwen3-MoE): the top-k weights are cast to the logits' dtype (GPT-OSS's
   `top_k_softmax` scoring computes them in that dtype);
 - `round_embedding_scale` (Gemma 2, Gemma 3): sqrt(hidden_size) rounded to the table's dtype;
-- `router_in_float32` (DeepSeek-V3, tests/test_convert_deepseek_v3.py).
+- `router_in_float32` (DeepSeek-V3, tests/test_convert_deepseek_v3.py; Switch Transformer);
+- `router_scores_in_model_dtype` (Switch Transformer): the router's float32 probabilities are rounded to the model's
+  dtype before the top-1 expert is chosen and weighted.
 - BART's `final_logits_bias` is added after the LM head's matmul, as its reference adds it (rounded twice in bf16)."""
 
 import copy
@@ -27,6 +29,8 @@ NUMERICS = {
     "rope_in_float32": ("modernbert",),
     "router_weights_in_model_dtype": ("qwen2_moe", "qwen3_moe"),
     "round_embedding_scale": ("gemma2", "gemma3_text"),
+    "router_in_float32": ("switch_transformers",),
+    "router_scores_in_model_dtype": ("switch_transformers",),
 }
 
 
@@ -35,6 +39,11 @@ def bf16_pair(name: str):
     reference = tiny_reference(name)
     ours = to_tfm(reference).to(torch.bfloat16).eval()
     reference = reference.to(torch.bfloat16).eval()
+    # the kernels the reference runs: its attention backend (Switch Transformer's is eager only), and the experts'
+    # eager loop where its experts are a loop of modules (Switch's; no experts backend to set)
+    ours.set_attn_implementation(reference.config._attn_implementation)
+    if not reference._can_set_experts_implementation():
+        ours.set_experts_implementation("eager")
     ids = torch.randint(3, reference.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
     inputs = {"input_ids": ids}
     if reference.config.is_encoder_decoder:

@@ -127,6 +127,26 @@ def test_mixtral_logits_and_losses_match(experts):
     torch.testing.assert_close(actual.loss, expected.loss, atol=ATOL, rtol=0)
 
 
+def test_mixtral_jitter_noise_trains_as_the_reference():
+    """In training mode with jitter noise, the same seed gives the reference's loss and gradients: the router and the
+    experts both see the jittered tokens, as Mixtral's do."""
+    ref = mixtral(router_jitter_noise=0.2)
+    ours = to_tfm(ref)
+    input_ids, attention_mask, position_ids, labels = padded_batch()
+    kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, labels=labels)
+    ref.train(), ours.train()
+    torch.manual_seed(3)
+    expected = ref(**kwargs, output_router_logits=True)
+    torch.manual_seed(3)
+    actual = ours(**kwargs)
+    torch.testing.assert_close(actual.loss, expected.loss, atol=1e-6, rtol=0)
+    expected.loss.backward(), actual.loss.backward()
+    gate = ref.model.layers[0].mlp.experts.gate_up_proj.grad
+    torch.testing.assert_close(ours.model.layers[0].mlp.experts.gate_up_proj.grad, gate, atol=1e-5, rtol=0)
+    torch.manual_seed(4)  # the control: another draw, another loss
+    assert (ours(**kwargs).loss - actual.loss).abs() > 1e-6
+
+
 @pytest.mark.parametrize("num_beams", [1, 3], ids=["greedy", "beam3"])
 def test_mixtral_generate_matches(num_beams):
     """Greedy and beam search on a left-padded batch give Mixtral's tokens."""
@@ -200,6 +220,16 @@ VARIANTS = {
     "sigmoid": dict(scoring_func="sigmoid"),
     "softmax-shared-gated": dict(shared_expert_intermediate_size=16, shared_expert_gate=True),
     "sigmoid-shared": dict(scoring_func="sigmoid", shared_expert_intermediate_size=16),
+    # Switch Transformer's experts: ungated, top-1, a capacity per sequence, its router losses
+    "switch": dict(
+        moe_ffn_type="mlp",
+        hidden_act="relu",
+        num_experts_per_tok=1,
+        norm_topk_prob=False,
+        expert_capacity=4,
+        router_loss_style="switch",
+        numerics=["router_in_float32", "router_scores_in_model_dtype"],
+    ),
 }
 
 
@@ -483,8 +513,17 @@ def test_within_capacity_first_come_first_served():
     """Hand case: capacity ceil(1.0 * 4 * 2 / 4) = 2; first choices are served before second ones, in token order."""
     router = moe_model(capacity_factor=1.0).model.layers[0].mlp.router
     index = torch.tensor([[0, 1], [0, 1], [0, 2], [0, 1]])
-    expected = torch.tensor([[1.0, 1.0], [1.0, 1.0], [0.0, 1.0], [0.0, 0.0]])
-    assert torch.equal(router.within_capacity(index), expected)
+    expected = torch.tensor([[True, True], [True, True], [False, True], [False, False]])
+    assert torch.equal(router.within_capacity(index, sequences=2), expected)  # a factor counts the whole batch
+
+
+def test_expert_capacity_is_counted_per_sequence():
+    """Hand case: 2 sequences of 3 tokens, capacity 1 token per expert per sequence (Switch Transformer): each
+    sequence serves its own first token of each expert, whatever the other sequence took."""
+    router = moe_model(expert_capacity=1, num_experts_per_tok=1).model.layers[0].mlp.router
+    index = torch.tensor([[0], [0], [1], [0], [1], [1]])
+    expected = torch.tensor([[True], [False], [True], [True], [True], [False]])
+    assert torch.equal(router.within_capacity(index, sequences=2), expected)
 
 
 def test_small_capacity_drops_assignments():

@@ -11,13 +11,20 @@ from hf_tfm.model.modeling_tfm_moe import TfmMoE
 GLU = dict(ffn_type="glu", hidden_act="silu", mlp_bias=False)
 
 
+MLP = dict(ffn_type="mlp", hidden_act="gelu", mlp_bias=False)
+
+
 @pytest.mark.parametrize(
-    "moe_fields", [{}, {"decoder_sparse_step": 2}, {"moe_layers": [0]}], ids=["all", "every-2nd", "list"]
+    "moe_fields, feed_forward",
+    [({}, GLU), ({"decoder_sparse_step": 2}, GLU), ({"moe_layers": [0]}, GLU), ({}, MLP)],
+    ids=["all", "every-2nd", "list", "ungated"],
 )
-def test_upcycled_decoder_matches_dense(moe_fields):
-    """Right after upcycling, logits equal the dense model's (normalised top-k), on the layers chosen."""
-    dense = perturb(tiny_model(num_hidden_layers=2, **GLU))
+def test_upcycled_decoder_matches_dense(moe_fields, feed_forward):
+    """Right after upcycling, logits equal the dense model's (normalised top-k), on the layers chosen; a gated
+    feed-forward becomes gated experts, an ungated one ungated experts."""
+    dense = perturb(tiny_model(num_hidden_layers=2, **feed_forward))
     moe = upcycle(dense, num_experts=4, num_experts_per_tok=2, **moe_fields).eval()
+    assert moe.config.moe_ffn_type == feed_forward["ffn_type"]
     layers = [isinstance(layer.mlp, TfmMoE) for layer in moe.model.layers]
     assert layers == [moe.config.is_moe_layer(i) for i in range(2)] and any(layers)
     ids = torch.randint(3, VOCAB, (2, 9))
@@ -53,12 +60,10 @@ def test_experts_diverge_after_training():
     assert not torch.equal(experts[0], experts[1])
 
 
-@pytest.mark.parametrize(
-    "overrides, field", [({"ffn_type": "mlp"}, "ffn_type"), ({**GLU, "mlp_bias": True}, "mlp_bias")]
-)
-def test_upcycling_refuses_what_experts_cannot_copy(overrides, field):
-    with pytest.raises(ValueError, match=field):
-        upcycle(tiny_model(**{**GLU, **overrides}), num_experts=4)
+@pytest.mark.parametrize("feed_forward", [GLU, MLP], ids=["gated", "ungated"])
+def test_upcycling_refuses_what_experts_cannot_copy(feed_forward):
+    with pytest.raises(ValueError, match="mlp_bias"):
+        upcycle(tiny_model(**{**feed_forward, "mlp_bias": True}), num_experts=4)
 
 
 def test_upcycle_command(tmp_path):

@@ -165,7 +165,8 @@ MOE_FIELDS = (
     "shared_expert_intermediate_size", "shared_expert_gate", "scoring_func", "norm_topk_prob", "router_jitter_noise",
     "router_aux_loss_coef", "router_z_loss_coef", "router_bias_update_rate", "capacity_factor",
     "output_router_logits", "router_bias", "expert_mlp_bias", "swiglu_limit", "swiglu_alpha", "router_choice_bias",
-    "num_expert_groups", "topk_expert_groups", "routed_scaling_factor",
+    "num_expert_groups", "topk_expert_groups", "routed_scaling_factor", "moe_ffn_type", "expert_capacity",
+    "router_loss_style",
 )  # fmt: skip
 # Fields only latent attention (kv_lora_rank) reads.
 LATENT_ATTENTION_FIELDS = ("q_lora_rank", "qk_nope_head_dim", "v_head_dim", "rope_interleave")
@@ -225,6 +226,7 @@ NUMERICS_READ = {
     "round_embedding_scale": lambda fields: fields["scale_embeddings"],
     "router_in_float32": lambda fields: fields["num_experts"] > 0,
     "router_weights_in_model_dtype": lambda fields: fields["num_experts"] > 0,
+    "router_scores_in_model_dtype": lambda fields: fields["num_experts"] > 0,
 }
 
 

@@ -17,16 +17,23 @@ ONE_TOKEN_TABLE = "hf_tfm keeps one token table shared by encoder and decoder"
 # the final norm).
 
 
+def _t5_dropouts_and_tokens(config) -> dict:
+    """What T5 and Switch Transformer keep alike: one dropout rate everywhere, and the tokens their configs may lack."""
+    return dict(
+        **dict.fromkeys(("hidden_dropout", "attention_dropout", "embedding_dropout"), float(config.dropout_rate)),
+        bos_token_id=getattr(config, "bos_token_id", None),
+        decoder_start_token_id=getattr(config, "decoder_start_token_id", None),
+    )
+
+
 def _t5_to_tfm(config, tie_word_embeddings: bool | None = None) -> dict:
     """`tie_word_embeddings` defaults to the saved flag (`scale_decoder_outputs`): tied v1.0, untied v1.1."""
     return dict(
         ffn_type="glu" if config.is_gated_act else "mlp",
         hidden_act=config.dense_act_fn,
         scale_lm_head_input=config.scale_decoder_outputs,
-        **dict.fromkeys(("hidden_dropout", "attention_dropout", "embedding_dropout"), float(config.dropout_rate)),
         tie_word_embeddings=config.scale_decoder_outputs if tie_word_embeddings is None else tie_word_embeddings,
-        bos_token_id=getattr(config, "bos_token_id", None),
-        decoder_start_token_id=getattr(config, "decoder_start_token_id", None),
+        **_t5_dropouts_and_tokens(config),
     )
 
 
@@ -61,6 +68,59 @@ def _untie(model, target) -> None:
         target.all_tied_weights_keys.pop("lm_head.weight", None)
 
 
+# T5's layout, Switch Transformer's too: each block's sublayers are numbered (self-attention, cross-attention in the
+# decoder, feed-forward), the position bias is kept by block 0's self-attention, one token table per stack
+T5_STACK_RENAMES = (
+    (
+        r"^(encoder|decoder)\.block\.0\.layer\.0\.SelfAttention\.relative_attention_bias\.",
+        r"model.\1.position_bias.relative_attention_bias.",
+    ),
+    (r"^(encoder|decoder)\.final_layer_norm\.", r"model.\1.norm."),
+    (r"^encoder\.block\.(\d+)\.layer\.1\.", r"model.encoder.layers.\1.feed_forward."),
+    (r"^decoder\.block\.(\d+)\.layer\.1\.", r"model.decoder.layers.\1.cross_attention."),
+    (r"^decoder\.block\.(\d+)\.layer\.2\.", r"model.decoder.layers.\1.feed_forward."),
+    (r"^(encoder|decoder)\.block\.(\d+)\.layer\.0\.", r"model.\1.layers.\2.self_attention."),
+    (r"\.self_attention\.SelfAttention\.([qkvo])\.", r".self_attn.\1_proj."),
+    (r"\.self_attention\.layer_norm\.", ".attn_norm."),
+    (r"\.cross_attention\.EncDecAttention\.([qkvo])\.", r".cross_attn.\1_proj."),
+    (r"\.cross_attention\.layer_norm\.", ".cross_attn_norm."),
+    (r"\.feed_forward\.layer_norm\.", ".ffn_norm."),
+    (r"^shared\.", "model.shared."),
+)
+T5_TABLE_COPIES = {
+    "encoder.embed_tokens.weight": ("shared.weight", ONE_TOKEN_TABLE),
+    "decoder.embed_tokens.weight": ("shared.weight", ONE_TOKEN_TABLE),
+}
+T5_FIELDS = {
+    "vocab_size": "vocab_size",
+    "d_model": "hidden_size",
+    "d_kv": "head_dim",
+    "d_ff": "intermediate_size",
+    "num_layers": "num_hidden_layers",
+    "num_decoder_layers": "decoder_layers",
+    "num_heads": "num_attention_heads",
+    "relative_attention_num_buckets": "relative_attention_num_buckets",
+    "relative_attention_max_distance": "relative_attention_max_distance",
+    "layer_norm_epsilon": "layer_norm_eps",
+    "pad_token_id": "pad_token_id",
+    "eos_token_id": "eos_token_id",
+}
+T5_ARCHITECTURE = dict(
+    position_embedding_type="relative_bias",
+    norm_type="rmsnorm",
+    norm_position="pre",
+    final_norm=True,
+    embedding_norm=False,
+    scale_embeddings=False,
+    attention_bias=False,
+    mlp_bias=False,
+    attention_multiplier=1.0,
+    lm_head_bias=False,
+)
+T5_UNREAD_INIT = {"initializer_factor": "read only to initialise weights; converted weights are given"}
+T5_OUR_UNREAD = {"initializer_range": "read only to initialise weights; converted weights are given"}
+
+
 T5 = Family(
     name="t5",
     tiny=dict(  # v1.0: ReLU MLP, the LM head tied and rescaled; few buckets, so the logarithmic ones are used
@@ -83,65 +143,24 @@ T5 = Family(
     paradigm="tfm_encoder_decoder",
     classes={"T5ForConditionalGeneration": "TfmEncoderDecoderForConditionalGeneration"},
     config_class="T5Config",
-    fields={
-        "vocab_size": "vocab_size",
-        "d_model": "hidden_size",
-        "d_kv": "head_dim",
-        "d_ff": "intermediate_size",
-        "num_layers": "num_hidden_layers",
-        "num_decoder_layers": "decoder_layers",
-        "num_heads": "num_attention_heads",
-        "relative_attention_num_buckets": "relative_attention_num_buckets",
-        "relative_attention_max_distance": "relative_attention_max_distance",
-        "layer_norm_epsilon": "layer_norm_eps",
-        "pad_token_id": "pad_token_id",
-        "eos_token_id": "eos_token_id",
-    },
-    fixed=dict(
-        position_embedding_type="relative_bias",
-        norm_type="rmsnorm",
-        norm_position="pre",
-        final_norm=True,
-        embedding_norm=False,
-        scale_embeddings=False,
-        attention_bias=False,
-        mlp_bias=False,
-        attention_multiplier=1.0,
-        lm_head_bias=False,
-    ),
+    fields=T5_FIELDS,
+    fixed=T5_ARCHITECTURE,
     unread={
-        "initializer_factor": "read only to initialise weights; converted weights are given",
+        **T5_UNREAD_INIT,
         "classifier_dropout": "read only by T5's classification heads",
         "n_positions": "a transformers 4.x T5Config key that transformers 5's T5 never reads (no position table)",
     },
-    our_unread={"initializer_range": "read only to initialise weights; converted weights are given"},
+    our_unread=T5_OUR_UNREAD,
     weights=Weights(
         # each block's sublayers are numbered: self-attention, (cross-attention,) feed-forward
         renames=(
-            (
-                r"^(encoder|decoder)\.block\.0\.layer\.0\.SelfAttention\.relative_attention_bias\.",
-                r"model.\1.position_bias.relative_attention_bias.",
-            ),
-            (r"^(encoder|decoder)\.final_layer_norm\.", r"model.\1.norm."),
-            (r"^encoder\.block\.(\d+)\.layer\.1\.", r"model.encoder.layers.\1.feed_forward."),
-            (r"^decoder\.block\.(\d+)\.layer\.1\.", r"model.decoder.layers.\1.cross_attention."),
-            (r"^decoder\.block\.(\d+)\.layer\.2\.", r"model.decoder.layers.\1.feed_forward."),
-            (r"^(encoder|decoder)\.block\.(\d+)\.layer\.0\.", r"model.\1.layers.\2.self_attention."),
-            (r"\.self_attention\.SelfAttention\.([qkvo])\.", r".self_attn.\1_proj."),
-            (r"\.self_attention\.layer_norm\.", ".attn_norm."),
-            (r"\.cross_attention\.EncDecAttention\.([qkvo])\.", r".cross_attn.\1_proj."),
-            (r"\.cross_attention\.layer_norm\.", ".cross_attn_norm."),
+            *T5_STACK_RENAMES,
             (r"\.feed_forward\.DenseReluDense\.wi_0\.", ".mlp.gate_proj."),
             (r"\.feed_forward\.DenseReluDense\.wi_1\.", ".mlp.up_proj."),
             (r"\.feed_forward\.DenseReluDense\.wi\.", ".mlp.up_proj."),
             (r"\.feed_forward\.DenseReluDense\.wo\.", ".mlp.down_proj."),
-            (r"\.feed_forward\.layer_norm\.", ".ffn_norm."),
-            (r"^shared\.", "model.shared."),
         ),
-        copies={
-            "encoder.embed_tokens.weight": ("shared.weight", ONE_TOKEN_TABLE),
-            "decoder.embed_tokens.weight": ("shared.weight", ONE_TOKEN_TABLE),
-        },
+        copies=T5_TABLE_COPIES,
     ),
     pair={"defaults": {"decoder_start_token_id": 0}},  # T5's decoder starts from pad, as its checkpoints
     to_tfm=_t5_to_tfm,
@@ -257,4 +276,166 @@ BART = Family(
     ),
 )
 
-ENCODER_DECODERS = (T5, BART)
+# ------------------------------------------------------------------------------------------- Switch Transformer
+# T5 v1.0 (ReLU MLP, the LM head input rescaled when tied) with every `step`-th feed-forward a Mixture of Experts: a
+# float32 top-1 softmax router (probabilities rounded to the model's dtype, the chosen one weighting its expert),
+# ungated ReLU experts held one module each (stacked into hf_tfm's fused [E, ...] tensors), a capacity per expert per
+# sequence (a dropped token's expert output is 0), and Switch's own router losses. transformers' Switch makes layer i
+# sparse when `i % step == 1` (or every layer when step is 1; `step = layers // sparse layers`); hf_tfm lists the
+# layers (`moe_layers`), one list for both stacks.
+
+
+def _switch_sparse_layers(layers: int, step: int) -> list[int]:
+    """The layers transformers' SwitchTransformers makes sparse in a stack of `layers` with `step`."""
+    return [i for i in range(layers) if step > 0 and (step == 1 or i % step == 1)]
+
+
+def _switch_sparse_count(layers: int, sparse: list[int]) -> int | None:
+    """The fewest `num_sparse_*_layers` that make exactly `sparse` the sparse layers of a stack of `layers` (more
+    than `layers` make none sparse: step 0)."""
+    for count in range(layers + 2):
+        if _switch_sparse_layers(layers, layers // count if count else layers) == sparse:
+            return count
+    return None
+
+
+def _switch_stacks(config) -> list[tuple[str, int, int]]:
+    """(the name of its sparse-layer count, its depth, its step) for the encoder and the decoder."""
+    return [
+        ("num_sparse_encoder_layers", config.num_layers, config.encoder_sparse_step),
+        ("num_sparse_decoder_layers", config.num_decoder_layers, config.decoder_sparse_step),
+    ]
+
+
+def _cannot_convert_switch(why: str):
+    return ValueError(f"Cannot convert SwitchTransformersConfig to TfmEncoderDecoderConfig exactly: {why}")
+
+
+def _switch_to_tfm(config) -> dict:
+    if config.router_dtype != "float32":
+        raise _cannot_convert_switch(f"router_dtype={config.router_dtype!r} (hf_tfm's router scores in float32)")
+    encoder, decoder = (_switch_sparse_layers(depth, step) for _, depth, step in _switch_stacks(config))
+    if encoder != decoder:
+        raise _cannot_convert_switch(
+            f"the encoder's sparse layers {encoder} differ from the decoder's {decoder}, and hf_tfm's stacks share "
+            "one moe_layers list"
+        )
+    for name, depth, step in _switch_stacks(config):
+        if step == 1 and (config.router_aux_loss_coef or config.router_z_loss_coef):
+            raise _cannot_convert_switch(
+                f"{name}={getattr(config, name)} makes every layer sparse, where SwitchTransformers computes no "
+                "router losses and hf_tfm would; set router_aux_loss_coef and router_z_loss_coef to 0"
+            )
+    return dict(
+        **_t5_dropouts_and_tokens(config),
+        ffn_type="mlp",
+        moe_ffn_type="mlp",
+        hidden_act=config.dense_act_fn,
+        scale_lm_head_input=config.tie_word_embeddings,  # Switch rescales a tied head's input, as T5 v1.0
+        tie_word_embeddings=config.tie_word_embeddings,
+        moe_intermediate_size=config.d_ff,
+        moe_layers=encoder,
+    )
+
+
+def _switch_from_tfm(config) -> dict:
+    counts = {}
+    for name, depth in (("num_sparse_encoder_layers", config.num_hidden_layers), ("num_sparse_decoder_layers",
+                                                                                   config.decoder_layers)):
+        counts[name] = _switch_sparse_count(depth, config.moe_layers if config.num_experts else [])
+        if counts[name] is None:
+            raise ValueError(
+                f"Cannot convert TfmEncoderDecoderConfig to SwitchTransformersConfig exactly: moe_layers="
+                f"{config.moe_layers} is no layout of Switch's (layer i of {depth} sparse when i % step == 1)"
+            )
+    return dict(
+        **counts,
+        dense_act_fn=config.hidden_act,
+        dropout_rate=config.hidden_dropout,
+        tie_word_embeddings=config.tie_word_embeddings,
+        bos_token_id=config.bos_token_id,
+        decoder_start_token_id=config.decoder_start_token_id,
+    )
+
+
+def _switch_form(config):
+    """Each stack's sparse-layer count as the fewest that give its sparse layers (several counts give one layout)."""
+    counts = {}
+    for name, depth, step in _switch_stacks(config):
+        counts[name] = _switch_sparse_count(depth, _switch_sparse_layers(depth, step))
+    return _t5_form(config_with(config, **counts))
+
+
+SWITCH_TRANSFORMERS = Family(
+    name="switch_transformers",
+    tiny=dict(  # layer 1 of 2 sparse in each stack; a capacity of 3 drops tokens of the tests' 9-token prompts
+        vocab_size=TINY_VOCAB,
+        d_model=32,
+        d_kv=16,
+        d_ff=64,
+        num_layers=2,
+        num_decoder_layers=2,  # its default is 12 whatever num_layers says
+        num_heads=4,
+        num_experts=4,
+        num_sparse_encoder_layers=1,
+        num_sparse_decoder_layers=1,
+        expert_capacity=3,
+        relative_attention_num_buckets=8,
+        relative_attention_max_distance=20,
+        router_jitter_noise=0.0,
+        dropout_rate=0.0,
+        pad_token_id=0,
+        eos_token_id=2,
+        decoder_start_token_id=0,
+    ),
+    summary="top-1 ungated experts, a capacity per sequence, Switch's router losses",
+    paradigm="tfm_encoder_decoder",
+    classes={"SwitchTransformersForConditionalGeneration": "TfmEncoderDecoderForConditionalGeneration"},
+    config_class="SwitchTransformersConfig",
+    fields={
+        **T5_FIELDS,
+        "num_experts": "num_experts",
+        "expert_capacity": "expert_capacity",
+        "router_bias": "router_bias",
+        "router_jitter_noise": "router_jitter_noise",
+        "router_z_loss_coef": "router_z_loss_coef",
+        "router_aux_loss_coef": "router_aux_loss_coef",
+    },
+    fixed=dict(
+        T5_ARCHITECTURE,
+        num_experts_per_tok=1,
+        norm_topk_prob=False,
+        scoring_func="softmax",
+        router_loss_style="switch",
+        numerics=["router_in_float32", "router_scores_in_model_dtype"],
+    ),
+    unread={
+        **T5_UNREAD_INIT,
+        "router_ignore_padding_tokens": "SwitchTransformers stores it and never reads it",
+        "add_router_probs": "transformers 5's SwitchTransformers never reads it",
+        # the way back writes the steps from the counts, as SwitchTransformersConfig does
+        "encoder_sparse_step": "derived from num_sparse_encoder_layers, which is compared",
+        "decoder_sparse_step": "derived from num_sparse_decoder_layers, which is compared",
+    },
+    our_unread={
+        **T5_OUR_UNREAD,
+        "output_router_logits": "SwitchTransformers returns router logits when a call asks (no config field)",
+    },
+    weights=Weights(
+        renames=(
+            *T5_STACK_RENAMES,
+            (r"\.feed_forward\.mlp\.router\.classifier\.", ".mlp.router."),
+            (r"\.feed_forward\.mlp\.experts\.expert_(\d+)\.wi\.weight$", r".mlp.experts.\1.up_proj"),
+            (r"\.feed_forward\.mlp\.experts\.expert_(\d+)\.wo\.weight$", r".mlp.experts.\1.down_proj"),
+            (r"\.feed_forward\.mlp\.wi\.", ".mlp.up_proj."),
+            (r"\.feed_forward\.mlp\.wo\.", ".mlp.down_proj."),
+        ),
+        stacked=r"^(.*\.experts)\.(\d+)\.(up_proj|down_proj)$",
+        copies=T5_TABLE_COPIES,
+    ),
+    to_tfm=_switch_to_tfm,
+    from_tfm=_switch_from_tfm,
+    their_form=_switch_form,
+)
+
+ENCODER_DECODERS = (T5, BART, SWITCH_TRANSFORMERS)

@@ -145,6 +145,22 @@ def _alternated(tensor: torch.Tensor, axis: int) -> torch.Tensor:
     return torch.stack([gate, up], dim=axis + 1).flatten(axis, axis + 1)
 
 
+def _expert_slot(weights: Weights, key: str) -> tuple[str, int] | None:
+    """(the stacked hf_tfm key, the index in it) for an hf_tfm-named `key` that `weights.stacked` matches."""
+    found = re.match(weights.stacked, key) if weights.stacked else None
+    return None if found is None else (f"{found[1]}.{found[3]}", int(found[2]))
+
+
+def _stack(slots: dict[str, dict[int, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Each stacked key's tensors joined along a new first axis, in index order (every index from 0 present)."""
+    state = {}
+    for key, tensors in slots.items():
+        if sorted(tensors) != list(range(len(tensors))):
+            raise ValueError(f"Cannot stack {key}: indices {sorted(tensors)} are not 0 to {len(tensors) - 1}")
+        state[key] = torch.stack([tensors[index] for index in range(len(tensors))])
+    return state
+
+
 def _fitted(tensor: torch.Tensor, expected: torch.Tensor | None) -> torch.Tensor:
     """`tensor` with `expected`'s axes of size 1 where the two differ only by such axes (BART's `final_logits_bias`
     is `[1, vocab]`, hf_tfm's head bias `[vocab]`). The sizes stay the tensor's own: a padded vocabulary is cut
@@ -172,7 +188,7 @@ def weights_to_tfm(weights: Weights, source: dict, target: nn.Module) -> dict:
     rows; records name q, k and v apart, joined at the end for a target with `fused_qkv_proj`)."""
     own, heads = target.state_dict(), target.config.num_attention_heads
     expected = split_qkv(own, target.config)
-    state = {}
+    state, slots = {}, {}
     for key, tensor in source.items():
         if key in weights.copies:
             continue
@@ -181,6 +197,9 @@ def weights_to_tfm(weights: Weights, source: dict, target: nn.Module) -> dict:
         if (axis := _alternation(weights, key)) is not None:
             tensor = _stacked(tensor, axis)
         ours = _renamed(weights, key)
+        if (slot := _expert_slot(weights, ours)) is not None:
+            slots.setdefault(slot[0], {})[slot[1]] = tensor
+            continue
         parts = _parts(weights, ours)
         if parts is None:
             state[ours] = _fitted(tensor, expected.get(ours))
@@ -189,7 +208,7 @@ def weights_to_tfm(weights: Weights, source: dict, target: nn.Module) -> dict:
         if missing:
             raise ValueError(f"Converted weights do not fit {type(target).__name__}: {key} has no parts {missing}")
         state.update(zip(parts, _split(weights, tensor, [expected[part].shape[0] for part in parts], heads)))
-    return join_qkv(state, own.keys())
+    return join_qkv(state | _stack(slots), own.keys())
 
 
 def weights_from_tfm(weights: Weights, source: dict, target: nn.Module, heads: int) -> dict:
@@ -200,7 +219,10 @@ def weights_from_tfm(weights: Weights, source: dict, target: nn.Module, heads: i
             continue
         ours = _renamed(weights, key)
         parts = _parts(weights, ours)
-        if parts is None:
+        if (slot := _expert_slot(weights, ours)) is not None:
+            stacked = source.get(slot[0])
+            tensor = None if stacked is None or slot[1] >= stacked.shape[0] else stacked[slot[1]]
+        elif parts is None:
             tensor = source.get(ours)
         elif all(part in source for part in parts):
             tensor = _joined(weights, [source[part] for part in parts], heads)

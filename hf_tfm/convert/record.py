@@ -85,6 +85,9 @@ class Weights:
     - `fused`: an hf_tfm-named fused module (what `renames` turns the reference's into, e.g. `self_attn.qkv`) ->
       the hf_tfm modules whose rows it stacks, in order. Row counts come from the hf_tfm model's own parameters.
     - `interleaved`: the fused rows alternate per head (`[heads, parts, head_dim]`, GPT-NeoX) instead of stacking.
+    - `stacked`: a pattern on hf_tfm keys (what `renames` gives) with three groups, (module, index, name): the
+      reference keeps one tensor per index (Switch Transformer's `experts.expert_3.wi`, renamed `experts.3.up_proj`),
+      hf_tfm one tensor `module.name` stacking them along a new first axis, in index order.
     - `copies`: a reference key -> (the key it must equal, the reason): a tensor the reference keeps twice
       (T5's per-stack token tables), refused when the copies differ and filled from the original on the way back.
     """
@@ -94,6 +97,7 @@ class Weights:
     alternating: tuple[tuple[str, int], ...] = ()
     fused: dict[str, tuple[str, ...]] = field(default_factory=dict)
     interleaved: bool = False
+    stacked: str | None = None
     copies: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 

@@ -16,12 +16,14 @@ def upcycle(
     model: TfmPreTrainedModel, num_experts: int, num_experts_per_tok: int = 2, **moe_fields
 ) -> TfmPreTrainedModel:
     """Return a model of the same class with MoE feed-forward layers (every layer unless `moe_fields` choose
-    with `decoder_sparse_step` / `moe_layers`), each expert a copy of that layer's dense GLU feed-forward."""
+    with `decoder_sparse_step` / `moe_layers`), each expert a copy of that layer's dense feed-forward (gated or not,
+    as the dense layers are)."""
     config = model.config
-    # experts are bias-free GLUs: only a bias-free GLU feed-forward can be copied into them exactly
-    require_compatible(config, "an upcycled MoE model", {"ffn_type": "glu", "mlp_bias": False, "num_experts": 0})
+    # the experts carry no feed-forward bias: only a bias-free feed-forward can be copied into them exactly
+    require_compatible(config, "an upcycled MoE model", {"mlp_bias": False, "num_experts": 0})
     fields = {
         **config.to_dict(),
+        "moe_ffn_type": config.ffn_type,
         "num_experts": num_experts,
         "num_experts_per_tok": num_experts_per_tok,
         "moe_intermediate_size": config.intermediate_size,
@@ -36,8 +38,11 @@ def upcycle(
             if not isinstance(moe, TfmMoE):
                 continue
             dense = model.get_submodule(name)
-            gate_up = torch.cat([dense.gate_proj.weight, dense.up_proj.weight])
-            moe.experts.gate_up_proj.copy_(gate_up.expand_as(moe.experts.gate_up_proj))
+            if moe.experts.has_gate:
+                gate_up = torch.cat([dense.gate_proj.weight, dense.up_proj.weight])
+                moe.experts.gate_up_proj.copy_(gate_up.expand_as(moe.experts.gate_up_proj))
+            else:
+                moe.experts.up_proj.copy_(dense.up_proj.weight.expand_as(moe.experts.up_proj))
             moe.experts.down_proj.copy_(dense.down_proj.weight.expand_as(moe.experts.down_proj))
             for key in dense.state_dict():
                 del state[f"{name}.{key}"]

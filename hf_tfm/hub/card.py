@@ -128,7 +128,7 @@ def active_parameters(model: TfmPreTrainedModel) -> int:
     idle = 0
     for module in model.modules():
         if isinstance(module, TfmExperts):
-            per_expert = (module.gate_up_proj.numel() + module.down_proj.numel()) // module.num_experts
+            per_expert = sum(weight.numel() for weight in module.parameters(recurse=False)) // module.num_experts
             idle += (module.num_experts - model.config.num_experts_per_tok) * per_expert
     return model.num_parameters() - idle
 

@@ -104,12 +104,12 @@ RULES = (
     ),
     # top_k_softmax's weights are the renormalised softmax's, which vLLM's router computes
     Rule(vllm, "scoring_func", moe_for_vllm(lambda c: c.scoring_func == "sigmoid"), "vLLM's router uses softmax"),
-    Rule(
-        vllm,
-        "capacity_factor",
-        moe_for_vllm(lambda c: c.capacity_factor is not None),
-        "vLLM's experts are dropless; use None",
-    ),
+    Rule(vllm, "moe_ffn_type", moe_for_vllm(lambda c: c.moe_ffn_type != "glu"), "vLLM's experts are gated (glu)"),
+    *[
+        Rule(vllm, field, moe_for_vllm(lambda c, field=field: getattr(c, field) is not None), "vLLM's experts are "
+             "dropless; use None")
+        for field in ("capacity_factor", "expert_capacity")
+    ],
     Rule(
         vllm,
         "router_bias_update_rate",
@@ -177,6 +177,9 @@ PARALLEL_RULES = (
     ),
     ParallelRule(("tensor", "expert"), "router_bias", lambda config: config.router_bias, UNSHARDED),
     ParallelRule(("tensor", "expert"), "expert_mlp_bias", lambda config: config.expert_mlp_bias, UNSHARDED),
+    ParallelRule(
+        ("tensor", "expert"), "moe_ffn_type", lambda config: config.moe_ffn_type != "glu", f"ungated experts: {UNSHARDED}"
+    ),
     ParallelRule(
         ("tensor",),
         "kv_lora_rank",

@@ -100,13 +100,16 @@ class TfmConfig(PreTrainedConfig):
             `"rope_in_float32"` (queries and keys rotate upcast: ModernBERT), `"rmsnorm_scale_in_float32"` (RMSNorm
             scales, then casts: OLMo 2, GPT-OSS), `"round_embedding_scale"` (the embedding scale rounded to the table's
             dtype: Gemma), `"router_in_float32"` (experts scored in float32: DeepSeek-V3),
-            `"router_weights_in_model_dtype"` (top-k weights cast to the model's dtype: Qwen-MoE, GPT-OSS).
+            `"router_weights_in_model_dtype"` (top-k weights cast to the model's dtype: Qwen-MoE, GPT-OSS),
+            `"router_scores_in_model_dtype"` (the router's probabilities cast to the model's dtype before the experts
+            are chosen: Switch Transformer).
 
         > Mixture of Experts (every paradigm; `num_experts=0` keeps every layer dense)
 
         num_experts (`int`): routed experts per MoE layer. num_experts_per_tok (`int`): top-k.
-        moe_intermediate_size (`int`, *optional*): one expert's width (`intermediate_size` by default); experts are
-            gated (GLU with `hidden_act`) whatever `ffn_type` the dense layers use.
+        moe_intermediate_size (`int`, *optional*): one expert's width (`intermediate_size` by default).
+        moe_ffn_type (`str`): the experts' feed-forward, whatever `ffn_type` the dense layers use: `"glu"` (gated,
+            `hidden_act` on the gate: Mixtral) or `"mlp"` (up, `hidden_act`, down: Switch Transformer).
         decoder_sparse_step (`int`): layer i is MoE when `(i + 1) % N == 0`. mlp_only_layers (`list[int]`): kept
             dense. moe_layers (`list[int]`, *optional*): the exact MoE layers, overriding both.
         shared_expert_intermediate_size (`int`): an always-on expert of this width; 0: none.
@@ -114,13 +117,20 @@ class TfmConfig(PreTrainedConfig):
         scoring_func (`str`): `"softmax"` (Mixtral), `"sigmoid"` (DeepSeek-V3) or `"top_k_softmax"` (GPT-OSS: the
             top-k logits' own softmax).
         norm_topk_prob (`bool`): the top-k weights renormalised to sum to 1.
-        router_jitter_noise (`float`): multiplicative noise on the router input while training.
+        router_jitter_noise (`float`): multiplicative noise on an MoE layer's input while training (the router's
+            and the experts', as Mixtral's).
         router_aux_loss_coef (`float`): the load-balancing loss's weight; 0.001 with MoE layers by default, 0.0
             without. router_z_loss_coef (`float`): the router z-loss's weight (ST-MoE).
         router_bias_update_rate (`float`): auxiliary-loss-free balancing (DeepSeek-V3): a per-expert choice bias moved
             by this rate against each expert's load after every optimizer step.
         capacity_factor (`float`, *optional*): each expert takes at most `ceil(factor * tokens * top_k / experts)`
-            tokens per forward, the rest dropped; None: dropless.
+            tokens per forward, the rest dropped; None: dropless. expert_capacity (`int`, *optional*): each expert
+            takes at most this many tokens of each sequence, the rest dropped (Switch Transformer); a dropped token's
+            expert output is 0, so the residual carries it past the layer.
+        router_loss_style (`str`): how the router losses average: `"mixtral"` (the load-balancing loss over every
+            real token of every MoE layer at once, the z-loss a mean per layer, summed) or `"switch"` (Switch
+            Transformer: the load-balancing loss per sequence over the MoE layers' tokens joined, then averaged over
+            the sequences; the z-loss one mean over those tokens; padding counted).
         output_router_logits (`bool`): return the router logits and aux loss even without labels.
         router_bias (`bool`), expert_mlp_bias (`bool`): biases on the router and the experts (GPT-OSS).
         swiglu_limit (`float`, *optional*), swiglu_alpha (`float`): GPT-OSS's clamped SwiGLU in the experts.
@@ -200,6 +210,7 @@ class TfmConfig(PreTrainedConfig):
     num_experts: int = 0
     num_experts_per_tok: int = 2
     moe_intermediate_size: int | None = None
+    moe_ffn_type: str = "glu"
     decoder_sparse_step: int = 1
     mlp_only_layers: list[int] | None = None
     moe_layers: list[int] | None = None
@@ -212,6 +223,8 @@ class TfmConfig(PreTrainedConfig):
     router_z_loss_coef: float = 0.0
     router_bias_update_rate: float = 0.0
     capacity_factor: float | None = None
+    expert_capacity: int | None = None
+    router_loss_style: str = "mixtral"
     output_router_logits: bool = False
     router_bias: bool = False
     expert_mlp_bias: bool = False

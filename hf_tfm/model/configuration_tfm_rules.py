@@ -31,6 +31,8 @@ CHOICES = {
     "ffn_type": ("mlp", "glu"),
     "qk_norm": ("none", "per_head", "projection"),
     "scoring_func": ("softmax", "sigmoid", "top_k_softmax"),
+    "moe_ffn_type": ("mlp", "glu"),
+    "router_loss_style": ("mixtral", "switch"),
 }
 # where a converted model rounds as its reference does (`numerics`); each was a boolean field of its own before
 NUMERICS = (
@@ -40,6 +42,7 @@ NUMERICS = (
     "round_embedding_scale",
     "router_in_float32",
     "router_weights_in_model_dtype",
+    "router_scores_in_model_dtype",
 )
 POSITIVE = (
     "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "max_position_embeddings",
@@ -48,7 +51,7 @@ POSITIVE = (
 )  # fmt: skip
 POSITIVE_OR_NONE = (
     "attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar", "sliding_window",
-    "attention_multiplier", "capacity_factor", "swiglu_limit",
+    "attention_multiplier", "capacity_factor", "expert_capacity", "swiglu_limit",
 )  # fmt: skip
 AT_LEAST_ZERO = (
     "type_vocab_size", "position_offset", "pad_vocab_size_to_multiple_of", "loss_chunk_size", "initializer_range",
@@ -187,6 +190,10 @@ RULES = (
         ("router_bias_update_rate", lambda c: c.router_bias_update_rate > 0),
         ("num_expert_groups", lambda c: c.num_expert_groups > 1),
     )],
+    Rule("expert_capacity", lambda c: c.expert_capacity is not None and c.capacity_factor is not None,
+         "set it or capacity_factor, not both: both limit what an expert takes"),
+    Rule("swiglu_limit", lambda c: _experts(c) and c.moe_ffn_type == "mlp" and c.swiglu_limit is not None,
+         "clamps a gated expert's SwiGLU, but moe_ffn_type='mlp'"),
     Rule("num_expert_groups", lambda c: _experts(c) and (
          c.num_expert_groups < 1 or c.num_experts % c.num_expert_groups
          or (c.num_expert_groups > 1 and c.num_experts // c.num_expert_groups < 2)),

@@ -288,7 +288,8 @@ class TfmHead(TfmPreTrainedModel):
         for aux_field, router_logits, attention_mask in self.router_stacks(outputs, inputs):
             if not router_logits:  # a stack without MoE layers
                 continue
-            weighted, fields[aux_field] = router_losses(self.config, router_logits, attention_mask)
+            sequences = outputs.last_hidden_state.shape[0]
+            weighted, fields[aux_field] = router_losses(self.config, router_logits, attention_mask, sequences)
             if loss is None:
                 continue
             detached = loss.requires_grad and not any(logits.requires_grad for logits in router_logits)

@@ -22,8 +22,10 @@ class TfmRouter(nn.Module):
         self.num_experts, self.top_k = config.num_experts, config.num_experts_per_tok
         self.scoring_func, self.norm_topk_prob = config.scoring_func, config.norm_topk_prob
         self.jitter_noise, self.capacity_factor = config.router_jitter_noise, config.capacity_factor
+        self.expert_capacity = config.expert_capacity
         self.in_float32 = "router_in_float32" in config.numerics
         self.weights_in_model_dtype = "router_weights_in_model_dtype" in config.numerics
+        self.scores_in_model_dtype = "router_scores_in_model_dtype" in config.numerics
         self.weight = nn.Parameter(torch.empty(self.num_experts, config.hidden_size))
         self.bias = nn.Parameter(torch.empty(self.num_experts)) if config.router_bias else None  # GPT-OSS
         self.balancing = config.router_bias_update_rate > 0
@@ -35,30 +37,37 @@ class TfmRouter(nn.Module):
         self.groups, self.topk_groups = config.num_expert_groups, config.topk_expert_groups
         self.scaling = config.routed_scaling_factor
 
-    def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """[tokens, hidden] -> router logits [tokens, experts], top-k weights and indices [tokens, k]."""
-        if self.training and self.jitter_noise > 0:
-            noise = torch.empty_like(hidden_states).uniform_(1.0 - self.jitter_noise, 1.0 + self.jitter_noise)
-            hidden_states = hidden_states * noise
-        if self.in_float32:  # DeepSeek-V3 scores in float32 whatever the model's dtype
-            bias = None if self.bias is None else self.bias.float()
-            router_logits = nn.functional.linear(hidden_states.float(), self.weight.float(), bias)
-        else:
-            router_logits = nn.functional.linear(hidden_states, self.weight, self.bias)
-        top_k_weights, top_k_index = self.top_k_experts(router_logits)
+    def forward(
+        self, hidden_states: torch.Tensor, sequences: int = 1
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """[tokens, hidden] (`sequences` sequences of equal length, one after the other) -> router logits [tokens,
+        experts], top-k weights and indices [tokens, k]."""
+        model_dtype, weight, bias = hidden_states.dtype, self.weight, self.bias
+        if self.in_float32:  # DeepSeek-V3 and Switch score in float32 whatever the model's dtype
+            hidden_states, weight = hidden_states.float(), weight.float()
+            bias = None if bias is None else bias.float()
+        router_logits = nn.functional.linear(hidden_states, weight, bias)
+        top_k_weights, top_k_index = self.top_k_experts(router_logits, model_dtype)
         if self.scaling != 1.0:
             top_k_weights = top_k_weights * self.scaling
-        if self.capacity_factor is not None:
-            top_k_weights = top_k_weights * self.within_capacity(top_k_index)
+        if self.capacity_factor is not None or self.expert_capacity is not None:
+            top_k_weights = torch.where(self.within_capacity(top_k_index, sequences), top_k_weights, 0.0)
         if self.weights_in_model_dtype:  # Qwen2-MoE, Qwen3-MoE, GPT-OSS: the weights scale the experts rounded
-            top_k_weights = top_k_weights.to(router_logits.dtype)
+            top_k_weights = top_k_weights.to(model_dtype)
         if self.balancing and self.training:
             with torch.no_grad():  # not bincount, which reads the largest id to size its output (a device sync)
                 picks = top_k_index.flatten()
                 self.tokens_per_expert.index_add_(0, picks, torch.ones_like(picks, dtype=self.tokens_per_expert.dtype))
         return router_logits, top_k_weights, top_k_index
 
-    def top_k_experts(self, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def jittered(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """`hidden_states` times uniform noise in [1 - jitter, 1 + jitter], drawn in the dtype the router scores in
+        (float32 with `router_in_float32`, as Switch draws it)."""
+        dtype = torch.float32 if self.in_float32 else hidden_states.dtype
+        noise = torch.empty(hidden_states.shape, dtype=dtype, device=hidden_states.device)
+        return hidden_states * noise.uniform_(1.0 - self.jitter_noise, 1.0 + self.jitter_noise)
+
+    def top_k_experts(self, router_logits: torch.Tensor, model_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Each token's k experts and their weights, by the scoring function."""
         if self.scoring_func == "top_k_softmax":  # GPT-OSS: the k best logits, weighted by their own softmax
             top_k_logits, top_k_index = torch.topk(router_logits, self.top_k, dim=-1)
@@ -67,6 +76,8 @@ class TfmRouter(nn.Module):
             scores = torch.softmax(router_logits.float(), dim=-1)
         else:
             scores = torch.sigmoid(router_logits.float())
+        if self.scores_in_model_dtype:  # Switch: chosen and weighted by probabilities rounded to the model's dtype
+            scores = scores.to(model_dtype)
         if not self.choice_bias and self.groups == 1:  # the weights are the scores topk picks
             top_k_weights, top_k_index = torch.topk(scores, self.top_k, dim=-1)
         else:  # picked by biased or group-limited scores, weighted by the scores themselves
@@ -87,14 +98,17 @@ class TfmRouter(nn.Module):
         kept = torch.zeros_like(grouped[..., 0], dtype=torch.bool).scatter_(1, best, True)
         return grouped.masked_fill(~kept.unsqueeze(-1), float("-inf")).view_as(choice)
 
-    def within_capacity(self, top_k_index: torch.Tensor) -> torch.Tensor:
-        """1 where an assignment fits its expert's capacity, 0 where it overflows (first come, first served in token
-        order, each token's first choice before its second)."""
-        tokens = top_k_index.shape[0]
-        capacity = math.ceil(self.capacity_factor * tokens * self.top_k / self.num_experts)
-        one_hot = nn.functional.one_hot(top_k_index.t().reshape(-1), self.num_experts)  # choice-major order
-        position = (one_hot.cumsum(dim=0) * one_hot).sum(dim=-1) - 1
-        return (position < capacity).reshape(self.top_k, tokens).t().to(torch.float32)
+    def within_capacity(self, top_k_index: torch.Tensor, sequences: int) -> torch.Tensor:
+        """True where an assignment fits its expert's capacity, False where it overflows: first come, first served in
+        token order, each token's first choice before its second, within each sequence (`expert_capacity` tokens per
+        expert) or within the whole batch (`capacity_factor`)."""
+        groups = 1 if self.expert_capacity is None else sequences
+        tokens = top_k_index.shape[0] // groups
+        capacity = self.expert_capacity or math.ceil(self.capacity_factor * tokens * self.top_k / self.num_experts)
+        in_order = top_k_index.reshape(groups, tokens, self.top_k).transpose(1, 2).reshape(groups, -1)
+        one_hot = nn.functional.one_hot(in_order, self.num_experts)
+        position = (one_hot.cumsum(dim=1) * one_hot).sum(dim=-1) - 1
+        return (position < capacity).reshape(groups, self.top_k, tokens).transpose(1, 2).reshape(-1, self.top_k)
 
     @torch.no_grad()
     def update_bias(self, rate: float) -> None:
@@ -106,20 +120,28 @@ class TfmRouter(nn.Module):
 
 @use_experts_implementation
 class TfmExperts(nn.Module):
-    """All experts' GLU weights in two fused tensors (`gate_up_proj [E, 2I, H]`, `down_proj [E, H, I]`, Mixtral's
-    layout), with optional biases (`gate_up_proj_bias [E, 2I]`, `down_proj_bias [E, H]`: GPT-OSS), so transformers'
-    experts backends (`experts_implementation`: eager, batched_mm, grouped_mm...) run them; they call `_apply_gate`
-    for the activation. This eager forward is the reference the backends replace."""
+    """All experts' weights in fused tensors, so transformers' experts backends (`experts_implementation`: eager,
+    batched_mm, grouped_mm...) run them. Gated experts (`moe_ffn_type="glu"`) hold `gate_up_proj [E, 2I, H]` and
+    call `_apply_gate` for the activation (Mixtral's layout); plain ones (`"mlp"`) hold `up_proj [E, I, H]` and apply
+    `act_fn` (transformers' `has_gate=False` layout: Switch Transformer); both `down_proj [E, H, I]`. Optional biases
+    (`gate_up_proj_bias` or `up_proj_bias`, `down_proj_bias`: GPT-OSS). This eager forward is the reference the
+    backends replace."""
 
     def __init__(self, config: TfmConfig):
         super().__init__()
         self.num_experts = config.num_experts
         experts, hidden, inner = config.num_experts, config.hidden_size, config.moe_intermediate_size
-        self.gate_up_proj = nn.Parameter(torch.empty(experts, 2 * inner, hidden))
+        gated = config.moe_ffn_type == "glu"
+        up_rows = 2 * inner if gated else inner
+        self.gate_up_proj = self.up_proj = self.gate_up_proj_bias = self.up_proj_bias = self.down_proj_bias = None
+        up = nn.Parameter(torch.empty(experts, up_rows, hidden))
+        up_bias = nn.Parameter(torch.empty(experts, up_rows)) if config.expert_mlp_bias else None
+        if gated:
+            self.gate_up_proj, self.gate_up_proj_bias = up, up_bias
+        else:
+            self.up_proj, self.up_proj_bias = up, up_bias
         self.down_proj = nn.Parameter(torch.empty(experts, hidden, inner))
-        self.gate_up_proj_bias = self.down_proj_bias = None
         if config.expert_mlp_bias:
-            self.gate_up_proj_bias = nn.Parameter(torch.empty(experts, 2 * inner))
             self.down_proj_bias = nn.Parameter(torch.empty(experts, hidden))
         self.act_fn = ACT2FN[config.hidden_act]
         self.swiglu_limit, self.swiglu_alpha = config.swiglu_limit, config.swiglu_alpha
@@ -135,18 +157,25 @@ class TfmExperts(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
         output = torch.zeros_like(hidden_states)
+        up_proj, up_proj_bias = (
+            (self.gate_up_proj, self.gate_up_proj_bias) if self.has_gate else (self.up_proj, self.up_proj_bias)
+        )
         with torch.no_grad():
             # under expert parallelism `num_experts` counts this rank's experts, and index `num_experts` marks a route
-            # to another rank's (weight 0): skipped, as Mixtral's experts do
-            routed = nn.functional.one_hot(top_k_index, num_classes=self.num_experts + 1).permute(2, 1, 0)  # [E+1,k,T]
+            # to another rank's (weight 0): skipped, as Mixtral's experts do. Any other assignment of weight 0 (a
+            # token over its expert's capacity) is skipped too, as Switch's experts never see it: each expert then
+            # multiplies the rows the reference's does, rounded alike
+            kept_index = top_k_index.masked_fill(top_k_weights == 0, self.num_experts)
+            routed = nn.functional.one_hot(kept_index, num_classes=self.num_experts + 1).permute(2, 1, 0)  # [E+1,k,T]
             hit = torch.greater(routed[: self.num_experts].sum(dim=(-1, -2)), 0).nonzero()
         for expert in hit:
             expert = expert[0]
             slot, token = torch.where(routed[expert])
-            up_bias = None if self.gate_up_proj_bias is None else self.gate_up_proj_bias[expert]
+            up_bias = None if up_proj_bias is None else up_proj_bias[expert]
             down_bias = None if self.down_proj_bias is None else self.down_proj_bias[expert]
-            gate_up = nn.functional.linear(hidden_states[token], self.gate_up_proj[expert], up_bias)
-            expert_out = nn.functional.linear(self._apply_gate(gate_up), self.down_proj[expert], down_bias)
+            projected = nn.functional.linear(hidden_states[token], up_proj[expert], up_bias)
+            inner = self._apply_gate(projected) if self.has_gate else self.act_fn(projected)
+            expert_out = nn.functional.linear(inner, self.down_proj[expert], down_bias)
             output.index_add_(0, token, (expert_out * top_k_weights[token, slot, None]).to(output.dtype))
         return output
 
@@ -158,8 +187,10 @@ class TfmMoE(nn.Module):
         super().__init__()
         self.router = TfmRouter(config)
         self.experts = TfmExperts(config)
-        # transformers' experts backends read has_bias, which their decorator fixes per class: set per model here
+        # transformers' experts backends read has_bias and has_gate, which their decorator fixes per class: set per
+        # model here
         self.experts.has_bias = config.expert_mlp_bias
+        self.experts.has_gate = config.moe_ffn_type == "glu"
         # absent parts are None, not missing: a failed hasattr on a Module costs an exception per forward
         self.shared_expert = self.shared_expert_gate = None
         if config.shared_expert_intermediate_size > 0:
@@ -169,8 +200,12 @@ class TfmMoE(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         shape = hidden_states.shape
-        tokens = hidden_states.reshape(-1, shape[-1])
-        _, top_k_weights, top_k_index = self.router(tokens)
+        tokens = router_input = hidden_states.reshape(-1, shape[-1])
+        if self.training and self.router.jitter_noise > 0:
+            # the router and the experts see the jittered tokens, as Mixtral's do (and Switch's, in float32)
+            router_input = self.router.jittered(tokens)
+            tokens = router_input.to(tokens.dtype)
+        _, top_k_weights, top_k_index = self.router(router_input, sequences=shape[0])
         output = self.experts(tokens, top_k_index, top_k_weights)
         if self.shared_expert is not None:
             shared = self.shared_expert(tokens)
@@ -215,10 +250,31 @@ def router_z_loss(router_logits: tuple[torch.Tensor, ...], attention_mask: torch
     return z_loss
 
 
-def router_losses(config: TfmConfig, router_logits, attention_mask) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the weighted sum of the router losses to add to the task loss, the load-balancing loss to report), over the
-    tokens a 2D padding mask marks real (4D masks prepared for generation count every token). The z-loss is computed
-    only when it has a weight, so that a model trained without it does not pay for it."""
+def switch_router_losses(
+    router_logits: tuple[torch.Tensor, ...], num_experts: int, sequences: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Switch Transformer's (load-balancing loss, z-loss) over one stack, as transformers' SwitchTransformers
+    computes them: each MoE layer's logits ([tokens, experts] of `sequences` equal sequences) joined along each
+    sequence; the load-balancing loss per sequence (`num_experts` squared times the mean over sequences and experts
+    of the share of tokens whose best expert it is, times its mean probability); the z-loss the mean squared
+    log-sum-exp over every token. Padding counts, as there."""
+    logits = torch.cat([layer.reshape(sequences, -1, layer.shape[-1]) for layer in router_logits], dim=1).float()
+    squared = torch.logsumexp(logits, dim=-1) ** 2
+    z_loss = squared.sum() / squared.numel()
+    best = nn.functional.one_hot(logits.argmax(dim=-1), num_experts).float()
+    probabilities = torch.softmax(logits, dim=-1)
+    aux = torch.mean(best.mean(dim=1) * probabilities.mean(dim=1)) * num_experts**2
+    return aux, z_loss
+
+
+def router_losses(config: TfmConfig, router_logits, attention_mask, sequences: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the weighted sum of the router losses to add to the task loss, the load-balancing loss to report), averaged
+    as `router_loss_style` says: Mixtral's over the tokens a 2D padding mask marks real (4D masks prepared for
+    generation count every token), the z-loss computed only when it has a weight, so that a model trained without it
+    does not pay for it; or Switch Transformer's over `sequences` sequences."""
+    if config.router_loss_style == "switch":
+        aux, z_loss = switch_router_losses(router_logits, config.num_experts, sequences)
+        return config.router_aux_loss_coef * aux + config.router_z_loss_coef * z_loss, aux
     mask = attention_mask if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2 else None
     aux = load_balancing_loss(router_logits, config.num_experts, config.num_experts_per_tok, mask)
     weighted = config.router_aux_loss_coef * aux

@@ -257,11 +257,11 @@ class TfmPreTrainedModel(TfmLoadingMixin, TfmParallelMixin, PreTrainedModel):
             if module.balancing:
                 init.zeros_(module.tokens_per_expert)
         elif isinstance(module, TfmExperts):
-            init.normal_(module.gate_up_proj, mean=0.0, std=self.config.initializer_range)
-            init.normal_(module.down_proj, mean=0.0, std=self.config.initializer_range)
-            if module.down_proj_bias is not None:
-                init.zeros_(module.gate_up_proj_bias)
-                init.zeros_(module.down_proj_bias)
+            for name, weight in module.named_parameters(recurse=False):  # gate_up_proj or up_proj, down_proj, biases
+                if name.endswith("_bias"):
+                    init.zeros_(weight)
+                else:
+                    init.normal_(weight, mean=0.0, std=self.config.initializer_range)
         elif isinstance(module, TfmAttention) and module.sinks is not None:
             init.normal_(module.sinks, mean=0.0, std=self.config.initializer_range)  # as GPT-OSS
 

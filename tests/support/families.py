@@ -26,7 +26,7 @@ def eager_for_the_soft_cap(model) -> None:
 # what a family's tiny model needs beyond its config
 PREPARE = {"deepseek_v3": train_the_choice_bias, "gemma2": eager_for_the_soft_cap}
 # the encoder-decoders' weights perturbed more: their logits stay well apart through two stacks
-PERTURB_SCALE = {"t5": 0.3, "bart": 0.3}
+PERTURB_SCALE = {"t5": 0.3, "bart": 0.3, "switch_transformers": 0.3}
 
 
 def tiny_reference_config(name: str, **overrides):
