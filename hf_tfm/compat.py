@@ -43,6 +43,7 @@ __all__ = [
     "checkpointing_argument",
     "fold_layer_numbers",
     "gpt_oss_declares_swiglu",
+    "switch_routes_as_switch",
     "load_trainer_checkpoint",
     "slice_logits_to_keep",
     "upload_folder",
@@ -218,6 +219,24 @@ def gpt_oss_declares_swiglu() -> bool:
     return "swiglu_limit" in transformers.GptOssConfig.__dataclass_fields__
 
 
+@functools.cache
+def switch_routes_as_switch() -> bool:
+    """Whether the installed SwitchTransformers' router returns (dispatch mask, top probability, router logits) with
+    the capacity applied per sequence, as Switch Transformer routes: asked of its router on a two-token sequence with
+    room for one token per expert (5.17's returns max probabilities as its logits and applies no capacity)."""
+    import torch
+    from transformers import SwitchTransformersConfig
+    from transformers.models.switch_transformers import modeling_switch_transformers as switch
+
+    config = SwitchTransformersConfig(d_model=2, num_experts=2, expert_capacity=1, router_jitter_noise=0.0)
+    router = switch.SwitchTransformersTop1Router(config)
+    with torch.no_grad():
+        router.classifier.weight.copy_(torch.tensor([[1.0, 0.0], [0.0, 1.0]]))
+        hidden = torch.tensor([[[2.0, 0.0], [3.0, 0.0]]])  # both tokens choose expert 0; it has room for one
+        dispatch, _, logits = router(hidden)
+    return tuple(logits.shape) == (1, 2, 2) and dispatch[0].tolist() == [[1, 0], [0, 0]]
+
+
 def _probe_trainer_checkpoint() -> str | None:
     from transformers import Trainer
 
@@ -250,6 +269,15 @@ TABLE = [
         "5.17 and other releases before the fields: fixed at 1.702 and 7.0",
         "the fields alone once the lower bound declares them",
         lambda: None if isinstance(gpt_oss_declares_swiglu(), bool) else "no answer",
+    ),
+    Row(
+        "SwitchTransformers routing",
+        "switch_routes_as_switch: whether the installed SwitchTransformers routes as Switch Transformer does (the "
+        "parity tests of the switch_transformers record run only where it does; the conversion itself reads no "
+        "reference code)",
+        "5.17: its router returns max probabilities as logits and applies no capacity; 5.18+ route correctly",
+        "nothing once the lower bound routes correctly",
+        lambda: None if isinstance(switch_routes_as_switch(), bool) else "no answer",
     ),
     Row(
         "Trainer._load_from_checkpoint",

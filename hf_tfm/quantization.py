@@ -2,20 +2,21 @@
 
 `from_pretrained(..., quantization_config=TorchAoConfig(Int8WeightOnlyConfig()))` quantises every `nn.Linear` weight as
 transformers loads it, and nothing else: the experts' fused `gate_up_proj [E, 2I, H]` (`up_proj [E, I, H]` for ungated
-experts) and `down_proj [E, H, I]` (most of an MoE model's bytes) would stay in full precision, silently. The models hand over to `finish_torchao_loading`
-after every load (`hf_tfm.model_hooks`), which quantises them with the same torchao configuration, through torchao's
-parameter quantisation (`FqnToConfig`), so the expert weights become the tensor subclass the Linear layers hold.
+experts) and `down_proj [E, H, I]` (most of an MoE model's bytes) would stay in full precision, silently. The models
+hand over to `finish_torchao_loading` after every load (`hf_tfm.model_hooks`), which quantises them with the same
+torchao configuration, through torchao's parameter quantisation (`FqnToConfig`), so the expert weights become the
+tensor subclass the Linear layers hold.
 """
 
 import torch
 from torch import nn
 
 
-
 def expert_weights(module: nn.Module) -> list[str]:
     """The names of `module`'s fused 3D expert weights: gated experts' `gate_up_proj` or ungated ones' `up_proj`,
     and `down_proj`; [] for any other module (a dense feed-forward's `up_proj` is a Linear layer)."""
-    names = [name for name in ("gate_up_proj", "up_proj", "down_proj") if getattr(getattr(module, name, None), "ndim", 0) == 3]
+    candidates = ("gate_up_proj", "up_proj", "down_proj")
+    names = [name for name in candidates if getattr(getattr(module, name, None), "ndim", 0) == 3]
     return names if len(names) == 2 and names[-1] == "down_proj" else []
 
 
@@ -50,8 +51,9 @@ def quantize_expert_weights(model: nn.Module, quant_type, skip=()) -> None:
         if not experts_quantized(module):
             raise ValueError(
                 f"{name}: torchao's {type(quant_type).__name__} cannot quantise the experts' 3D weights "
-                f"{expert_weights(module)} ({reason}). Use Int8WeightOnlyConfig or Int8DynamicActivationInt8WeightConfig, or "
-                f"keep the experts in full precision with TorchAoConfig(..., modules_to_not_convert=['experts'])."
+                f"{expert_weights(module)} ({reason}). Use Int8WeightOnlyConfig or "
+                "Int8DynamicActivationInt8WeightConfig, or keep the experts in full precision with "
+                "TorchAoConfig(..., modules_to_not_convert=['experts'])."
             )
 
 

@@ -166,7 +166,7 @@ MOE_FIELDS = (
     "router_aux_loss_coef", "router_z_loss_coef", "router_bias_update_rate", "capacity_factor",
     "output_router_logits", "router_bias", "expert_mlp_bias", "swiglu_limit", "swiglu_alpha", "router_choice_bias",
     "num_expert_groups", "topk_expert_groups", "routed_scaling_factor", "moe_ffn_type", "expert_capacity",
-    "router_loss_style",
+    "router_loss_style", "decoder_moe_layers",
 )  # fmt: skip
 # Fields only latent attention (kv_lora_rank) reads.
 LATENT_ATTENTION_FIELDS = ("q_lora_rank", "qk_nope_head_dim", "v_head_dim", "rope_interleave")
@@ -188,10 +188,9 @@ def unread_fields(config: TfmConfig) -> dict[str, str]:
     router settings (a dense Llama-shaped model converts whatever its `router_aux_loss_coef`), LayerNorm's bias
     under RMSNorm, the position options of a scheme not in use."""
     unread = {}
-    depth = max(config.num_hidden_layers, getattr(config, "decoder_layers", None) or 0)
     if config.num_experts == 0:
         unread |= dict.fromkeys(MOE_FIELDS, "a dense model (num_experts=0) has no router and no experts")
-    elif all(config.is_moe_layer(i) for i in range(depth)):
+    elif all(config.is_moe_layer(i, decoder) for _, depth, decoder in config.stacks() for i in range(depth)):
         unread["intermediate_size"] = "every layer is a Mixture of Experts: no dense feed-forward reads it"
     if config.swiglu_limit is None:
         unread["swiglu_alpha"] = "read by the clamped SwiGLU (swiglu_limit) only"

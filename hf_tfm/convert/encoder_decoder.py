@@ -18,7 +18,7 @@ ONE_TOKEN_TABLE = "hf_tfm keeps one token table shared by encoder and decoder"
 
 
 def _t5_dropouts_and_tokens(config) -> dict:
-    """What T5 and Switch Transformer keep alike: one dropout rate everywhere, and the tokens their configs may lack."""
+    """What T5 and Switch Transformer keep alike: one dropout rate everywhere, and tokens their configs may lack."""
     return dict(
         **dict.fromkeys(("hidden_dropout", "attention_dropout", "embedding_dropout"), float(config.dropout_rate)),
         bos_token_id=getattr(config, "bos_token_id", None),
@@ -281,8 +281,8 @@ BART = Family(
 # float32 top-1 softmax router (probabilities rounded to the model's dtype, the chosen one weighting its expert),
 # ungated ReLU experts held one module each (stacked into hf_tfm's fused [E, ...] tensors), a capacity per expert per
 # sequence (a dropped token's expert output is 0), and Switch's own router losses. transformers' Switch makes layer i
-# sparse when `i % step == 1` (or every layer when step is 1; `step = layers // sparse layers`); hf_tfm lists the
-# layers (`moe_layers`), one list for both stacks.
+# of a stack sparse when `i % step == 1` (or every layer when step is 1; `step = layers // sparse layers`, each stack
+# its own); hf_tfm lists the layers (`moe_layers`, and `decoder_moe_layers` where the decoder's differ).
 
 
 def _switch_sparse_layers(layers: int, step: int) -> list[int]:
@@ -314,18 +314,13 @@ def _cannot_convert_switch(why: str):
 def _switch_to_tfm(config) -> dict:
     if config.router_dtype != "float32":
         raise _cannot_convert_switch(f"router_dtype={config.router_dtype!r} (hf_tfm's router scores in float32)")
-    encoder, decoder = (_switch_sparse_layers(depth, step) for _, depth, step in _switch_stacks(config))
-    if encoder != decoder:
-        raise _cannot_convert_switch(
-            f"the encoder's sparse layers {encoder} differ from the decoder's {decoder}, and hf_tfm's stacks share "
-            "one moe_layers list"
-        )
-    for name, depth, step in _switch_stacks(config):
+    for name, _, step in _switch_stacks(config):
         if step == 1 and (config.router_aux_loss_coef or config.router_z_loss_coef):
             raise _cannot_convert_switch(
                 f"{name}={getattr(config, name)} makes every layer sparse, where SwitchTransformers computes no "
                 "router losses and hf_tfm would; set router_aux_loss_coef and router_z_loss_coef to 0"
             )
+    encoder, decoder = (_switch_sparse_layers(depth, step) for _, depth, step in _switch_stacks(config))
     return dict(
         **_t5_dropouts_and_tokens(config),
         ffn_type="mlp",
@@ -335,18 +330,24 @@ def _switch_to_tfm(config) -> dict:
         tie_word_embeddings=config.tie_word_embeddings,
         moe_intermediate_size=config.d_ff,
         moe_layers=encoder,
+        decoder_moe_layers=None if decoder == encoder else decoder,
     )
 
 
 def _switch_from_tfm(config) -> dict:
     counts = {}
-    for name, depth in (("num_sparse_encoder_layers", config.num_hidden_layers), ("num_sparse_decoder_layers",
-                                                                                   config.decoder_layers)):
-        counts[name] = _switch_sparse_count(depth, config.moe_layers if config.num_experts else [])
+    layers = config.moe_layers if config.num_experts else []
+    decoder_layers = layers if config.decoder_moe_layers is None else config.decoder_moe_layers
+    for name, depth, sparse in (
+        ("num_sparse_encoder_layers", config.num_hidden_layers, layers),
+        ("num_sparse_decoder_layers", config.decoder_layers, decoder_layers),
+    ):
+        counts[name] = _switch_sparse_count(depth, sparse)
         if counts[name] is None:
             raise ValueError(
-                f"Cannot convert TfmEncoderDecoderConfig to SwitchTransformersConfig exactly: moe_layers="
-                f"{config.moe_layers} is no layout of Switch's (layer i of {depth} sparse when i % step == 1)"
+                f"Cannot convert TfmEncoderDecoderConfig to SwitchTransformersConfig exactly: MoE layers {sparse} "
+                f"are no layout of Switch's (layer i of {depth} sparse when i % step == 1; moe_layers, "
+                "decoder_moe_layers)"
             )
     return dict(
         **counts,
@@ -364,6 +365,13 @@ def _switch_form(config):
     for name, depth, step in _switch_stacks(config):
         counts[name] = _switch_sparse_count(depth, _switch_sparse_layers(depth, step))
     return _t5_form(config_with(config, **counts))
+
+
+def _switch_our_form(config):
+    """The decoder's MoE layers written once: None where they are the encoder's."""
+    if config.decoder_moe_layers is not None and config.decoder_moe_layers == config.moe_layers:
+        return config_with(config, decoder_moe_layers=None)
+    return config
 
 
 SWITCH_TRANSFORMERS = Family(
@@ -436,6 +444,7 @@ SWITCH_TRANSFORMERS = Family(
     to_tfm=_switch_to_tfm,
     from_tfm=_switch_from_tfm,
     their_form=_switch_form,
+    our_form=_switch_our_form,
 )
 
 ENCODER_DECODERS = (T5, BART, SWITCH_TRANSFORMERS)

@@ -106,8 +106,12 @@ RULES = (
     Rule(vllm, "scoring_func", moe_for_vllm(lambda c: c.scoring_func == "sigmoid"), "vLLM's router uses softmax"),
     Rule(vllm, "moe_ffn_type", moe_for_vllm(lambda c: c.moe_ffn_type != "glu"), "vLLM's experts are gated (glu)"),
     *[
-        Rule(vllm, field, moe_for_vllm(lambda c, field=field: getattr(c, field) is not None), "vLLM's experts are "
-             "dropless; use None")
+        Rule(
+            vllm,
+            field,
+            moe_for_vllm(lambda c, field=field: getattr(c, field) is not None),
+            "vLLM's experts are dropless; use None",
+        )
         for field in ("capacity_factor", "expert_capacity")
     ],
     Rule(
@@ -178,7 +182,10 @@ PARALLEL_RULES = (
     ParallelRule(("tensor", "expert"), "router_bias", lambda config: config.router_bias, UNSHARDED),
     ParallelRule(("tensor", "expert"), "expert_mlp_bias", lambda config: config.expert_mlp_bias, UNSHARDED),
     ParallelRule(
-        ("tensor", "expert"), "moe_ffn_type", lambda config: config.moe_ffn_type != "glu", f"ungated experts: {UNSHARDED}"
+        ("tensor", "expert"),
+        "moe_ffn_type",
+        lambda config: config.moe_ffn_type != "glu",
+        f"ungated experts: {UNSHARDED}",
     ),
     ParallelRule(
         ("tensor",),
@@ -271,7 +278,7 @@ def stack_tp_plan(config: PreTrainedConfig, depth: int, cross_attention: bool) -
     plan = attention_tp_plan(config, "layers.*.self_attn", cross_attention=False)
     if cross_attention:
         plan |= attention_tp_plan(config, "layers.*.cross_attn", cross_attention=True)
-    moe_layers = [config.is_moe_layer(i) for i in range(depth)]
+    moe_layers = [config.is_moe_layer(i, decoder=cross_attention) for i in range(depth)]
     if not all(moe_layers):
         plan |= feed_forward_tp_plan("layers.*.mlp", gated=config.ffn_type == "glu")
     if any(moe_layers):
@@ -338,7 +345,7 @@ def check_parallel_layout(config: PreTrainedConfig, distributed_config: Distribu
     if ep > 1 and not TOKEN_DISPATCH:  # transformers 5.17-5.20 apply the expert plan instead of the tensor one
         tp = 1
     divisible = {}  # field -> the parallel size its value must divide by
-    moe_layers = [config.is_moe_layer(i) for _, depth, _ in config.stacks() for i in range(depth)]
+    moe_layers = [config.is_moe_layer(i, decoder) for _, depth, decoder in config.stacks() for i in range(depth)]
     if tp > 1:
         attentions = [False, True] if any(cross for _, _, cross in config.stacks()) else [False]  # cross or not
         if not all(gathered_attention(config, cross_attention) for cross_attention in attentions):

@@ -298,7 +298,8 @@ class TfmConfig(PreTrainedConfig):
         """Rows of the token table and the LM head: `vocab_size` rounded up to `pad_vocab_size_to_multiple_of`."""
         return round_up_to_multiple(self.vocab_size, self.pad_vocab_size_to_multiple_of)
 
-    def is_moe_layer(self, layer_idx: int) -> bool:
+    def is_moe_layer(self, layer_idx: int, decoder: bool = False) -> bool:
+        """Whether layer `layer_idx` (of an encoder-decoder's decoder, with `decoder`) is a Mixture of Experts."""
         if self.num_experts == 0:
             return False
         if self.moe_layers is not None:
@@ -307,10 +308,11 @@ class TfmConfig(PreTrainedConfig):
 
     def has_moe_layers(self) -> bool:
         """Whether any layer of any stack is a Mixture-of-Experts layer."""
-        return any(self.is_moe_layer(i) for _, depth, _ in self.stacks() for i in range(depth))
+        return any(self.is_moe_layer(i, decoder) for _, depth, decoder in self.stacks() for i in range(depth))
 
     def stacks(self) -> list[tuple[str, int, bool]]:
-        """Each stack of the base model: (its name prefix there, its depth, whether it has cross-attention)."""
+        """Each stack of the base model: (its name prefix there, its depth, whether it has cross-attention: an
+        encoder-decoder's decoder)."""
         return [("", self.num_hidden_layers, False)]
 
     def nested_rope(self) -> bool:
@@ -348,17 +350,25 @@ class TfmEncoderDecoderConfig(TfmConfig):
     Args:
         decoder_layers (`int`, *optional*): decoder depth; the encoder's by default.
         decoder_start_token_id (`int`, *optional*): first decoder input; labels are shifted right behind it.
+        decoder_moe_layers (`list[int]`, *optional*): the decoder's exact MoE layers where they differ from the
+            encoder's (Switch Transformer counts each stack's sparse layers apart); None: the encoder's rule.
     """
 
     model_type = "tfm_encoder_decoder"
     is_encoder_decoder: bool = True
     decoder_layers: int | None = None
     decoder_start_token_id: int | None = None
+    decoder_moe_layers: list[int] | None = None
 
     def __post_init__(self, **kwargs):
         if self.decoder_layers is None:
             self.decoder_layers = self.num_hidden_layers
         super().__post_init__(**kwargs)
+
+    def is_moe_layer(self, layer_idx: int, decoder: bool = False) -> bool:
+        if decoder and self.num_experts > 0 and self.decoder_moe_layers is not None:
+            return layer_idx in self.decoder_moe_layers
+        return super().is_moe_layer(layer_idx)
 
     def stacks(self) -> list[tuple[str, int, bool]]:
         # `get_text_config(decoder=True)` gives a view whose `num_hidden_layers` is the decoder's

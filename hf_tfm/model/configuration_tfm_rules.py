@@ -59,7 +59,7 @@ AT_LEAST_ZERO = (
     "shared_expert_intermediate_size",
 )  # fmt: skip
 PROBABILITIES = ("embedding_dropout", "hidden_dropout", "attention_dropout")
-LAYER_LISTS = ("nope_layers", "mlp_only_layers", "moe_layers")
+LAYER_LISTS = ("nope_layers", "mlp_only_layers", "moe_layers", "decoder_moe_layers")
 # fields an MoE model must hold positive: checked only with experts (a dense model's are inert)
 MOE_POSITIVE = ("moe_intermediate_size", "decoder_sparse_step", "swiglu_alpha", "routed_scaling_factor")
 LATENT_WIDTHS = ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "v_head_dim")

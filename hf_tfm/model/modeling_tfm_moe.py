@@ -67,7 +67,9 @@ class TfmRouter(nn.Module):
         noise = torch.empty(hidden_states.shape, dtype=dtype, device=hidden_states.device)
         return hidden_states * noise.uniform_(1.0 - self.jitter_noise, 1.0 + self.jitter_noise)
 
-    def top_k_experts(self, router_logits: torch.Tensor, model_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def top_k_experts(
+        self, router_logits: torch.Tensor, model_dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Each token's k experts and their weights, by the scoring function."""
         if self.scoring_func == "top_k_softmax":  # GPT-OSS: the k best logits, weighted by their own softmax
             top_k_logits, top_k_index = torch.topk(router_logits, self.top_k, dim=-1)
@@ -267,7 +269,9 @@ def switch_router_losses(
     return aux, z_loss
 
 
-def router_losses(config: TfmConfig, router_logits, attention_mask, sequences: int) -> tuple[torch.Tensor, torch.Tensor]:
+def router_losses(
+    config: TfmConfig, router_logits, attention_mask, sequences: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(the weighted sum of the router losses to add to the task loss, the load-balancing loss to report), averaged
     as `router_loss_style` says: Mixtral's over the tokens a 2D padding mask marks real (4D masks prepared for
     generation count every token), the z-loss computed only when it has a weight, so that a model trained without it

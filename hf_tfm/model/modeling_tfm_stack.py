@@ -83,7 +83,7 @@ class TfmBlock(GradientCheckpointingLayer):
         if cross_attention:
             self.cross_attn = TfmCrossAttention(config, layer_idx)
             self.cross_attn_norm, self.post_cross_attn_norm = sublayer_norms(config)
-        if config.is_moe_layer(layer_idx):
+        if config.is_moe_layer(layer_idx, decoder=cross_attention):
             self.mlp = TfmMoE(config)
         else:
             self.mlp = TfmGLU(config) if config.ffn_type == "glu" else TfmMLP(config)
