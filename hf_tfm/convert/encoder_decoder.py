@@ -3,7 +3,7 @@ copies both references keep per stack must equal it.
 """
 
 from .common import config_with
-from .record import TINY_VOCAB, Family, Weights
+from .record import PRESET_ENCODER_TOKENS, PRESET_SIZE, TINY_VOCAB, Family, Weights
 
 ONE_TOKEN_TABLE = "hf_tfm keeps one token table shared by encoder and decoder"
 
@@ -395,6 +395,22 @@ SWITCH_TRANSFORMERS = Family(
         pad_token_id=0,
         eos_token_id=2,
         decoder_start_token_id=0,
+    ),
+    # PRESET_SIZE with T5's names: 4 + 4 layers, layers 1 and 3 of each with 8 experts
+    preset=dict(
+        vocab_size=PRESET_SIZE["vocab_size"],
+        d_model=PRESET_SIZE["hidden_size"],
+        d_kv=32,
+        d_ff=352,
+        num_layers=PRESET_SIZE["num_hidden_layers"],
+        num_decoder_layers=PRESET_SIZE["num_hidden_layers"],
+        num_heads=PRESET_SIZE["num_attention_heads"],
+        num_experts=8,
+        num_sparse_encoder_layers=2,
+        num_sparse_decoder_layers=2,
+        expert_capacity=64,
+        **PRESET_ENCODER_TOKENS,
+        decoder_start_token_id=PRESET_ENCODER_TOKENS["pad_token_id"],
     ),
     summary="top-1 ungated experts, a capacity per sequence, Switch's router losses",
     paradigm="tfm_encoder_decoder",

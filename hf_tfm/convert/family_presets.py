@@ -36,10 +36,11 @@ def preset_json(config) -> str:
 
 
 def preset_name(family: str, config) -> str:
-    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
+    import transformers
 
-    auto = AutoModelForMaskedLM if config.model_type == "tfm_encoder" else AutoModelForCausalLM
-    model = auto.from_config(config)
+    from hf_tfm.convert.record import PARADIGMS
+
+    model = getattr(transformers, PARADIGMS[config.model_type].auto_class).from_config(config)
     count = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
     return f"{family.replace('_', '-')}-{count / 1e6:.1f}m"
 

@@ -1,6 +1,7 @@
 """The config.json files an earlier hf_tfm saved, with what their models computed then: tests/data/saved-configs/.
 
     python -m tests.support.saved_configs        # rewrites tests/data/saved-configs/ with the checked-out hf_tfm
+    python -m tests.support.saved_configs NAME   # writes one record (a preset added since), the others kept
 
 For every preset and a few option variants no preset has (norm placements, position schemes, MoE with capacity, the
 rounding flags, an encoder-decoder MoE), the config as `save_pretrained` wrote it, the state dict's names and shapes,
@@ -170,12 +171,15 @@ def saved_configs() -> dict:
 
 def main() -> None:
     import subprocess
+    import sys
 
     import hf_tfm
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-
+    names = sys.argv[1:]
     for name, config in saved_configs().items():
+        if names and name not in names:
+            continue
         folder = FOLDER / name
         config.save_pretrained(folder)
         for code in folder.glob("*.py"):  # the remote code save_pretrained copies beside it: not what is kept
