@@ -168,6 +168,92 @@ GPT_NEOX = Family(
     ),
 )
 
+# ------------------------------------------------------------------------------------------------------------ BLOOM
+# ALiBi (BLOOM's slopes; positions counted over real tokens, which shifts every score of a row alike), a LayerNorm on
+# the embeddings, pre-LayerNorm blocks with biases everywhere, q, k and v fused per head (GPT-NeoX's interleaving), a
+# tanh-GELU MLP of 4x the width, the head tied to the token table. BLOOM's GELU writes sqrt(2/pi) as 0.79788456 and
+# its scores add the ALiBi bias inside one baddbmm: the same values to float32 rounding.
+BLOOM = Family(
+    name="bloom",
+    tiny=dict(
+        vocab_size=TINY_VOCAB, hidden_size=32, n_layer=2, n_head=4, pad_token_id=0, bos_token_id=1, eos_token_id=2
+    ),
+    summary="ALiBi, embedding LayerNorm",
+    paradigm="tfm_decoder",
+    classes={"BloomForCausalLM": "TfmDecoderForCausalLM"},
+    config_class="BloomConfig",
+    fields={
+        "vocab_size": "vocab_size",
+        "hidden_size": "hidden_size",
+        "n_layer": "num_hidden_layers",
+        "n_head": "num_attention_heads",
+        "layer_norm_epsilon": "layer_norm_eps",
+        "initializer_range": "initializer_range",
+        "tie_word_embeddings": "tie_word_embeddings",
+        "bos_token_id": "bos_token_id",
+        "eos_token_id": "eos_token_id",
+        "pad_token_id": "pad_token_id",
+    },
+    fixed=dict(
+        position_embedding_type="alibi",
+        norm_type="layernorm",
+        norm_position="pre",
+        embedding_norm=True,
+        final_norm=True,
+        ffn_type="mlp",
+        hidden_act="gelu_pytorch_tanh",
+        attention_bias=True,
+        attention_out_bias=True,
+        mlp_bias=True,
+        fused_qkv_proj=True,
+        scale_embeddings=False,
+        embedding_dropout=0.0,
+        lm_head_bias=False,
+    ),
+    # with slow_but_exact and pretraining_tp > 1 BLOOM sums its output projections in slices and drops their biases:
+    # another function, compared (and refused) then
+    unread_of=lambda config: (
+        {}
+        if config.slow_but_exact and config.pretraining_tp > 1
+        else dict.fromkeys(
+            ("pretraining_tp", "slow_but_exact"), "read only together, by slow_but_exact with pretraining_tp > 1"
+        )
+    ),
+    weights=Weights(
+        renames=(
+            (r"^transformer\.word_embeddings\.", "model.embed_tokens."),
+            (r"^transformer\.word_embeddings_layernorm\.", "model.embed_norm."),
+            (r"^transformer\.ln_f\.", "model.norm."),
+            (r"^transformer\.h\.", "model.layers."),
+            (r"\.input_layernorm\.", ".attn_norm."),
+            (r"\.post_attention_layernorm\.", ".ffn_norm."),
+            (r"\.self_attention\.dense\.", ".self_attn.o_proj."),
+            (r"\.self_attention\.query_key_value\.", ".self_attn.qkv."),
+            (r"\.mlp\.dense_h_to_4h\.", ".mlp.up_proj."),
+            (r"\.mlp\.dense_4h_to_h\.", ".mlp.down_proj."),
+        ),
+        fused={"self_attn.qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")},
+        interleaved=True,
+    ),
+    preset=dict(
+        vocab_size=PRESET_SIZE["vocab_size"],
+        hidden_size=PRESET_SIZE["hidden_size"],
+        n_layer=PRESET_SIZE["num_hidden_layers"],
+        n_head=PRESET_SIZE["num_attention_heads"],
+        **PRESET_UNSET_TOKENS,
+    ),
+    to_tfm=lambda config: dict(
+        intermediate_size=4 * config.hidden_size,
+        hidden_dropout=float(config.hidden_dropout),  # after each sublayer; none on the embeddings
+        attention_dropout=float(config.attention_dropout),
+    ),
+    from_tfm=lambda config: dict(
+        hidden_dropout=config.hidden_dropout,
+        attention_dropout=config.attention_dropout,
+        apply_residual_connection_post_layernorm=False,  # the residual is the block's input, not the normed input
+    ),
+)
+
 # ------------------------------------------------------------------------------------------------ the Llama family
 # what every Llama-shaped family's layers are named beyond Llama's own: the two per-layer norms
 LLAMA_RENAMES = ((r"\.input_layernorm\.", ".attn_norm."), (r"\.post_attention_layernorm\.", ".ffn_norm."))
@@ -1077,6 +1163,7 @@ DECODERS = (
     OLMO2,
     PHI3,
     GPT_NEOX,
+    BLOOM,
     GEMMA2,
     GEMMA3,
     SMOLLM3,
