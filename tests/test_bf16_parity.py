@@ -9,7 +9,8 @@ control shows each one matters):
 - `round_embedding_scale` (Gemma 2, Gemma 3): sqrt(hidden_size) rounded to the table's dtype;
 - `router_in_float32` (DeepSeek-V3, tests/test_convert_deepseek_v3.py; Switch Transformer);
 - `router_scores_in_model_dtype` (Switch Transformer): the router's float32 probabilities are rounded to the model's
-  dtype before the top-1 expert is chosen and weighted.
+  dtype before the top-1 expert is chosen and weighted;
+- `scale_queries_as_projected` (OPT): the queries are scaled as they are projected, the scores not.
 - BART's `final_logits_bias` is added after the LM head's matmul, as its reference adds it (rounded twice in bf16)."""
 
 import copy
@@ -31,6 +32,7 @@ NUMERICS = {
     "round_embedding_scale": ("gemma2", "gemma3_text"),
     "router_in_float32": ("switch_transformers",),
     "router_scores_in_model_dtype": ("switch_transformers",),
+    "scale_queries_as_projected": ("opt",),
 }
 
 

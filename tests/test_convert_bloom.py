@@ -53,7 +53,7 @@ def test_training_gradients_match():
     grads = {name: param.grad for name, param in ours.named_parameters()}
     theirs = weights_from_tfm(family("bloom").weights, split(grads, ours), reference, ours.config.num_attention_heads)
     for name, param in reference.named_parameters():
-        scale = param.grad.abs().max()
+        scale = param.grad.abs().max() + 1e-3  # a key bias's gradient is 0 in exact arithmetic: rounding alone
         torch.testing.assert_close(
             theirs[name], param.grad, atol=1e-4 * scale, rtol=0, msg=lambda m, n=name: f"{n}: {m}"
         )

@@ -77,7 +77,7 @@ def test_training_loss_and_gradients_match_with_router_losses(aux, z, jitter):
     for name, param in reference.named_parameters():
         assert param.grad is not None, name
         # summed in another order (the chunked loss, the fused experts' layout): rounding, relative to the tensor
-        scale = param.grad.abs().max()
+        scale = param.grad.abs().max() + 1e-3  # a key bias's gradient is 0 in exact arithmetic: rounding alone
         torch.testing.assert_close(
             theirs[name], param.grad, atol=1e-4 * scale, rtol=0, msg=lambda m, n=name: f"{n}: {m}"
         )

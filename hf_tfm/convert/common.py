@@ -226,6 +226,7 @@ NUMERICS_READ = {
     "router_in_float32": lambda fields: fields["num_experts"] > 0,
     "router_weights_in_model_dtype": lambda fields: fields["num_experts"] > 0,
     "router_scores_in_model_dtype": lambda fields: fields["num_experts"] > 0,
+    "scale_queries_as_projected": lambda fields: True,
 }
 
 

@@ -254,6 +254,90 @@ BLOOM = Family(
     ),
 )
 
+# -------------------------------------------------------------------------------------------------------------- OPT
+# Learned positions looked up at position + 2 and counted over the attention mask's real tokens, LayerNorm before each
+# sublayer with a final norm (or after each, without one: OPT-350m), biases everywhere, a ReLU MLP, the head tied to
+# the token table, no dropout on the embeddings. The projected-embedding variant (word_embed_proj_dim, OPT-350m) has
+# no hf_tfm counterpart yet: it is refused by name.
+OPT = Family(
+    name="opt",
+    tiny=dict(
+        vocab_size=TINY_VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        ffn_dim=64,
+        max_position_embeddings=64,
+        word_embed_proj_dim=32,
+        dropout=0.0,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    ),
+    summary="learned positions counted over the attention mask",
+    paradigm="tfm_decoder",
+    classes={"OPTForCausalLM": "TfmDecoderForCausalLM"},
+    config_class="OPTConfig",
+    fields={
+        "vocab_size": "vocab_size",
+        "hidden_size": "hidden_size",
+        "num_hidden_layers": "num_hidden_layers",
+        "num_attention_heads": "num_attention_heads",
+        "max_position_embeddings": "max_position_embeddings",
+        "ffn_dim": "intermediate_size",
+        "activation_function": "hidden_act",
+        "init_std": "initializer_range",
+        "tie_word_embeddings": "tie_word_embeddings",
+        "bos_token_id": "bos_token_id",
+        "eos_token_id": "eos_token_id",
+        "pad_token_id": "pad_token_id",
+    },
+    fixed=dict(
+        position_embedding_type="learned",
+        position_offset=2,
+        position_ids_from_attention_mask=True,
+        norm_type="layernorm",
+        layer_norm_eps=1e-5,
+        embedding_norm=False,
+        embedding_dropout=0.0,
+        scale_embeddings=False,
+        ffn_type="mlp",
+        lm_head_bias=False,
+        numerics=["scale_queries_as_projected"],
+    ),
+    unread={"layerdrop": "a training-only regularizer hf_tfm has no counterpart for; inference is exact"},
+    weights=Weights(
+        renames=(
+            (r"^model\.decoder\.embed_tokens\.", "model.embed_tokens."),
+            (r"^model\.decoder\.embed_positions\.", "model.embed_positions."),
+            (r"^model\.decoder\.final_layer_norm\.", "model.norm."),
+            (r"^model\.decoder\.layers\.", "model.layers."),
+            (r"\.self_attn\.out_proj\.", ".self_attn.o_proj."),
+            (r"\.self_attn_layer_norm\.", ".attn_norm."),
+            (r"\.fc1\.", ".mlp.up_proj."),
+            (r"\.fc2\.", ".mlp.down_proj."),
+            (r"\.final_layer_norm\.", ".ffn_norm."),
+        ),
+    ),
+    preset=dict(PRESET_SIZE, **PRESET_UNSET_TOKENS, ffn_dim=512, word_embed_proj_dim=PRESET_SIZE["hidden_size"]),
+    to_tfm=lambda config: dict(
+        norm_position="pre" if config.do_layer_norm_before else "post",
+        final_norm=config.do_layer_norm_before and not config._remove_final_layer_norm,  # none after post-norms
+        **dict.fromkeys(("attention_bias", "attention_out_bias", "mlp_bias"), config.enable_bias),
+        hidden_dropout=float(config.dropout),  # after each sublayer
+        attention_dropout=float(config.attention_dropout),
+    ),
+    from_tfm=lambda config: dict(
+        do_layer_norm_before=config.norm_position == "pre",
+        _remove_final_layer_norm=config.norm_position == "pre" and not config.final_norm,
+        enable_bias=config.attention_bias,
+        word_embed_proj_dim=config.hidden_size,  # embeddings as wide as the blocks: no projection in or out
+        layer_norm_elementwise_affine=True,
+        dropout=config.hidden_dropout,
+        attention_dropout=config.attention_dropout,
+    ),
+)
+
 # ------------------------------------------------------------------------------------------------ the Llama family
 # what every Llama-shaped family's layers are named beyond Llama's own: the two per-layer norms
 LLAMA_RENAMES = ((r"\.input_layernorm\.", ".attn_norm."), (r"\.post_attention_layernorm\.", ".ffn_norm."))
@@ -1164,6 +1248,7 @@ DECODERS = (
     PHI3,
     GPT_NEOX,
     BLOOM,
+    OPT,
     GEMMA2,
     GEMMA3,
     SMOLLM3,

@@ -54,6 +54,8 @@ class TfmConfig(PreTrainedConfig):
         position_offset (`int`): learned positions are looked up at `position + offset` (BART: 2).
         position_ids_from_padding (`bool`): without `position_ids`, count positions over non-padding tokens and give
             padding position -1 (RoBERTa, with `position_offset = pad_token_id + 1`).
+        position_ids_from_attention_mask (`bool`): without `position_ids`, count positions over the tokens a 2D
+            `attention_mask` marks real and give padding position -1 (OPT, with `position_offset = 2`).
         relative_attention_num_buckets (`int`), relative_attention_max_distance (`int`): T5's relative-bias buckets.
         rope_parameters (`dict`, *optional*): transformers' RoPE dict (`rope_type`: default, linear, dynamic, yarn,
             longrope, llama3; `rope_theta`; `partial_rotary_factor` < 1 rotates only the first features of each head),
@@ -102,7 +104,8 @@ class TfmConfig(PreTrainedConfig):
             dtype: Gemma), `"router_in_float32"` (experts scored in float32: DeepSeek-V3),
             `"router_weights_in_model_dtype"` (top-k weights cast to the model's dtype: Qwen-MoE, GPT-OSS),
             `"router_scores_in_model_dtype"` (the router's probabilities cast to the model's dtype before the experts
-            are chosen: Switch Transformer).
+            are chosen: Switch Transformer), `"scale_queries_as_projected"` (queries scaled as they are projected,
+            the scores unscaled: OPT).
 
         > Mixture of Experts (every paradigm; `num_experts=0` keeps every layer dense)
 
@@ -170,6 +173,7 @@ class TfmConfig(PreTrainedConfig):
     max_position_embeddings: int = 1024
     position_offset: int = 0
     position_ids_from_padding: bool = False
+    position_ids_from_attention_mask: bool = False
     relative_attention_num_buckets: int = 32
     relative_attention_max_distance: int = 128
     rope_parameters: dict | None = None

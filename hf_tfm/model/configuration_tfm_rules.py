@@ -43,6 +43,7 @@ NUMERICS = (
     "router_in_float32",
     "router_weights_in_model_dtype",
     "router_scores_in_model_dtype",
+    "scale_queries_as_projected",
 )
 POSITIVE = (
     "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "max_position_embeddings",
@@ -155,6 +156,11 @@ RULES = (
          "an encoder-decoder's decoder has a cross-attention sublayer between the two branches"),
     Rule("first_layer_attn_norm", lambda c: not c.first_layer_attn_norm and c.norm_position not in ("pre", "sandwich"),
          "only a norm before attention can be dropped, but norm_position={config.norm_position!r}"),
+    Rule("numerics", lambda c: "scale_queries_as_projected" in c.numerics and (c.fused_qkv_proj or _latent(c)),
+         "scale_queries_as_projected is built for separate q, k and v projections (not fused_qkv_proj or "
+         "kv_lora_rank)"),
+    Rule("position_ids_from_attention_mask", lambda c: c.position_ids_from_attention_mask and c.position_ids_from_padding,
+         "positions are counted over the attention mask or over non-padding ids (position_ids_from_padding), not both"),
     Rule("position_ids_from_padding", lambda c: c.position_ids_from_padding and c.pad_token_id is None,
          "positions counted over non-padding tokens need pad_token_id"),
     # RoPE

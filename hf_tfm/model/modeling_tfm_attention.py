@@ -197,6 +197,21 @@ class TfmFusedQKVAttention(TfmAttention):
         return self.qkv_proj(hidden_states).split(self.qkv_widths, dim=-1)
 
 
+class TfmQueryScaledAttention(TfmAttention):
+    """Self-attention whose queries are scaled as they are projected, its scores then unscaled (OPT; numerics
+    `"scale_queries_as_projected"`): the same scores, rounded as OPT's in bf16."""
+
+    def __init__(
+        self, config: TfmConfig, layer_idx: int, is_causal: bool = True, attention_type: str = "full_attention"
+    ):
+        super().__init__(config, layer_idx, is_causal, attention_type)
+        self.query_scale, self.scaling = self.scaling, 1.0
+
+    def project(self, hidden_states: torch.Tensor) -> list[torch.Tensor]:
+        query, key, value = super().project(hidden_states)
+        return [query * self.query_scale, key, value]
+
+
 class TfmCrossAttention(TfmAttention):
     """Attention from a decoder's tokens to an encoder's output: the keys and values are computed from the encoder's
     output at the first step of a generation and read from the `EncoderDecoderCache` at the others (BART's pattern).
@@ -314,4 +329,6 @@ def make_self_attention(config: TfmConfig, layer_idx: int, is_causal: bool, atte
         return TfmLatentAttention(config, layer_idx, is_causal)
     if config.fused_qkv_proj:
         return TfmFusedQKVAttention(config, layer_idx, is_causal, attention_type)
+    if "scale_queries_as_projected" in config.numerics:
+        return TfmQueryScaledAttention(config, layer_idx, is_causal, attention_type)
     return TfmAttention(config, layer_idx, is_causal, attention_type)

@@ -155,7 +155,8 @@ def check_values(inputs: Inputs, read_values: bool) -> None:
         checked.append(("position_ids", inputs.position_ids, config.max_position_embeddings, None))
     if not checked:
         return
-    lowest_position = -int(config.position_ids_from_padding)  # -1: RoBERTa's padding position (its padding row)
+    # -1: the padding position of RoBERTa (its padding row) and OPT (its offset's first row)
+    lowest_position = -int(config.position_ids_from_padding or config.position_ids_from_attention_mask)
     for (argument, _, limit, what), (low, high) in zip(checked, read_bounds([entry[1] for entry in checked])):
         if what is None and low < lowest_position:
             raise ValueError(f"{name} contains position {low}: positions must be >= {lowest_position}")

@@ -307,6 +307,37 @@ class NoAttentionBias(nn.Module):
         return masks, None
 
 
+# --------------------------------------------------------------------------------- numbering tokens without ids
+
+
+def positions_over_padding(input_ids, attention_mask, past_length, pad_token_id: int) -> torch.Tensor | None:
+    """RoBERTa's: each row counts its non-padding ids; padding is -1 (the position table's padding row). None
+    without ids (embeddings given)."""
+    if input_ids is None:
+        return None
+    real = (input_ids != pad_token_id).long()
+    return (real.cumsum(-1) + past_length) * real - 1
+
+
+def positions_over_attention_mask(input_ids, attention_mask, past_length) -> torch.Tensor | None:
+    """OPT's: each row counts the tokens its 2D mask (past and present tokens) marks real; padding is -1. None
+    without such a mask."""
+    if attention_mask is None or attention_mask.dim() != 2:
+        return None
+    real = attention_mask.long()
+    return (real.cumsum(-1) * real - 1)[:, past_length:]
+
+
+def position_counter(config: TfmConfig) -> Callable | None:
+    """How a stack numbers its tokens when the caller gives no `position_ids`, where not in order: (input_ids,
+    attention_mask, past_length) -> position ids, or None where it cannot tell."""
+    if config.position_ids_from_padding:
+        return functools.partial(positions_over_padding, pad_token_id=config.pad_token_id)
+    if config.position_ids_from_attention_mask:
+        return positions_over_attention_mask
+    return None
+
+
 # ---------------------------------------------------------------------------------------------- the three parts
 
 

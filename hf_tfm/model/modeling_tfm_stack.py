@@ -44,6 +44,7 @@ from .modeling_tfm_positions import (
     TfmSinusoidalPositions,
     alibi_slopes,
     make_positions,
+    position_counter,
     sinusoidal_table,
 )
 
@@ -345,6 +346,7 @@ class TfmStack(TfmPreTrainedModel):
         self.embed_positions, self.rotary_emb, self.position_bias = make_positions(
             config, self.is_causal, self.layer_kinds
         )
+        self.count_positions = position_counter(config)  # without position_ids: RoBERTa's, OPT's, or None: in order
         self.embed_token_types = TfmTokenTypes(config) if config.type_vocab_size > 0 else Absent()
         self.embed_norm = make_norm(config) if config.embedding_norm else Absent()
         self.embed_dropout = make_dropout(config.embedding_dropout)
@@ -409,10 +411,8 @@ class TfmStack(TfmPreTrainedModel):
         cache, self_cache = self.open_cache(cache, use_cache)
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
-        if position_ids is None and self.config.position_ids_from_padding and input_ids is not None:
-            # RoBERTa: each row counts its non-padding tokens; padding is -1 (the position table's padding row)
-            real = (input_ids != self.config.pad_token_id).long()
-            position_ids = (real.cumsum(-1) + past_length) * real - 1
+        if position_ids is None and self.count_positions is not None:  # RoBERTa's or OPT's numbering
+            position_ids = self.count_positions(input_ids, attention_mask, past_length)
         if position_ids is None:  # one row counting on from the cached tokens, broadcast over the batch, as Llama's
             position_ids = (torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_length)[None]
 
