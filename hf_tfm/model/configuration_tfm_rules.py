@@ -159,8 +159,10 @@ RULES = (
     Rule("numerics", lambda c: "scale_queries_as_projected" in c.numerics and (c.fused_qkv_proj or _latent(c)),
          "scale_queries_as_projected is built for separate q, k and v projections (not fused_qkv_proj or "
          "kv_lora_rank)"),
-    Rule("position_ids_from_attention_mask", lambda c: c.position_ids_from_attention_mask and c.position_ids_from_padding,
-         "positions are counted over the attention mask or over non-padding ids (position_ids_from_padding), not both"),
+    Rule("position_ids_from_attention_mask",
+         lambda c: c.position_ids_from_attention_mask and c.position_ids_from_padding,
+         "positions are counted over the attention mask or over non-padding ids (position_ids_from_padding), "
+         "not both"),
     Rule("position_ids_from_padding", lambda c: c.position_ids_from_padding and c.pad_token_id is None,
          "positions counted over non-padding tokens need pad_token_id"),
     # RoPE
