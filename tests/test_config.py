@@ -79,6 +79,11 @@ INVALID = [
     ("rope_parameters", dict(ROPE, rope_parameters={"rope_theta": 1e4, "partial_rotary_factor": 0.4})),  # 3 of 8 dims
     ("rope_parameters", dict(ROPE, rope_parameters={"full_attention": {"rope_theta": 1e4}}, sliding_window=4)),
     ("position_ids_from_padding", dict(position_ids_from_padding=True, pad_token_id=None)),
+    (
+        "position_ids_from_attention_mask",
+        dict(position_ids_from_attention_mask=True, position_ids_from_padding=True, pad_token_id=0),
+    ),
+    ("numerics", dict(numerics=["scale_queries_as_projected"], fused_qkv_proj=True)),
 ]
 
 

@@ -497,6 +497,11 @@ def test_layer_selection(overrides, moe):
         (dict(num_experts=-1), "num_experts"),
         (dict(decoder_sparse_step=0), "decoder_sparse_step"),
         (dict(router_aux_loss_coef=-0.1), "router_aux_loss_coef"),
+        (dict(moe_ffn_type="swiglu"), "moe_ffn_type"),
+        (dict(router_loss_style="gshard"), "router_loss_style"),
+        (dict(expert_capacity=0), "expert_capacity"),
+        (dict(expert_capacity=4, capacity_factor=1.0), "expert_capacity"),
+        (dict(moe_ffn_type="mlp", swiglu_limit=7.0), "swiglu_limit"),
     ],
     ids=lambda value: str(value) if isinstance(value, dict) else None,
 )
