@@ -7,6 +7,7 @@ import torch
 from conftest import VOCAB
 from support.families import tiny_reference
 
+from hf_tfm.compat import CACHE_NAME
 from hf_tfm.convert import family, from_tfm, to_tfm
 from hf_tfm.convert.engine import weights_from_tfm
 
@@ -47,9 +48,9 @@ def test_a_cached_step_counts_on_from_the_mask():
     step, step_mask = input_ids[:, -1:], torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], dim=1)
     with torch.no_grad():
         results = []
-        for model in (reference, ours):
-            prefix = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=True)
-            results.append(model(input_ids=step, attention_mask=step_mask, cache=prefix.cache).logits)
+        for model in (reference, ours):  # the cache under the name the installed transformers gives it
+            prefix = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=True).get(CACHE_NAME)
+            results.append(model(input_ids=step, attention_mask=step_mask, **{CACHE_NAME: prefix}).logits)
     torch.testing.assert_close(results[1], results[0], atol=1e-4, rtol=0)
 
 
