@@ -6,6 +6,7 @@ import pytest
 import torch
 from conftest import VOCAB, assert_same_state_dict
 from support.families import tiny_reference, tiny_reference_config
+from support.parity_harness import assert_gradients_match
 
 from hf_tfm.convert import config_from_tfm, config_to_tfm, family, from_tfm, to_tfm
 from hf_tfm.convert.engine import weights_from_tfm
@@ -72,15 +73,7 @@ def test_training_loss_and_gradients_match_with_router_losses(aux, z, jitter):
     torch.testing.assert_close(actual.decoder_aux_loss, expected.decoder_aux_loss, atol=1e-6, rtol=1e-6)
     expected.loss.backward()
     actual.loss.backward()
-    ours_grads = {name: param.grad for name, param in ours.named_parameters(remove_duplicate=False)}
-    theirs = weights_from_tfm(RECORD.weights, ours_grads, reference, ours.config.num_attention_heads)
-    for name, param in reference.named_parameters():
-        assert param.grad is not None, name
-        # summed in another order (the chunked loss, the fused experts' layout): rounding, relative to the tensor
-        scale = param.grad.abs().max() + 1e-3  # a key bias's gradient is 0 in exact arithmetic: rounding alone
-        torch.testing.assert_close(
-            theirs[name], param.grad, atol=1e-4 * scale, rtol=0, msg=lambda m, n=name: f"{n}: {m}"
-        )
+    assert_gradients_match(reference, ours, "switch_transformers")
     router = reference.encoder.block[1].layer[1].mlp.router.classifier.weight.grad
     assert router.abs().sum() > 0  # the router learns through its weights and its losses
     if jitter:  # the control: another draw of the noise gives another loss

@@ -7,6 +7,9 @@ import pytest
 import torch
 from conftest import VOCAB, assert_same_state_dict
 
+from hf_tfm.convert import family
+from hf_tfm.convert.engine import weights_from_tfm
+from hf_tfm.convert.qkv import split_qkv
 from hf_tfm.convert.record import TINY_WINDOW
 
 ATOL = 1e-4
@@ -166,3 +169,20 @@ def assert_router_outputs_match(ref, ours, experts: str, routed_layers: int, aux
         assert ref.config.router_aux_loss_coef * expected.aux_loss > 100 * ATOL  # the aux term shows in the loss
         torch.testing.assert_close(actual.aux_loss, expected.aux_loss, atol=ATOL, rtol=0)
     torch.testing.assert_close(actual.loss, expected.loss, atol=ATOL, rtol=0)
+
+
+def assert_gradients_match(reference, ours, name: str) -> None:
+    """After a backward pass on both sides: every weight of `reference` has a gradient, and hf_tfm's gradients, laid
+    out as family `name`'s weights, equal it within 1e-4 of the tensor's largest gradient (summed in another order: the
+    chunked loss, fused projections and experts). The 1e-3 floor is for gradients that are 0 in exact arithmetic
+    (a key bias's): rounding alone."""
+    grads = {key: param.grad for key, param in ours.named_parameters(remove_duplicate=False)}
+    theirs = weights_from_tfm(
+        family(name).weights, split_qkv(grads, ours.config), reference, ours.config.num_attention_heads
+    )
+    for key, param in reference.named_parameters():
+        assert param.grad is not None, key
+        scale = param.grad.abs().max() + 1e-3
+        torch.testing.assert_close(
+            theirs[key], param.grad, atol=1e-4 * scale, rtol=0, msg=lambda m, k=key: f"{k}: {m}"
+        )
