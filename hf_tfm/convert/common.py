@@ -31,10 +31,11 @@ SHARED_FIELDS = (
 )  # fmt: skip
 
 
-def field_names(*same: str, **renamed: str) -> dict[str, str]:
-    """A `{source name: target name}` field table: `SHARED_FIELDS` and `same` under one name on both sides, plus
-    `renamed` (`source_name="target_name"`)."""
-    return {name: name for name in (*SHARED_FIELDS, *same)} | renamed
+def field_names(*same: str, without: tuple[str, ...] = (), **renamed: str) -> dict[str, str]:
+    """A `{source name: target name}` field table: `SHARED_FIELDS` (less `without`, the ones a family's config lacks
+    or names otherwise) and `same` under one name on both sides, plus `renamed` (`source_name="target_name"`)."""
+    shared = [name for name in SHARED_FIELDS if name not in without]
+    return {name: name for name in (*shared, *same)} | renamed
 
 
 def config_with(config, **values):
