@@ -285,10 +285,10 @@ class TfmHead(TfmPreTrainedModel):
         `num_items_in_batch` each micro-batch adds its share of tokens, so accumulated micro-batches sum to one
         token-weighted average (Trainer does not divide by the accumulation steps then)."""
         fields = {"loss": loss}
+        sequences = outputs.last_hidden_state.shape[0]  # every stack's batch
         for aux_field, router_logits, attention_mask in self.router_stacks(outputs, inputs):
             if not router_logits:  # a stack without MoE layers
                 continue
-            sequences = outputs.last_hidden_state.shape[0]
             weighted, fields[aux_field] = router_losses(self.config, router_logits, attention_mask, sequences)
             if loss is None:
                 continue
