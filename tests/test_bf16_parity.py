@@ -7,10 +7,13 @@ control shows each one matters):
 - `router_weights_in_model_dtype` (Qwen2-MoE, Qwen3-MoE): the top-k weights are cast to the logits' dtype (GPT-OSS's
   `top_k_softmax` scoring computes them in that dtype);
 - `round_embedding_scale` (Gemma 2, Gemma 3): sqrt(hidden_size) rounded to the table's dtype;
-- `router_in_float32` (DeepSeek-V3, tests/test_convert_deepseek_v3.py; Switch Transformer);
+- `router_in_float32` (DeepSeek-V3, tests/test_convert_deepseek_v3.py; Switch Transformer, DeepSeek-V2);
 - `router_scores_in_model_dtype` (Switch Transformer): the router's float32 probabilities are rounded to the model's
   dtype before the top-1 expert is chosen and weighted;
-- `scale_queries_as_projected` (OPT): the queries are scaled as they are projected, the scores not.
+- `scale_queries_as_projected` (OPT): the queries are scaled as they are projected, the scores not;
+- `rope_as_complex` (DeepSeek-V2): interleaved rotary pairs multiplied as complex numbers in float32 by tables made
+  with `torch.polar`, which round otherwise than `cos` and `sin` (its control is in float32, where it shows:
+  tests/test_convert_deepseek_v2.py).
 - BART's `final_logits_bias` is added after the LM head's matmul, as its reference adds it (rounded twice in bf16)."""
 
 import copy
@@ -30,7 +33,7 @@ NUMERICS = {
     "rope_in_float32": ("modernbert",),
     "router_weights_in_model_dtype": ("qwen2_moe", "qwen3_moe"),
     "round_embedding_scale": ("gemma2", "gemma3_text"),
-    "router_in_float32": ("switch_transformers",),
+    "router_in_float32": ("switch_transformers", "deepseek_v2"),
     "router_scores_in_model_dtype": ("switch_transformers",),
     "scale_queries_as_projected": ("opt",),
 }

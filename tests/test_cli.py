@@ -67,6 +67,8 @@ def tiny_reference(record, reference: str):
     large = sorted({value for value in ids.values() if value >= VOCAB})
     small = {value: VOCAB - 1 - i for i, value in enumerate(large)}  # equal ids stay equal (ModernBERT's cls, bos)
     fields |= {key: small[value] for key, value in ids.items() if value in small}
+    if defaults.get("num_experts_per_tok", 0) is None:  # DeepSeek-V2's default leaves top-k unset
+        fields["num_experts_per_tok"] = 2
     if "kv_lora_rank" in fields:  # latent attention: every head's keys expanded, head_dim the rotary width
         fields |= dict(num_key_value_heads=fields["num_attention_heads"], head_dim=fields["qk_rope_head_dim"])
     torch.manual_seed(0)

@@ -17,6 +17,7 @@ from transformers import AutoTokenizer, BertForMaskedLM, BertModel, pipeline
 from hf_tfm import (
     TfmEncoderConfig,
     TfmEncoderForMaskedLM,
+    TfmEncoderForPreTraining,
     TfmEncoderForQuestionAnswering,
     TfmEncoderForSequenceClassification,
     TfmEncoderForTokenClassification,
@@ -35,6 +36,7 @@ AUTO_CLASSES = {
     "AutoModelForSequenceClassification": TfmEncoderForSequenceClassification,
     "AutoModelForTokenClassification": TfmEncoderForTokenClassification,
     "AutoModelForQuestionAnswering": TfmEncoderForQuestionAnswering,
+    "AutoModelForPreTraining": TfmEncoderForPreTraining,
 }
 
 

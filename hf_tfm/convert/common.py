@@ -228,6 +228,7 @@ NUMERICS_READ = {
     "router_weights_in_model_dtype": lambda fields: fields["num_experts"] > 0,
     "router_scores_in_model_dtype": lambda fields: fields["num_experts"] > 0,
     "scale_queries_as_projected": lambda fields: True,
+    "rope_as_complex": lambda fields: fields["position_embedding_type"] == "rope",
 }
 
 

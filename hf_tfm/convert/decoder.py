@@ -1087,6 +1087,90 @@ DEEPSEEK_V3 = llama_family(
 )
 
 
+def _deepseek_v2_groups(config) -> bool:
+    """Whether a DeepSeek-V2 config routes group-limited (its greedy routing never reads the group fields)."""
+    return config.topk_method == "group_limited_greedy"
+
+
+def _deepseek_v2_to_tfm(config) -> dict:
+    if config.num_experts_per_tok is None:  # DeepseekV2Config's default: its router cannot run so
+        raise ValueError("Cannot convert DeepseekV2Config: num_experts_per_tok=None, but its router picks top-k")
+    grouped = _deepseek_v2_groups(config)
+    return _deepseek_v3_to_tfm(config) | dict(
+        num_expert_groups=config.n_group if grouped else 1,
+        topk_expert_groups=config.topk_group if grouped else 1,
+    )
+
+
+def _deepseek_v2_from_tfm(config) -> dict:
+    """DeepSeek-V3's shared experts and dense layers, and the routing method: group-limited where groups are set."""
+    grouped = config.num_expert_groups > 1
+    return _deepseek_v3_from_tfm(config) | dict(
+        topk_method="group_limited_greedy" if grouped else "greedy",
+        n_group=config.num_expert_groups if grouped else None,
+        topk_group=config.topk_expert_groups if grouped else None,
+    )
+
+
+def _deepseek_v2_unread(config) -> dict:
+    if _deepseek_v2_groups(config):
+        return {}
+    return {name: "greedy routing (topk_method='greedy') never reads the groups" for name in ("n_group", "topk_group")}
+
+
+# DeepSeek-V3's latent attention and MoE layout with DeepSeek-V2's routing: softmax scores in float32, greedy or
+# group-limited top-k (a group scored by its best expert), the weights not renormalised (the reference never reads
+# norm_topk_prob) and scaled by routed_scaling_factor, no choice bias; its rotary pairs rotate as complex numbers.
+DEEPSEEK_V2 = llama_family(
+    "deepseek_v2",
+    "DeepseekV2ForCausalLM",
+    {
+        theirs: ours
+        for theirs, ours in DEEPSEEK_V3.fields.items()
+        if theirs not in ("norm_topk_prob", "rope_interleave", "n_group", "topk_group")
+    }
+    | {"mlp_bias": "mlp_bias"},
+    {field: value for field, value in DEEPSEEK_V3.fixed.items() if field not in ("mlp_bias", "router_choice_bias")}
+    | dict(
+        scoring_func="softmax",
+        norm_topk_prob=False,
+        router_choice_bias=False,
+        expert_group_score="max",
+        rope_interleave=True,
+        numerics=["rope_as_complex", "router_in_float32"],
+    ),
+    to_tfm=_deepseek_v2_to_tfm,
+    from_tfm=_deepseek_v2_from_tfm,
+    their_form=DEEPSEEK_V3.their_form,
+    unread_of=_deepseek_v2_unread,
+    unread={
+        "pretraining_tp": "transformers 5's DeepSeek-V2 never reads it",
+        "norm_topk_prob": "transformers' DeepSeek-V2 never renormalises the top-k weights",
+        "head_dim": "set to qk_rope_head_dim by the config itself",
+        "qk_head_dim": "derived: qk_nope_head_dim + qk_rope_head_dim",
+        "output_router_logits": "whether forward returns router logits without labels; not the architecture",
+    },
+    weights=Weights(
+        renames=tuple(rename for rename in DEEPSEEK_V3.weights.renames if "e_score_correction_bias" not in rename[0])
+    ),
+    summary="latent attention, greedy or group-limited softmax MoE with shared experts",
+    preset=dict(
+        {field: value for field, value in DEEPSEEK_V3.preset.items() if field not in ("n_group", "topk_group")},
+        topk_method="greedy",
+        n_shared_experts=2,
+        moe_intermediate_size=64,
+    ),
+    # not benchmarked: DeepSeek-V3's pair measures the same attention and experts
+    tiny=dict(
+        DEEPSEEK_V3.tiny,
+        topk_method="group_limited_greedy",
+        topk_group=1,  # a group scored by its best expert holds a token's best two: one group is a real limit
+        routed_scaling_factor=1.5,
+        mlp_bias=True,
+    ),
+)
+
+
 def _phi3_rope(rope: dict) -> dict:
     # Phi3Config fills in partial_rotary_factor=1.0; hf_tfm's absent means the same (every feature rotated)
     return {key: value for key, value in (rope or {}).items() if (key, value) != ("partial_rotary_factor", 1.0)}
@@ -1235,5 +1319,6 @@ DECODERS = (
     GEMMA3,
     SMOLLM3,
     GPT_OSS,
+    DEEPSEEK_V2,
     DEEPSEEK_V3,
 )

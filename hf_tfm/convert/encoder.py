@@ -147,16 +147,21 @@ def _roberta_from_tfm(config) -> dict:
     return {"max_position_embeddings": config.max_position_embeddings + config.position_offset}
 
 
-def _require_gelu_head(model) -> None:
-    """RobertaLMHead calls gelu whatever hidden_act says; hf_tfm's head applies hidden_act."""
-    name = type(model).__name__
-    if "MaskedLM" in name and model.config.hidden_act != "gelu":
-        target = "TfmEncoderForMaskedLM" if name == "RobertaForMaskedLM" else "RobertaForMaskedLM"
-        config = model.config
-        raise ValueError(
-            f"Cannot convert {type(config).__name__} to {target} exactly: hidden_act={config.hidden_act!r}, but "
-            "RoBERTa's MLM head always applies gelu and hf_tfm's applies hidden_act"
-        )
+def require_gelu_head(family: str, reference: str):
+    """A check for a family whose masked-LM head calls gelu whatever hidden_act says (RoBERTa's, ELECTRA's
+    generator's), where hf_tfm's head applies hidden_act: `model` of either side with another hidden_act is refused."""
+
+    def check(model) -> None:
+        name = type(model).__name__
+        if "MaskedLM" in name and model.config.hidden_act != "gelu":
+            target = "TfmEncoderForMaskedLM" if name == reference else reference
+            raise ValueError(
+                f"Cannot convert {type(model.config).__name__} to {target} exactly: hidden_act="
+                f"{model.config.hidden_act!r}, but {family}'s MLM head always applies gelu and hf_tfm's applies "
+                "hidden_act"
+            )
+
+    return check
 
 
 ROBERTA = Family(
@@ -182,7 +187,7 @@ ROBERTA = Family(
     preset=dict(PRESET_SIZE, intermediate_size=512, max_position_embeddings=514),  # pad 1 (its own)
     to_tfm=_roberta_to_tfm,
     from_tfm=_roberta_from_tfm,
-    check=_require_gelu_head,
+    check=require_gelu_head("RoBERTa", "RobertaForMaskedLM"),
     **BERT_HOOKS,
 )
 
@@ -339,4 +344,56 @@ MODERNBERT = Family(
     reference_config=_head_bias_config,
 )
 
-ENCODERS = (BERT, ROBERTA, MODERNBERT)
+
+# ---------------------------------------------------------------------------------------------------------- ELECTRA
+# BERT's body with factorised embeddings: the tables and their LayerNorm are embedding_size wide and
+# `embeddings_project` maps them to hidden_size (hf_tfm's embedding_size and embed_proj); no pooler. Its checkpoints
+# come in two: the discriminator (`ElectraForPreTraining`, a replaced-token logit per token: hf_tfm's
+# TfmEncoderForPreTraining) and the generator (`ElectraForMaskedLM`, whose head maps back to embedding_size before
+# the tied table and always applies gelu).
+def _electra_to_tfm(config, use_pooler: bool = False) -> dict:
+    return dict(embedding_dropout=config.hidden_dropout_prob, use_pooler=False)
+
+
+def _electra_unread(config) -> dict:
+    summary = {
+        name: "read only by ElectraForMultipleChoice's sequence summary, which hf_tfm does not convert"
+        for name in ("summary_type", "summary_use_proj", "summary_activation", "summary_last_dropout")
+    }
+    return summary | _bert_unread(config)
+
+
+ELECTRA = Family(
+    name="electra",
+    tiny=dict(TINY_ENCODER, embedding_size=16, type_vocab_size=2, pad_token_id=0),
+    paradigm="tfm_encoder",
+    classes={
+        "ElectraForPreTraining": "TfmEncoderForPreTraining",
+        "ElectraForMaskedLM": "TfmEncoderForMaskedLM",
+        "ElectraModel": "TfmEncoderModel",
+    },
+    config_class="ElectraConfig",
+    fields=BERT_FIELDS | {"embedding_size": "embedding_size"},
+    fixed=BERT_ARCHITECTURE,
+    weights=Weights(
+        renames=(
+            (r"^electra\.", "model."),
+            (r"^generator_predictions\.dense\.", "lm_head.dense."),
+            (r"^generator_predictions\.LayerNorm\.", "lm_head.norm."),
+            (r"^generator_lm_head\.", "lm_head.decoder."),
+            (r"embeddings_project\.", "embed_proj."),
+            *BERT_BODY_RENAMES,
+        ),
+    ),
+    preset=dict(PRESET_SIZE, embedding_size=64, intermediate_size=512, pad_token_id=0),
+    summary="factorised embeddings; the discriminator as TfmEncoderForPreTraining",
+    to_tfm=_electra_to_tfm,
+    from_tfm=_one_token_type("ElectraConfig"),
+    check=require_gelu_head("ELECTRA", "ElectraForMaskedLM"),
+    their_form=_bert_form,
+    unread_of=_electra_unread,
+    options=lambda model: {"use_pooler": False},
+    our_options=lambda config: {},
+)
+
+ENCODERS = (BERT, ROBERTA, ELECTRA, MODERNBERT)

@@ -23,7 +23,10 @@ class Paradigm:
 PARADIGMS = {
     "tfm_decoder": Paradigm("decoder-only", "AutoModelForCausalLM", ("TfmDecoderForCausalLM",), "causal"),
     "tfm_encoder": Paradigm(
-        "encoder-only", "AutoModelForMaskedLM", ("TfmEncoderForMaskedLM", "TfmEncoderModel"), "masked"
+        "encoder-only",
+        "AutoModelForMaskedLM",
+        ("TfmEncoderForMaskedLM", "TfmEncoderModel", "TfmEncoderForPreTraining"),
+        "masked",
     ),
     "tfm_encoder_decoder": Paradigm(
         "encoder-decoder", "AutoModelForSeq2SeqLM", ("TfmEncoderDecoderForConditionalGeneration",), "seq2seq"

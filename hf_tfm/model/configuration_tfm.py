@@ -91,6 +91,10 @@ class TfmConfig(PreTrainedConfig):
         final_norm (`bool`): a norm after the last block. embedding_norm (`bool`): one after the embeddings (BERT).
         embedding_dropout (`float`), hidden_dropout (`float`), attention_dropout (`float`): dropout probabilities.
         scale_embeddings (`bool`): token embeddings times `sqrt(hidden_size)` (original Transformer, Gemma).
+        embedding_size (`int`, *optional*): factorised embeddings (ALBERT, ELECTRA): the token, position and
+            token-type tables and the embedding norm are this wide, a linear layer (`embed_proj`) maps them to
+            `hidden_size`, and a masked-LM head maps back to this width before its tied vocabulary projection.
+            Encoders only; None: `hidden_size`.
         type_vocab_size (`int`): token types (segment embeddings); 0: none.
         tie_word_embeddings (`bool`): the LM head is the token table.
         initializer_range (`float`): std of the normal init of linear and embedding weights.
@@ -105,7 +109,8 @@ class TfmConfig(PreTrainedConfig):
             `"router_weights_in_model_dtype"` (top-k weights cast to the model's dtype: Qwen-MoE, GPT-OSS),
             `"router_scores_in_model_dtype"` (the router's probabilities cast to the model's dtype before the experts
             are chosen: Switch Transformer), `"scale_queries_as_projected"` (queries scaled as they are projected,
-            the scores unscaled: OPT).
+            the scores unscaled: OPT), `"rope_as_complex"` (interleaved rotary pairs rotate as complex numbers in
+            float32 and stay interleaved: DeepSeek-V2).
 
         > Mixture of Experts (every paradigm; `num_experts=0` keeps every layer dense)
 
@@ -138,7 +143,9 @@ class TfmConfig(PreTrainedConfig):
         router_bias (`bool`), expert_mlp_bias (`bool`): biases on the router and the experts (GPT-OSS).
         swiglu_limit (`float`, *optional*), swiglu_alpha (`float`): GPT-OSS's clamped SwiGLU in the experts.
         router_choice_bias (`bool`): a saved per-expert bias that only chooses experts (`e_score_correction_bias`).
-        num_expert_groups (`int`), topk_expert_groups (`int`): group-limited routing (DeepSeek-V3).
+        num_expert_groups (`int`), topk_expert_groups (`int`): group-limited routing (DeepSeek-V2, V3): each token's
+            experts come from its `topk_expert_groups` best groups. expert_group_score (`str`): a group's score, the
+            sum of its two best choice scores (`"top2_sum"`: DeepSeek-V3) or its best one (`"max"`: DeepSeek-V2).
         routed_scaling_factor (`float`): the routed experts' weights times this (DeepSeek-V3: 2.5).
 
         > Run-time policy (never changes what the model computes)
@@ -204,6 +211,7 @@ class TfmConfig(PreTrainedConfig):
     hidden_dropout: float = 0.0
     attention_dropout: float = 0.0
     scale_embeddings: bool = False
+    embedding_size: int | None = None
     type_vocab_size: int = 0
     tie_word_embeddings: bool = True
     initializer_range: float = 0.02
@@ -237,6 +245,7 @@ class TfmConfig(PreTrainedConfig):
     router_choice_bias: bool = False
     num_expert_groups: int = 1
     topk_expert_groups: int = 1
+    expert_group_score: str = "top2_sum"
     routed_scaling_factor: float = 1.0
     use_cache: bool = True
     is_decoder: bool = False
@@ -297,6 +306,10 @@ class TfmConfig(PreTrainedConfig):
         ours = cls.__dataclass_fields__.keys() - PreTrainedConfig.__dataclass_fields__.keys()
         given = {key: value for key, value in kwargs.items() if key in ours}
         return super().from_dict({**config_dict, **given}, **kwargs)
+
+    def embedding_width(self) -> int:
+        """Width of the token, position and token-type tables: `embedding_size`, else `hidden_size`."""
+        return self.embedding_size or self.hidden_size
 
     def padded_vocab_size(self) -> int:
         """Rows of the token table and the LM head: `vocab_size` rounded up to `pad_vocab_size_to_multiple_of`."""

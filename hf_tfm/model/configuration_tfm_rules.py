@@ -33,6 +33,7 @@ CHOICES = {
     "scoring_func": ("softmax", "sigmoid", "top_k_softmax"),
     "moe_ffn_type": ("mlp", "glu"),
     "router_loss_style": ("mixtral", "switch"),
+    "expert_group_score": ("top2_sum", "max"),
 }
 # where a converted model rounds as its reference does (`numerics`); each was a boolean field of its own before
 NUMERICS = (
@@ -44,6 +45,7 @@ NUMERICS = (
     "router_weights_in_model_dtype",
     "router_scores_in_model_dtype",
     "scale_queries_as_projected",
+    "rope_as_complex",
 )
 POSITIVE = (
     "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "max_position_embeddings",
@@ -52,7 +54,7 @@ POSITIVE = (
 )  # fmt: skip
 POSITIVE_OR_NONE = (
     "attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar", "sliding_window",
-    "attention_multiplier", "capacity_factor", "expert_capacity", "swiglu_limit",
+    "attention_multiplier", "capacity_factor", "expert_capacity", "swiglu_limit", "embedding_size",
 )  # fmt: skip
 AT_LEAST_ZERO = (
     "type_vocab_size", "position_offset", "pad_vocab_size_to_multiple_of", "loss_chunk_size", "initializer_range",
@@ -117,6 +119,10 @@ def _latent(config) -> bool:
     return config.kv_lora_rank is not None
 
 
+def _factorised(config) -> bool:
+    return config.embedding_width() != config.hidden_size
+
+
 def _sliding(config) -> bool:
     return "sliding_attention" in (config.layer_types or ())
 
@@ -159,6 +165,13 @@ RULES = (
     Rule("numerics", lambda c: "scale_queries_as_projected" in c.numerics and (c.fused_qkv_proj or _latent(c)),
          "scale_queries_as_projected is built for separate q, k and v projections (not fused_qkv_proj or "
          "kv_lora_rank)"),
+    Rule("numerics", lambda c: "rope_as_complex" in c.numerics and not c.rope_interleave,
+         "rope_as_complex rotates interleaved pairs, but rope_interleave=False"),
+    Rule("embedding_size", lambda c: _factorised(c) and (c.is_decoder or c.is_encoder_decoder),
+         "{value} differs from hidden_size={config.hidden_size}: factorised embeddings are built for encoders "
+         "(ALBERT, ELECTRA); a language-model head would need a projection back to the tied table"),
+    Rule("embedding_size", lambda c: _factorised(c) and c.position_embedding_type == "sinusoidal",
+         "{value} differs from hidden_size={config.hidden_size}, which sinusoidal positions are as wide as"),
     Rule("position_ids_from_attention_mask",
          lambda c: c.position_ids_from_attention_mask and c.position_ids_from_padding,
          "positions are counted over the attention mask or over non-padding ids (position_ids_from_padding), "

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, EncoderDecoderCache
 from transformers.loss.loss_utils import ForMaskedLMLoss
 from transformers.masking_utils import (
@@ -37,7 +38,7 @@ from transformers.processing_utils import Unpack
 from transformers.utils import ModelOutput, TransformersKwargs, can_return_tuple
 
 from .compat import CACHE_NAME, MASK_CACHE_ARGUMENT, accepts_legacy_cache_argument
-from .configuration_tfm import TfmDecoderConfig, TfmEncoderConfig, TfmEncoderDecoderConfig
+from .configuration_tfm import TfmConfig, TfmDecoderConfig, TfmEncoderConfig, TfmEncoderDecoderConfig
 from .modeling_tfm_layers import make_dropout, make_token_embedding
 from .modeling_tfm_lm_head import TfmLMHead, TfmMaskedLMHead, lm_head_in
 from .modeling_tfm_loading import HEAD_MODULES
@@ -216,6 +217,8 @@ TfmSequenceClassifierOutputWithPast = with_router_outputs(
     SequenceClassifierOutputWithPast, "TfmSequenceClassifierOutputWithPast"
 )
 TfmTokenClassifierOutput = with_router_outputs(TokenClassifierOutput, "TfmTokenClassifierOutput")
+# a replaced-token logit per token (ELECTRA's discriminator): the fields of a token classifier's output
+TfmPreTrainingOutput = with_router_outputs(TokenClassifierOutput, "TfmPreTrainingOutput")
 TfmQuestionAnsweringOutput = with_router_outputs(QuestionAnsweringModelOutput, "TfmQuestionAnsweringOutput")
 
 
@@ -583,6 +586,45 @@ class TfmEncoderForTokenClassification(TfmTokenClassification, TfmEncoderHead):
     task_layer = "classifier"  # BERT's name
 
 
+class TfmReplacedTokenHead(nn.Module):
+    """ELECTRA's discriminator head: dense, activation, and one logit per token that it was replaced."""
+
+    def __init__(self, config: TfmConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act_fn = ACT2FN[config.hidden_act]
+        self.dense_prediction = nn.Linear(config.hidden_size, 1)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.dense_prediction(self.act_fn(self.dense(hidden_states))).squeeze(-1)
+
+
+class TfmEncoderForPreTraining(TfmEncoderHead):
+    """Replaced-token detection (ELECTRA's discriminator, `ElectraForPreTraining`): a logit per token that it is not
+    the original; `labels` are 1 (replaced) or 0 (original), scored by binary cross-entropy over the tokens the
+    attention mask marks real, as ELECTRA scores them."""
+
+    task_layer = "discriminator_predictions"  # ELECTRA's name
+    output_class = TfmPreTrainingOutput
+
+    def build_task_layer(self, config):
+        return TfmReplacedTokenHead(config)
+
+    def predict(self, outputs, inputs, labels, **kwargs) -> dict:
+        check_labels(labels, inputs["input_ids"] if inputs["input_ids"] is not None else inputs["inputs_embeds"])
+        logits = self.discriminator_predictions(outputs.last_hidden_state)
+        if labels is None:
+            return {"logits": logits, "loss": None}
+        attention_mask = inputs["attention_mask"]
+        if attention_mask is None:
+            scored_logits, scored_labels = logits, labels
+        else:
+            real = attention_mask == 1
+            scored_logits, scored_labels = logits[real], labels[real]
+        loss = nn.functional.binary_cross_entropy_with_logits(scored_logits, scored_labels.to(logits.dtype))
+        return {"logits": logits, "loss": loss}
+
+
 class TfmEncoderForQuestionAnswering(TfmQuestionAnswering, TfmEncoderHead):
     @can_return_tuple
     def forward(
@@ -707,6 +749,7 @@ __all__ = [
     "TfmEncoderForSequenceClassification",
     "TfmEncoderForTokenClassification",
     "TfmEncoderForQuestionAnswering",
+    "TfmEncoderForPreTraining",
     "TfmEncoderDecoderModel",
     "TfmEncoderDecoderForConditionalGeneration",
 ]

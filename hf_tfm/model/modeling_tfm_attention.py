@@ -254,7 +254,8 @@ def latent_attention_scale(config: TfmConfig) -> float:
     scale = (config.qk_nope_head_dim + config.head_dim) ** -0.5
     rope = config.rope_parameters or {}
     if rope.get("rope_type", "default") != "default" and rope.get("mscale_all_dim") and rope["factor"] > 1:
-        scale = scale * (0.1 * rope["mscale_all_dim"] * math.log(rope["factor"]) + 1.0) ** 2
+        mscale = 0.1 * rope["mscale_all_dim"] * math.log(rope["factor"]) + 1.0
+        scale = scale * mscale * mscale  # not mscale**2, which can round otherwise
     return scale
 
 

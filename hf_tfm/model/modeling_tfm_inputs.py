@@ -27,6 +27,11 @@ class Inputs:
     batch: int
     length: int
 
+    def embeds_width(self) -> str:
+        """The width `inputs_embeds` must have (the token table's), as the config names it."""
+        size = self.config.embedding_size
+        return f"embedding_size={size}" if size else f"hidden_size={self.config.hidden_size}"
+
     def mask_shape(self) -> str:
         if isinstance(self.past_length, int):
             keys = self.past_length + self.length
@@ -61,8 +66,10 @@ SHAPE_RULES = (
     ),
     ShapeRule(
         "inputs_embeds",
-        lambda inputs: inputs.inputs_embeds.dim() != 3 or inputs.inputs_embeds.shape[-1] != inputs.config.hidden_size,
-        ", expected (batch, sequence length, hidden_size={inputs.config.hidden_size})",
+        lambda inputs: (
+            inputs.inputs_embeds.dim() != 3 or inputs.inputs_embeds.shape[-1] != inputs.config.embedding_width()
+        ),
+        ", expected (batch, sequence length, {width})",
     ),
     ShapeRule("input_ids", lambda inputs: inputs.length == 0, EMPTY),
     ShapeRule("inputs_embeds", lambda inputs: inputs.length == 0, EMPTY),
@@ -121,7 +128,7 @@ class InputRules:
         for rule in SHAPE_RULES:
             tensor = getattr(inputs, rule.argument)
             if tensor is not None and rule.refuses(inputs):
-                says = rule.says.format(inputs=inputs, mask_shape=inputs.mask_shape())
+                says = rule.says.format(inputs=inputs, mask_shape=inputs.mask_shape(), width=inputs.embeds_width())
                 raise ValueError(f"{prefix}{rule.argument} has shape {tuple(tensor.shape)}{says}")
         training_step = training and torch.is_grad_enabled()
         later_training_step = training_step and self.trained_a_step

@@ -112,18 +112,19 @@ class TfmScaledEmbedding(nn.Embedding):
 
 
 def make_token_embedding(config: TfmConfig) -> nn.Embedding:
-    """The token table: `padded_vocab_size()` rows, scaled by `sqrt(hidden_size)` with `scale_embeddings`."""
-    rows = config.padded_vocab_size()
+    """The token table: `padded_vocab_size()` rows of `embedding_width()`, scaled by `sqrt(hidden_size)` with
+    `scale_embeddings`."""
+    rows, width = config.padded_vocab_size(), config.embedding_width()
     if config.scale_embeddings:
-        return TfmScaledEmbedding(rows, config.hidden_size, rounded="round_embedding_scale" in config.numerics)
-    return nn.Embedding(rows, config.hidden_size)
+        return TfmScaledEmbedding(rows, width, rounded="round_embedding_scale" in config.numerics)
+    return nn.Embedding(rows, width)
 
 
 class TfmTokenTypes(nn.Embedding):
     """Token-type (segment) embeddings added to the token embeddings (BERT), type 0 where none are given."""
 
     def __init__(self, config: TfmConfig):
-        super().__init__(config.type_vocab_size, config.hidden_size)
+        super().__init__(config.type_vocab_size, config.embedding_width())
 
     def forward(self, hidden_states: torch.Tensor, token_type_ids, position_ids: torch.Tensor) -> torch.Tensor:
         if token_type_ids is None:  # as position_ids: one row shared by the batch

@@ -26,7 +26,7 @@ class TfmLMHead(nn.Linear):
 
     def __init__(self, config: TfmConfig, bias: bool | None = None, bias_after_matmul: bool | None = None):
         bias = config.lm_head_bias if bias is None else bias
-        super().__init__(config.hidden_size, config.padded_vocab_size(), bias=bias)
+        super().__init__(config.embedding_width(), config.padded_vocab_size(), bias=bias)
         self.config = config  # the model's own: resize_token_embeddings changes its vocab_size
         # BART's final_logits_bias is added after the matmul and never trained, as BART's buffer
         self.bias_after_matmul = config.lm_head_bias if bias_after_matmul is None else bias_after_matmul
@@ -120,14 +120,14 @@ def lm_head_in(layer: nn.Module) -> TfmLMHead:
 
 
 class TfmMaskedLMHead(nn.Module):
-    """BERT's MLM head: dense, activation and norm (`transform`), then the vocabulary projection (`decoder`, tied to
-    the token table) with its own trained bias."""
+    """BERT's MLM head: dense, activation and norm (`transform`, to the token table's width), then the vocabulary
+    projection (`decoder`, tied to the token table) with its own trained bias."""
 
     def __init__(self, config: TfmConfig):
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dense = nn.Linear(config.hidden_size, config.embedding_width())
         self.act_fn = ACT2FN[config.hidden_act]
-        self.norm = make_norm(config)
+        self.norm = make_norm(config, config.embedding_width())
         self.decoder = TfmLMHead(config, bias=True, bias_after_matmul=False)
 
     def transform(self, hidden_states: torch.Tensor) -> torch.Tensor:

@@ -31,6 +31,7 @@ AUTO_CLASSES = {
         "AutoModelForSequenceClassification": "TfmEncoderForSequenceClassification",
         "AutoModelForTokenClassification": "TfmEncoderForTokenClassification",
         "AutoModelForQuestionAnswering": "TfmEncoderForQuestionAnswering",
+        "AutoModelForPreTraining": "TfmEncoderForPreTraining",
     },
     "tfm_encoder_decoder": {
         "AutoModel": "TfmEncoderDecoderModel",

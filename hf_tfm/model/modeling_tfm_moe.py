@@ -35,6 +35,7 @@ class TfmRouter(nn.Module):
         if self.balancing:
             self.tokens_per_expert = nn.Buffer(torch.zeros(self.num_experts), persistent=False)
         self.groups, self.topk_groups = config.num_expert_groups, config.topk_expert_groups
+        self.group_score = config.expert_group_score
         self.scaling = config.routed_scaling_factor
 
     def forward(
@@ -94,9 +95,13 @@ class TfmRouter(nn.Module):
 
     def within_best_groups(self, choice: torch.Tensor) -> torch.Tensor:
         """`choice` with -inf outside each token's best `topk_groups` groups of experts, a group scored by the sum of
-        its two best choice scores (DeepSeek-V3's group-limited routing)."""
+        its two best choice scores (DeepSeek-V3) or by its best one (DeepSeek-V2)."""
         grouped = choice.view(choice.shape[0], self.groups, -1)
-        best = grouped.topk(2, dim=-1).values.sum(dim=-1).topk(self.topk_groups, dim=-1).indices
+        if self.group_score == "max":
+            group_scores = grouped.max(dim=-1).values
+        else:
+            group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)
+        best = group_scores.topk(self.topk_groups, dim=-1).indices
         kept = torch.zeros_like(grouped[..., 0], dtype=torch.bool).scatter_(1, best, True)
         return grouped.masked_fill(~kept.unsqueeze(-1), float("-inf")).view_as(choice)
 

@@ -30,7 +30,7 @@ class TfmLearnedPositions(nn.Embedding):
     """A learned table of absolute positions, read at `position + position_offset` (BART: 2)."""
 
     def __init__(self, config: TfmConfig):
-        super().__init__(config.max_position_embeddings + config.position_offset, config.hidden_size)
+        super().__init__(config.max_position_embeddings + config.position_offset, config.embedding_width())
         self.offset = config.position_offset
 
     def forward(self, hidden_states: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
@@ -107,6 +107,19 @@ class TfmRotaryEmbedding(nn.Module):
         return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
 
 
+class TfmPolarRotaryEmbedding(TfmRotaryEmbedding):
+    """DeepSeek-V2's tables (`numerics: rope_as_complex`): cos and sin as `torch.polar` makes them, which round
+    otherwise than the elementwise `cos` and `sin`; float32, as its rotation runs."""
+
+    @torch.no_grad()
+    @dynamic_rope_update
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = position_ids[..., None].float() * self.inv_freq.to(device=x.device, dtype=torch.float)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        turn = torch.polar(torch.ones_like(emb), emb) * self.attention_scaling
+        return turn.real, turn.imag
+
+
 class TfmRotaryEmbeddingPerLayerType(nn.ModuleDict):
     """A RoPE table for each layer type, when `rope_parameters` nests a dict per type (local and global theta)."""
 
@@ -150,10 +163,24 @@ def rotate_interleaved(query, key, position_embeddings) -> tuple[torch.Tensor, t
     in pairs `(x0, x1), (x2, x3)...`, each rotated by one frequency, and leave as two halves."""
     cos, sin = (table[..., : table.shape[-1] // 2].unsqueeze(1) for table in position_embeddings)
     q1, q2, k1, k2 = query[..., 0::2], query[..., 1::2], key[..., 0::2], key[..., 1::2]
-    return (
-        torch.cat([q1 * cos - q2 * sin, q2 * cos + q1 * sin], dim=-1),
-        torch.cat([k1 * cos - k2 * sin, k2 * cos + k1 * sin], dim=-1),
-    )
+    query_rot = torch.cat([q1 * cos - q2 * sin, q2 * cos + q1 * sin], dim=-1)
+    key_rot = torch.cat([k1 * cos - k2 * sin, k2 * cos + k1 * sin], dim=-1)
+    return query_rot.to(query.dtype), key_rot.to(key.dtype)  # float32 tables rotate in float32
+
+
+def rotate_as_complex(query, key, position_embeddings) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V2's `apply_rotary_emb`, the same operations in the same order: each interleaved pair `(x0, x1)` is
+    the complex number `x0 + i x1`, upcast to float32 and multiplied by `cos + i sin` (the tables made by
+    `torch.polar`, as there); the pairs stay interleaved. The same function as `rotate_interleaved` with its features
+    in another order (query and key alike)."""
+    cos, sin = (table[..., : table.shape[-1] // 2].unsqueeze(1) for table in position_embeddings)
+    turn = torch.complex(cos.float(), sin.float())
+
+    def rotate(x: torch.Tensor) -> torch.Tensor:
+        pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+        return torch.view_as_real(pairs * turn).flatten(3).type_as(x)
+
+    return rotate(query), rotate(key)
 
 
 def no_rotation(query, key, position_embeddings) -> tuple[torch.Tensor, torch.Tensor]:
@@ -167,7 +194,7 @@ def rotation_for(config: TfmConfig, layer_idx: int, attention_type: str) -> Call
         return no_rotation
     rotate = apply_rotary_in_float32 if "rope_in_float32" in config.numerics else apply_rotary
     if config.rope_interleave:
-        rotate = rotate_interleaved
+        rotate = rotate_as_complex if "rope_as_complex" in config.numerics else rotate_interleaved
     return functools.partial(rotate_by_layer_type, attention_type, rotate) if config.nested_rope() else rotate
 
 
@@ -354,7 +381,9 @@ def make_positions(config: TfmConfig, is_causal: bool, layer_types: tuple[str, .
             {kind: TfmRotaryEmbedding(config, layer_type=kind) for kind in layer_types}
         )
     elif scheme == "rope":
-        rotary = TfmRotaryEmbedding(config)
+        rotary = (
+            TfmPolarRotaryEmbedding(config) if "rope_as_complex" in config.numerics else TfmRotaryEmbedding(config)
+        )
     elif scheme == "alibi":
         bias = TfmAlibiBias(config)
     elif scheme == "relative_bias":

@@ -348,8 +348,11 @@ class TfmStack(TfmPreTrainedModel):
         )
         self.count_positions = position_counter(config)  # without position_ids: RoBERTa's, OPT's, or None: in order
         self.embed_token_types = TfmTokenTypes(config) if config.type_vocab_size > 0 else Absent()
-        self.embed_norm = make_norm(config) if config.embedding_norm else Absent()
+        self.embed_norm = make_norm(config, config.embedding_width()) if config.embedding_norm else Absent()
         self.embed_dropout = make_dropout(config.embedding_dropout)
+        # factorised embeddings (ALBERT, ELECTRA): the tables' width mapped to the blocks'
+        factorised = config.embedding_width() != config.hidden_size
+        self.embed_proj = nn.Linear(config.embedding_width(), config.hidden_size) if factorised else Absent()
         block = block_class(config)
         self.layers = nn.ModuleList(
             block(config, i, self.is_causal, self.layer_types[i], cross_attention) for i in range(depth)
@@ -419,6 +422,7 @@ class TfmStack(TfmPreTrainedModel):
         # in BERT's summation order (token types, then positions), so parity is bit-exact
         hidden_states = self.embed_token_types(inputs_embeds, token_type_ids, position_ids)
         hidden_states = self.embed_dropout(self.embed_norm(self.embed_positions(hidden_states, position_ids)))
+        hidden_states = self.embed_proj(hidden_states)
         masks = attention_mask  # generate() may have prepared each layer type's mask already
         if not isinstance(masks, dict):
             masks = self.build_masks(hidden_states, attention_mask, self_cache, sequence_ids)

@@ -44,6 +44,8 @@ HEADS = {
         Head("ForSequenceClassification", "AutoModelForSequenceClassification", "text-classification"),
         Head("ForTokenClassification", "AutoModelForTokenClassification", "token-classification"),
         Head("ForQuestionAnswering", "AutoModelForQuestionAnswering", "question-answering"),
+        # ELECTRA's discriminator: no Hub pipeline runs replaced-token detection; its body extracts features
+        Head("ForPreTraining", "AutoModelForPreTraining", "feature-extraction"),
         Head("Model", "AutoModel", "feature-extraction"),
     )
 }
