@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import VOCAB, assert_same_state_dict
 from support.families import tiny_reference
-from support.parity_harness import ATOL, assert_converts_exactly, source_batch
+from support.parity_harness import ATOL, assert_converts_exactly, assert_gradients_match, source_batch
 
 from hf_tfm.convert import from_tfm, to_tfm
 from hf_tfm.convert.families import FAMILIES
@@ -103,3 +103,30 @@ def test_the_round_trip_restores_the_state_dict(name):
     assert_same_state_dict(back.state_dict(), expected)
     tied = [tied_head(model) for model in (reference, back)]
     assert tied[0] == tied[1]
+
+
+# the token tables, and the position tables a family learns (RoBERTa reads a padding row in its own)
+EMBEDDING_TABLES = (
+    r"(word_embeddings|embed_tokens|embed_in|wte|tok_embeddings|shared|position_embeddings|embed_positions|wpe)"
+    r"\.weight$"
+)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_the_embedding_tables_train_as_the_references(name):
+    """A batch padded with the pad id (as a collator pads it): the embedding tables' gradients equal the reference's,
+    the pad rows frozen where the reference freezes them (`padding_idx`: `freeze_pad_embedding`) and trained where it
+    does not (GPT-2, GPT-NeoX, BLOOM, T5, Switch). Dropout off, the gradient of a weighted sum of the outputs."""
+    reference = tiny_reference(name)
+    ours = to_tfm(reference)
+    input_ids, attention_mask = source_batch()
+    extra = {"decoder_input_ids": input_ids[:, :5]} if reference.config.is_encoder_decoder else {}
+    weights = None
+    for model in (reference, ours):
+        output = model(input_ids=input_ids, attention_mask=attention_mask, **extra)
+        logits = output.logits if "logits" in output else output.last_hidden_state
+        if weights is None:
+            weights = torch.randn(logits.shape, generator=torch.Generator().manual_seed(5))
+        (logits * weights).sum().backward()
+    assert_gradients_match(reference, ours, name, only=EMBEDDING_TABLES)
+    assert ours.get_input_embeddings().padding_idx == reference.get_input_embeddings().padding_idx

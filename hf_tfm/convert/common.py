@@ -9,8 +9,9 @@ from torch import nn
 
 from ..model.configuration_tfm import TfmConfig, TfmEncoderConfig
 
-# what every Llama-family decoder is beyond its blocks (all TfmDecoderConfig defaults, stated so that a mapping to
-# hf_tfm reads as the whole architecture): a final norm, bare token embeddings, attention dropout only, plain head
+# what every Llama-family decoder is beyond its blocks (TfmDecoderConfig defaults but the last, stated so that a
+# mapping to hf_tfm reads as the whole architecture): a final norm, bare token embeddings, attention dropout only,
+# plain head, the pad row of the token table frozen
 LLAMA_FAMILY_STACK = {
     "final_norm": True,
     "embedding_norm": False,
@@ -21,6 +22,7 @@ LLAMA_FAMILY_STACK = {
     "attention_multiplier": None,
     "scale_lm_head_input": False,
     "lm_head_bias": False,
+    "freeze_pad_embedding": True,  # nn.Embedding(padding_idx=pad_token_id)
 }
 
 # config fields that transformers' model configs and hf_tfm's name alike and mean alike: the core of every
@@ -180,6 +182,7 @@ COMPUTATION_CHOICES = {
     "loss_chunk_size": "the same loss, computed a chunk of tokens at a time",
     "check_input_values": "whether bad inputs are named in an error; a valid input's output is the same",
     "fused_qkv_proj": "q, k and v stored as one matrix or as three: the same projections",
+    "freeze_pad_embedding": "which embedding rows training updates, not what the model computes",
 }
 
 

@@ -286,6 +286,7 @@ OPT = Family(
         ffn_type="mlp",
         lm_head_bias=False,
         numerics=["scale_queries_as_projected"],
+        freeze_pad_embedding=True,
     ),
     unread={"layerdrop": "a training-only regularizer hf_tfm has no counterpart for; inference is exact"},
     weights=Weights(

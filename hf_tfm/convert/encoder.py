@@ -1,7 +1,4 @@
-"""The encoder families' records: BERT, RoBERTa and ModernBERT, each as its base model and its masked-LM head.
-Not carried over by any: `padding_idx` of the token (and RoBERTa's position) embeddings, which only zeroes those
-rows' gradients in training.
-"""
+"""The encoder families' records: BERT, RoBERTa, ELECTRA and ModernBERT, each as its base model and its heads."""
 
 import copy
 
@@ -32,6 +29,7 @@ BERT_ARCHITECTURE = dict(
     ffn_type="mlp",
     attention_bias=True,
     mlp_bias=True,
+    freeze_pad_embedding=True,  # and RoBERTa's padding position row
 )
 # the encoder's modules, the same under BERT's and RoBERTa's prefixes (`attention.output` before `output`)
 BERT_BODY_RENAMES = (
@@ -294,6 +292,7 @@ MODERNBERT = Family(
     fixed=dict(
         position_embedding_type="rope",
         numerics=["rope_in_float32"],  # ModernBERT upcasts queries and keys to rotate them
+        freeze_pad_embedding=True,
         norm_type="layernorm",
         norm_position="pre",
         first_layer_attn_norm=False,

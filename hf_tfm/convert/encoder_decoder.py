@@ -219,6 +219,7 @@ BART = Family(
     fixed=dict(
         position_embedding_type="learned",
         position_offset=2,
+        freeze_pad_embedding=True,  # the shared token table's; BART's position tables have no padding row
         norm_type="layernorm",
         norm_position="post",
         layer_norm_eps=1e-5,

@@ -97,6 +97,10 @@ class TfmConfig(PreTrainedConfig):
             Encoders only; None: `hidden_size`.
         type_vocab_size (`int`): token types (segment embeddings); 0: none.
         tie_word_embeddings (`bool`): the LM head is the token table.
+        freeze_pad_embedding (`bool`): the token table's `pad_token_id` row gets no gradient (`nn.Embedding`'s
+            `padding_idx`, as Llama, BERT, BART and most transformers models keep it) and starts at zero; so does the
+            position row padding reads under `position_ids_from_padding` (RoBERTa). Which rows training updates, not
+            what the model computes.
         initializer_range (`float`): std of the normal init of linear and embedding weights.
         lm_head_bias (`bool`): a bias on the LM head (BART's `final_logits_bias`), frozen as BART's buffer is.
         scale_lm_head_input (`bool`): the last hidden state times `hidden_size ** -0.5` before the head (T5, tied).
@@ -214,6 +218,7 @@ class TfmConfig(PreTrainedConfig):
     embedding_size: int | None = None
     type_vocab_size: int = 0
     tie_word_embeddings: bool = True
+    freeze_pad_embedding: bool = False
     initializer_range: float = 0.02
     lm_head_bias: bool = False
     scale_lm_head_input: bool = False

@@ -176,6 +176,10 @@ RULES = (
          lambda c: c.position_ids_from_attention_mask and c.position_ids_from_padding,
          "positions are counted over the attention mask or over non-padding ids (position_ids_from_padding), "
          "not both"),
+    Rule("pad_token_id", lambda c: c.freeze_pad_embedding and c.pad_token_id is not None
+         and not 0 <= c.pad_token_id < c.vocab_size,
+         "{value} is not a row of the token table (vocab_size={config.vocab_size}), whose pad row "
+         "freeze_pad_embedding freezes"),
     Rule("position_ids_from_padding", lambda c: c.position_ids_from_padding and c.pad_token_id is None,
          "positions counted over non-padding tokens need pad_token_id"),
     # RoPE

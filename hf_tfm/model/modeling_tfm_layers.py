@@ -98,8 +98,8 @@ class TfmScaledEmbedding(nn.Embedding):
     they are. Gemma multiplies by the scale rounded to the table's dtype (`numerics`): the value for each dtype is
     computed once, on the CPU (no buffer for a meta-device load or vLLM to rebuild)."""
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, rounded: bool = False):
-        super().__init__(num_embeddings, embedding_dim)
+    def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None, rounded: bool = False):
+        super().__init__(num_embeddings, embedding_dim, padding_idx)
         scale = embedding_dim**0.5
         self.scales = {
             dtype: torch.tensor(scale, dtype=dtype, device="cpu").item() if rounded else scale
@@ -113,11 +113,12 @@ class TfmScaledEmbedding(nn.Embedding):
 
 def make_token_embedding(config: TfmConfig) -> nn.Embedding:
     """The token table: `padded_vocab_size()` rows of `embedding_width()`, scaled by `sqrt(hidden_size)` with
-    `scale_embeddings`."""
+    `scale_embeddings`, its pad row frozen with `freeze_pad_embedding`."""
     rows, width = config.padded_vocab_size(), config.embedding_width()
+    padding_idx = config.pad_token_id if config.freeze_pad_embedding else None
     if config.scale_embeddings:
-        return TfmScaledEmbedding(rows, width, rounded="round_embedding_scale" in config.numerics)
-    return nn.Embedding(rows, width)
+        return TfmScaledEmbedding(rows, width, padding_idx, rounded="round_embedding_scale" in config.numerics)
+    return nn.Embedding(rows, width, padding_idx)
 
 
 class TfmTokenTypes(nn.Embedding):

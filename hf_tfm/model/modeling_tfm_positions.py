@@ -30,7 +30,12 @@ class TfmLearnedPositions(nn.Embedding):
     """A learned table of absolute positions, read at `position + position_offset` (BART: 2)."""
 
     def __init__(self, config: TfmConfig):
-        super().__init__(config.max_position_embeddings + config.position_offset, config.embedding_width())
+        # padding reads row offset - 1 (position -1) when positions are counted over padding: frozen as RoBERTa's
+        frozen = (
+            config.position_offset - 1 if config.freeze_pad_embedding and config.position_ids_from_padding else None
+        )
+        rows = config.max_position_embeddings + config.position_offset
+        super().__init__(rows, config.embedding_width(), padding_idx=frozen)
         self.offset = config.position_offset
 
     def forward(self, hidden_states: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:

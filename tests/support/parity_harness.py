@@ -3,6 +3,8 @@ a right-padded and a left-padded batch, the same greedy and beam tokens, and the
 bit. tests/test_convert_families.py runs them on every family's tiny reference model (tests/support/families.py); a
 family's own test file runs them on its options' variants."""
 
+import re
+
 import pytest
 import torch
 from conftest import VOCAB, assert_same_state_dict
@@ -171,16 +173,18 @@ def assert_router_outputs_match(ref, ours, experts: str, routed_layers: int, aux
     torch.testing.assert_close(actual.loss, expected.loss, atol=ATOL, rtol=0)
 
 
-def assert_gradients_match(reference, ours, name: str) -> None:
-    """After a backward pass on both sides: every weight of `reference` has a gradient, and hf_tfm's gradients, laid
-    out as family `name`'s weights, equal it within 1e-4 of the tensor's largest gradient (summed in another order: the
-    chunked loss, fused projections and experts). The 1e-3 floor is for gradients that are 0 in exact arithmetic
-    (a key bias's): rounding alone."""
+def assert_gradients_match(reference, ours, name: str, only: str | None = None) -> None:
+    """After a backward pass on both sides: every weight of `reference` (whose name matches the pattern `only`, if
+    given) has a gradient, and hf_tfm's gradients, laid out as family `name`'s weights, equal it within 1e-4 of the
+    tensor's largest gradient (summed in another order: the chunked loss, fused projections and experts). The 1e-3
+    floor is for gradients that are 0 in exact arithmetic (a key bias's): rounding alone."""
     grads = {key: param.grad for key, param in ours.named_parameters(remove_duplicate=False)}
     theirs = weights_from_tfm(
         family(name).weights, split_qkv(grads, ours.config), reference, ours.config.num_attention_heads
     )
     for key, param in reference.named_parameters():
+        if only is not None and not re.search(only, key):
+            continue
         assert param.grad is not None, key
         scale = param.grad.abs().max() + 1e-3
         torch.testing.assert_close(
