@@ -955,8 +955,9 @@ def _deepseek_v3_to_tfm(config) -> dict:
     )
 
 
-def _deepseek_v3_from_tfm(config) -> dict:
-    """DeepSeek-V3's shared experts (a multiple of the expert width) and its dense layers (the first ones)."""
+def _deepseek_from_tfm(config, family: str) -> dict:
+    """DeepSeek's shared experts (a multiple of the expert width) and its dense layers (the first ones), for `family`
+    ("V2" or "V3")."""
     shared, width, dense = config.shared_expert_intermediate_size, config.moe_intermediate_size, config.mlp_only_layers
     refusals = (
         ("shared_expert_intermediate_size", shared == 0 or shared % width, f"a positive multiple of {width}"),
@@ -965,8 +966,8 @@ def _deepseek_v3_from_tfm(config) -> dict:
     for field, refused, expected in refusals:
         if refused:
             raise ValueError(
-                f"Cannot convert {type(config).__name__} to DeepseekV3Config exactly: "
-                f"{field}={getattr(config, field)!r}, but DeepSeek-V3's is {expected}"
+                f"Cannot convert {type(config).__name__} to Deepseek{family}Config exactly: "
+                f"{field}={getattr(config, field)!r}, but DeepSeek-{family}'s is {expected}"
             )
     return dict(
         n_shared_experts=shared // width,
@@ -1015,7 +1016,7 @@ DEEPSEEK_V3 = llama_family(
         router_jitter_noise=0.0,
     ),
     to_tfm=_deepseek_v3_to_tfm,
-    from_tfm=_deepseek_v3_from_tfm,
+    from_tfm=lambda config: _deepseek_from_tfm(config, "V3"),
     # more dense layers than layers is every layer dense: the same model, written back as the depth
     their_form=lambda config: (
         config_with(config, first_k_dense_replace=config.num_hidden_layers)
@@ -1106,7 +1107,7 @@ def _deepseek_v2_to_tfm(config) -> dict:
 def _deepseek_v2_from_tfm(config) -> dict:
     """DeepSeek-V3's shared experts and dense layers, and the routing method: group-limited where groups are set."""
     grouped = config.num_expert_groups > 1
-    return _deepseek_v3_from_tfm(config) | dict(
+    return _deepseek_from_tfm(config, "V2") | dict(
         topk_method="group_limited_greedy" if grouped else "greedy",
         n_group=config.num_expert_groups if grouped else None,
         topk_group=config.topk_expert_groups if grouped else None,

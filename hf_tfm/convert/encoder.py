@@ -350,7 +350,7 @@ MODERNBERT = Family(
 # come in two: the discriminator (`ElectraForPreTraining`, a replaced-token logit per token: hf_tfm's
 # TfmEncoderForPreTraining) and the generator (`ElectraForMaskedLM`, whose head maps back to embedding_size before
 # the tied table and always applies gelu).
-def _electra_to_tfm(config, use_pooler: bool = False) -> dict:
+def _electra_to_tfm(config) -> dict:
     return dict(embedding_dropout=config.hidden_dropout_prob, use_pooler=False)
 
 
@@ -391,8 +391,6 @@ ELECTRA = Family(
     check=require_gelu_head("ELECTRA", "ElectraForMaskedLM"),
     their_form=_bert_form,
     unread_of=_electra_unread,
-    options=lambda model: {"use_pooler": False},
-    our_options=lambda config: {},
 )
 
 ENCODERS = (BERT, ROBERTA, ELECTRA, MODERNBERT)

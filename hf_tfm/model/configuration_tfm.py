@@ -316,6 +316,10 @@ class TfmConfig(PreTrainedConfig):
         """Width of the token, position and token-type tables: `embedding_size`, else `hidden_size`."""
         return self.embedding_size or self.hidden_size
 
+    def factorised_embeddings(self) -> bool:
+        """Whether the tables are narrower (or wider) than the blocks, so that `embed_proj` maps between them."""
+        return self.embedding_width() != self.hidden_size
+
     def padded_vocab_size(self) -> int:
         """Rows of the token table and the LM head: `vocab_size` rounded up to `pad_vocab_size_to_multiple_of`."""
         return round_up_to_multiple(self.vocab_size, self.pad_vocab_size_to_multiple_of)

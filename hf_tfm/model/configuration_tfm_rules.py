@@ -119,10 +119,6 @@ def _latent(config) -> bool:
     return config.kv_lora_rank is not None
 
 
-def _factorised(config) -> bool:
-    return config.embedding_width() != config.hidden_size
-
-
 def _sliding(config) -> bool:
     return "sliding_attention" in (config.layer_types or ())
 
@@ -167,10 +163,10 @@ RULES = (
          "kv_lora_rank)"),
     Rule("numerics", lambda c: "rope_as_complex" in c.numerics and not c.rope_interleave,
          "rope_as_complex rotates interleaved pairs, but rope_interleave=False"),
-    Rule("embedding_size", lambda c: _factorised(c) and (c.is_decoder or c.is_encoder_decoder),
+    Rule("embedding_size", lambda c: c.factorised_embeddings() and (c.is_decoder or c.is_encoder_decoder),
          "{value} differs from hidden_size={config.hidden_size}: factorised embeddings are built for encoders "
          "(ALBERT, ELECTRA); a language-model head would need a projection back to the tied table"),
-    Rule("embedding_size", lambda c: _factorised(c) and c.position_embedding_type == "sinusoidal",
+    Rule("embedding_size", lambda c: c.factorised_embeddings() and c.position_embedding_type == "sinusoidal",
          "{value} differs from hidden_size={config.hidden_size}, which sinusoidal positions are as wide as"),
     Rule("position_ids_from_attention_mask",
          lambda c: c.position_ids_from_attention_mask and c.position_ids_from_padding,

@@ -225,11 +225,13 @@ TfmQuestionAnsweringOutput = with_router_outputs(QuestionAnsweringModelOutput, "
 # ---------------------------------------------------------------------------------------------------------- heads
 
 
-def check_labels(labels, tokens, inputs_name: str = "input_ids") -> None:
-    """Labels must line up token for token with the inputs they score."""
+def check_labels(labels, inputs: dict) -> None:
+    """Labels must line up token for token with the inputs they score (`input_ids`, else `inputs_embeds`)."""
+    name = "input_ids" if inputs["input_ids"] is not None else "inputs_embeds"
+    tokens = inputs[name]
     if labels is not None and tuple(labels.shape) != tuple(tokens.shape[:2]):
         raise ValueError(
-            f"labels have shape {tuple(labels.shape)}, expected {tuple(tokens.shape[:2])} (the shape of {inputs_name})"
+            f"labels have shape {tuple(labels.shape)}, expected {tuple(tokens.shape[:2])} (the shape of {name})"
         )
 
 
@@ -326,7 +328,7 @@ class TfmTokenClassification:
         return nn.Linear(config.hidden_size, config.num_labels)
 
     def predict(self, outputs, inputs, labels, **kwargs) -> dict:
-        check_labels(labels, inputs["input_ids"] if inputs["input_ids"] is not None else inputs["inputs_embeds"])
+        check_labels(labels, inputs)
         logits = getattr(self, self.task_layer)(self.dropout(outputs.last_hidden_state))
         if labels is None:
             return {"logits": logits, "loss": None}
@@ -611,7 +613,7 @@ class TfmEncoderForPreTraining(TfmEncoderHead):
         return TfmReplacedTokenHead(config)
 
     def predict(self, outputs, inputs, labels, **kwargs) -> dict:
-        check_labels(labels, inputs["input_ids"] if inputs["input_ids"] is not None else inputs["inputs_embeds"])
+        check_labels(labels, inputs)
         logits = self.discriminator_predictions(outputs.last_hidden_state)
         if labels is None:
             return {"logits": logits, "loss": None}

@@ -351,7 +351,7 @@ class TfmStack(TfmPreTrainedModel):
         self.embed_norm = make_norm(config, config.embedding_width()) if config.embedding_norm else Absent()
         self.embed_dropout = make_dropout(config.embedding_dropout)
         # factorised embeddings (ALBERT, ELECTRA): the tables' width mapped to the blocks'
-        factorised = config.embedding_width() != config.hidden_size
+        factorised = config.factorised_embeddings()
         self.embed_proj = nn.Linear(config.embedding_width(), config.hidden_size) if factorised else Absent()
         block = block_class(config)
         self.layers = nn.ModuleList(
