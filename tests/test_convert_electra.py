@@ -101,12 +101,18 @@ def test_inputs_embeds_are_as_wide_as_the_table():
 
 
 def test_factorised_embeddings_are_for_encoders():
-    """A decoder's tied LM head would need a projection back to the table's width: refused by name; an encoder
-    whose embedding_size is hidden_size has no projection."""
+    """A decoder's tied LM head would need a projection back to the table's width: refused by name. An ELECTRA whose
+    embedding_size is hidden_size has no projection, and converts to an hf_tfm encoder without embedding_size (where
+    the field set means a projection, as ALBERT's at any width)."""
     with pytest.raises(ValueError, match="embedding_size"):
         TfmDecoderConfig(hidden_size=32, num_attention_heads=4, embedding_size=16)
+    reference = electra("ElectraForMaskedLM", embedding_size=32)
+    ours = to_tfm(reference)
+    assert ours.config.embedding_size is None
+    assert not any("embed_proj" in name for name, _ in ours.named_parameters())
+    assert_same_state_dict(from_tfm(ours, "electra").state_dict(), reference.state_dict())
     config = TfmEncoderConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=1, embedding_size=32)
-    assert not any("embed_proj" in name for name, _ in TfmEncoderForMaskedLM(config).named_parameters())
+    assert TfmEncoderForMaskedLM(config).model.embed_proj.weight.shape == (32, 32)
 
 
 def test_a_generator_without_gelu_is_refused():

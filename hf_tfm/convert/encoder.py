@@ -1,4 +1,5 @@
-"""The encoder families' records: BERT, RoBERTa, ELECTRA and ModernBERT, each as its base model and its heads."""
+"""The encoder families' records: BERT, RoBERTa, ELECTRA, ALBERT and ModernBERT, each as its base model and its
+heads."""
 
 import copy
 
@@ -351,7 +352,17 @@ MODERNBERT = Family(
 # TfmEncoderForPreTraining) and the generator (`ElectraForMaskedLM`, whose head maps back to embedding_size before
 # the tied table and always applies gelu).
 def _electra_to_tfm(config) -> dict:
-    return dict(embedding_dropout=config.hidden_dropout_prob, use_pooler=False)
+    # ELECTRA projects only when the widths differ; hf_tfm's embed_proj is there whenever embedding_size is set
+    factorised = config.embedding_size != config.hidden_size
+    return dict(
+        embedding_dropout=config.hidden_dropout_prob,
+        use_pooler=False,
+        embedding_size=config.embedding_size if factorised else None,
+    )
+
+
+def _electra_from_tfm(config) -> dict:
+    return _one_token_type("ElectraConfig")(config) | {"embedding_size": config.embedding_width()}
 
 
 def _electra_unread(config) -> dict:
@@ -372,7 +383,7 @@ ELECTRA = Family(
         "ElectraModel": "TfmEncoderModel",
     },
     config_class="ElectraConfig",
-    fields=BERT_FIELDS | {"embedding_size": "embedding_size"},
+    fields=BERT_FIELDS,
     fixed=BERT_ARCHITECTURE,
     weights=Weights(
         renames=(
@@ -387,10 +398,151 @@ ELECTRA = Family(
     preset=dict(PRESET_SIZE, embedding_size=64, intermediate_size=512, pad_token_id=0),
     summary="factorised embeddings; the discriminator as TfmEncoderForPreTraining",
     to_tfm=_electra_to_tfm,
-    from_tfm=_one_token_type("ElectraConfig"),
+    from_tfm=_electra_from_tfm,
     check=require_gelu_head("ELECTRA", "ElectraForMaskedLM"),
     their_form=_bert_form,
     unread_of=_electra_unread,
 )
 
-ENCODERS = (BERT, ROBERTA, ELECTRA, MODERNBERT)
+
+# ----------------------------------------------------------------------------------------------------------- ALBERT
+# BERT's post-norm blocks with factorised embeddings (`embedding_hidden_mapping_in`: hf_tfm's embed_proj, there even
+# when embedding_size is hidden_size) and cross-layer sharing: num_hidden_groups groups of inner_group_num blocks,
+# layer i of num_hidden_layers running group int(i / (num_hidden_layers / num_hidden_groups)). hf_tfm runs the
+# groups' blocks one by one (num_hidden_layers * inner_group_num layers) and numbers the distinct blocks
+# group * inner_group_num + inner (`layer_sharing`). Dropout follows the attention output and the embeddings, never
+# the feed-forward (ffn_dropout=0). The MLM head is BERT's mapped back to embedding_size, applying hidden_act.
+def albert_order(layers: int, groups: int, inner: int) -> list[int]:
+    """The distinct block each layer runs, as AlbertTransformer picks its group (the same float division)."""
+    return [int(i / (layers / groups)) * inner + k for i in range(layers) for k in range(inner)]
+
+
+def _albert_groups(order: list[int]) -> tuple[int, int, int] | None:
+    """(num_hidden_layers, num_hidden_groups, inner_group_num) whose blocks run in `order` (a single block per group
+    where one fits), or None."""
+    depth, blocks = len(order), max(order) + 1
+    for inner in range(1, blocks + 1):
+        if blocks % inner == 0 and depth % inner == 0:
+            layers, groups = depth // inner, blocks // inner
+            if groups <= layers and albert_order(layers, groups, inner) == order:
+                return layers, groups, inner
+    return None
+
+
+def _albert_to_tfm(config, use_pooler: bool = True) -> dict:
+    layers, groups, inner = config.num_hidden_layers, config.num_hidden_groups, config.inner_group_num
+    order = albert_order(layers, groups, inner)
+    if groups > layers or set(order) != set(range(groups * inner)):
+        raise ValueError(
+            f"Cannot convert AlbertConfig exactly: num_hidden_groups={groups} for num_hidden_layers={layers} leaves "
+            "groups that no layer runs, whose weights hf_tfm would not hold"
+        )
+    return dict(
+        num_hidden_layers=len(order),
+        layer_sharing=order if order != list(range(len(order))) else None,
+        embedding_size=config.embedding_size,
+        embedding_dropout=config.hidden_dropout_prob,
+        ffn_dropout=0.0,
+        use_pooler=use_pooler,
+    )
+
+
+def _albert_shape(config) -> tuple[int, int, int]:
+    order = config.layer_sharing or list(range(config.num_hidden_layers))
+    shape = _albert_groups(order)
+    if shape is None:
+        raise ValueError(
+            f"Cannot convert layer_sharing={order} to AlbertConfig exactly: ALBERT's layer i of num_hidden_layers "
+            "runs group int(i / (num_hidden_layers / num_hidden_groups)), each group inner_group_num blocks in turn"
+        )
+    return shape
+
+
+def _albert_from_tfm(config) -> dict:
+    _one_token_type("AlbertConfig")(config)
+    if not config.factorised_embeddings():
+        raise ValueError(
+            "Cannot convert to AlbertConfig exactly: embedding_size=None, but ALBERT always maps its embeddings "
+            "through a linear layer (embedding_hidden_mapping_in); set embedding_size"
+        )
+    layers, groups, inner = _albert_shape(config)
+    return dict(
+        num_hidden_layers=layers,
+        num_hidden_groups=groups,
+        inner_group_num=inner,
+        embedding_size=config.embedding_size,
+    )
+
+
+def _albert_form(config):
+    """One grouping for each order of blocks: a single block per group where one fits (a grouping that leaves
+    groups unused stays as it is, for `_albert_to_tfm` to refuse)."""
+    shape = config.num_hidden_layers, config.num_hidden_groups, config.inner_group_num
+    order = albert_order(*shape)
+    if set(order) != set(range(shape[1] * shape[2])):
+        return config
+    layers, groups, inner = _albert_groups(order)
+    return config_with(config, num_hidden_layers=layers, num_hidden_groups=groups, inner_group_num=inner)
+
+
+def _albert_layer_renames(config) -> tuple[tuple[str, str], ...]:
+    inner = config.inner_group_num
+    return tuple(
+        (rf"encoder\.albert_layer_groups\.{group}\.albert_layers\.{k}\.", f"layers.{group * inner + k}.")
+        for group in range(config.num_hidden_groups)
+        for k in range(inner)
+    )
+
+
+ALBERT = Family(
+    name="albert",
+    tiny=dict(
+        TINY_ENCODER,
+        embedding_size=16,
+        num_hidden_layers=3,
+        num_hidden_groups=2,  # layers 0 and 1 run group 0, layer 2 group 1
+        inner_group_num=2,
+        hidden_dropout_prob=0.1,
+        attention_probs_dropout_prob=0.1,
+    ),
+    paradigm="tfm_encoder",
+    classes={"AlbertForMaskedLM": "TfmEncoderForMaskedLM", "AlbertModel": "TfmEncoderModel"},
+    config_class="AlbertConfig",
+    fields={theirs: ours for theirs, ours in BERT_FIELDS.items() if theirs != "num_hidden_layers"},
+    fixed=BERT_ARCHITECTURE,
+    unread={
+        "classifier_dropout_prob": "read only by ALBERT's sentence-order, classification and multiple-choice heads",
+    },
+    weights=Weights(
+        renames=(
+            (r"^(albert\.)?pooler\.", r"\1pooler.dense."),
+            (r"^albert\.", "model."),
+            (r"^predictions\.dense\.", "lm_head.dense."),
+            (r"^predictions\.LayerNorm\.", "lm_head.norm."),
+            (r"^predictions\.decoder\.", "lm_head.decoder."),
+            *BERT_BODY_RENAMES[:4],  # the embeddings
+            (r"encoder\.embedding_hidden_mapping_in\.", "embed_proj."),
+            (r"\.attention\.query\.", ".self_attn.q_proj."),
+            (r"\.attention\.key\.", ".self_attn.k_proj."),
+            (r"\.attention\.value\.", ".self_attn.v_proj."),
+            (r"\.attention\.dense\.", ".self_attn.o_proj."),
+            (r"\.attention\.LayerNorm\.", ".attn_norm."),
+            (r"\.ffn\.", ".mlp.up_proj."),
+            (r"\.ffn_output\.", ".mlp.down_proj."),
+            (r"\.full_layer_layer_norm\.", ".ffn_norm."),
+        ),
+        copies={"predictions.bias": ("predictions.decoder.bias", ONE_DECODER_BIAS)},
+    ),
+    layer_renames=_albert_layer_renames,
+    preset=dict(PRESET_SIZE, embedding_size=64, intermediate_size=512, pad_token_id=0, bos_token_id=2, eos_token_id=3),
+    summary="factorised embeddings, blocks shared across depth",
+    to_tfm=_albert_to_tfm,
+    from_tfm=_albert_from_tfm,
+    their_form=_albert_form,
+    our_form=lambda config: config_with(config, ffn_dropout=config.ffn_dropout_probability()),
+    options=_pooler_options,
+    our_options=lambda config: {"use_pooler": config.use_pooler},
+    reference_kwargs=_pooling_layer,
+)
+
+ENCODERS = (BERT, ROBERTA, ELECTRA, ALBERT, MODERNBERT)

@@ -258,9 +258,9 @@ def to_tfm(model: nn.Module) -> nn.Module:
     if record.check:
         record.check(model)
     target = tfm_model_for(model)
-    source = model.state_dict()
-    _require_copies(record.weights, source, model, target)
-    state = weights_to_tfm(record.weights, source, target)
+    source, weights = model.state_dict(), record.weights_for(model.config)
+    _require_copies(weights, source, model, target)
+    state = weights_to_tfm(weights, source, target)
     if record.state_to_tfm:
         record.state_to_tfm(model, state)
     return load_exact(target, state, generation_config=getattr(model, "generation_config", None))
@@ -289,6 +289,6 @@ def from_tfm(model: nn.Module, name: str) -> nn.Module:
     if record.prepare_reference:
         record.prepare_reference(model, target)
     source = split_qkv(model.state_dict(), config)  # records name q, k and v apart (hf_tfm/convert/qkv.py)
-    state = weights_from_tfm(record.weights, source, target, config.num_attention_heads)
+    state = weights_from_tfm(record.weights_for(their_config), source, target, config.num_attention_heads)
     # every tensor is given, ties included: loading re-ties nothing (T5's config claims a tie its tensors may lack)
     return load_exact(target, state, tie=False, generation_config=getattr(model, "generation_config", None))

@@ -5,6 +5,7 @@ weight layout and the few hooks for what is truly special), `Weights` (the state
 Torch-free and transformers-free: classes are named, not imported, so that reading a record costs nothing.
 """
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -129,6 +130,8 @@ class Family:
       `to_tfm` on the way in; `our_options(config)` the same from an hf_tfm config on the way back.
     - `check(model)`: a refusal that needs the whole model (naming the field).
     - `state_to_tfm(model, state)`: a tensor no rename expresses (ModernBERT's absent head bias, given as zeros).
+    - `layer_renames(config) -> renames`: renames that depend on the reference config, applied before `weights`'
+      own (ALBERT's layer groups, numbered as hf_tfm's distinct blocks).
     - `reference_config(model, config)`: the reference config to build with, from the hf_tfm model (ModernBERT's
       head bias); `reference_kwargs(model) -> dict`: arguments of the reference class beside its config (BERT's
       `add_pooling_layer`); `prepare_reference(model, target)`: set up the built reference before loading (T5's
@@ -160,6 +163,13 @@ class Family:
     reference_config: Callable | None = None
     reference_kwargs: Callable | None = None
     prepare_reference: Callable | None = None
+    layer_renames: Callable | None = None
+
+    def weights_for(self, config) -> Weights:
+        """The state-dict layout of a model with reference config `config`."""
+        if self.layer_renames is None:
+            return self.weights
+        return dataclasses.replace(self.weights, renames=(*self.layer_renames(config), *self.weights.renames))
 
     @property
     def reference(self) -> str:

@@ -93,6 +93,13 @@ RULES = (
     ),
     Rule(
         vllm,
+        "layer_sharing",
+        lambda config: bool(config.layer_sharing),
+        "vLLM's Transformers backend is unproved with blocks shared across depth (its pipeline stages split "
+        "`layers` by depth); run the model with transformers",
+    ),
+    Rule(
+        vllm,
         "kv_lora_rank",
         lambda config: config.kv_lora_rank is not None and not vllm_mla_disabled(),
         "latent attention: vLLM sizes its MLA cache only for DeepSeek's own model types, so serving would fail at "

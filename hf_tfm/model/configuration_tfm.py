@@ -36,7 +36,11 @@ class TfmConfig(PreTrainedConfig):
             up to this multiple (64 suits GPU tensor cores); the logits are sliced back to `vocab_size` and the padding
             rows are never read. None, 0 or 1: no padding.
         hidden_size (`int`): width of the residual stream.
-        num_hidden_layers (`int`): number of Transformer blocks.
+        num_hidden_layers (`int`): number of Transformer blocks a forward runs.
+        layer_sharing (`list[int]`, *optional*): cross-layer weight sharing (ALBERT): layer i runs the weights of
+            distinct block `layer_sharing[i]`, the blocks numbered in order of first use (`[0, 0, 0, 0]`: one block
+            run four times). `layers` holds the distinct blocks, so they are trained as one and saved once. Encoders
+            only; None: every layer its own.
         num_attention_heads (`int`): query heads per attention layer.
         num_key_value_heads (`int`, *optional*): key/value heads (MHA by default, fewer for GQA, 1 for MQA); must
             divide `num_attention_heads`.
@@ -90,11 +94,14 @@ class TfmConfig(PreTrainedConfig):
         layer_norm_eps (`float`): epsilon of every norm. norm_bias (`bool`): LayerNorm's bias.
         final_norm (`bool`): a norm after the last block. embedding_norm (`bool`): one after the embeddings (BERT).
         embedding_dropout (`float`), hidden_dropout (`float`), attention_dropout (`float`): dropout probabilities.
+        ffn_dropout (`float`, *optional*): dropout on the feed-forward's output; `hidden_dropout` by default (ALBERT
+            drops out only the attention's).
         scale_embeddings (`bool`): token embeddings times `sqrt(hidden_size)` (original Transformer, Gemma).
         embedding_size (`int`, *optional*): factorised embeddings (ALBERT, ELECTRA): the token, position and
-            token-type tables and the embedding norm are this wide, a linear layer (`embed_proj`) maps them to
-            `hidden_size`, and a masked-LM head maps back to this width before its tied vocabulary projection.
-            Encoders only; None: `hidden_size`.
+            token-type tables and the embedding norm are this wide, a linear layer (`embed_proj`, there whenever
+            the field is set, even at `hidden_size` as in ALBERT) maps them to `hidden_size`, and a masked-LM head
+            maps back to this width before its tied vocabulary projection. Encoders only; None: the tables are
+            `hidden_size` wide and feed the blocks directly.
         type_vocab_size (`int`): token types (segment embeddings); 0: none.
         tie_word_embeddings (`bool`): the LM head is the token table.
         freeze_pad_embedding (`bool`): the token table's `pad_token_id` row gets no gradient (`nn.Embedding`'s
@@ -170,6 +177,7 @@ class TfmConfig(PreTrainedConfig):
     pad_vocab_size_to_multiple_of: int | None = None
     hidden_size: int = 768
     num_hidden_layers: int = 12
+    layer_sharing: list[int] | None = None
     num_attention_heads: int = 12
     num_key_value_heads: int | None = None
     head_dim: int | None = None
@@ -214,6 +222,7 @@ class TfmConfig(PreTrainedConfig):
     embedding_dropout: float = 0.0
     hidden_dropout: float = 0.0
     attention_dropout: float = 0.0
+    ffn_dropout: float | None = None
     scale_embeddings: bool = False
     embedding_size: int | None = None
     type_vocab_size: int = 0
@@ -317,8 +326,12 @@ class TfmConfig(PreTrainedConfig):
         return self.embedding_size or self.hidden_size
 
     def factorised_embeddings(self) -> bool:
-        """Whether the tables are narrower (or wider) than the blocks, so that `embed_proj` maps between them."""
-        return self.embedding_width() != self.hidden_size
+        """Whether `embed_proj` maps the tables' width (`embedding_size`) to the blocks'."""
+        return self.embedding_size is not None
+
+    def ffn_dropout_probability(self) -> float:
+        """The dropout on a feed-forward's output: `ffn_dropout`, else `hidden_dropout`."""
+        return self.hidden_dropout if self.ffn_dropout is None else self.ffn_dropout
 
     def padded_vocab_size(self) -> int:
         """Rows of the token table and the LM head: `vocab_size` rounded up to `pad_vocab_size_to_multiple_of`."""

@@ -62,6 +62,7 @@ AT_LEAST_ZERO = (
     "shared_expert_intermediate_size",
 )  # fmt: skip
 PROBABILITIES = ("embedding_dropout", "hidden_dropout", "attention_dropout")
+PROBABILITIES_OR_NONE = ("ffn_dropout",)
 LAYER_LISTS = ("nope_layers", "mlp_only_layers", "moe_layers", "decoder_moe_layers")
 # fields an MoE model must hold positive: checked only with experts (a dense model's are inert)
 MOE_POSITIVE = ("moe_intermediate_size", "decoder_sparse_step", "swiglu_alpha", "routed_scaling_factor")
@@ -106,6 +107,35 @@ def _bad_rope_dict(config) -> str | None:
     return None
 
 
+def _unlike_shared_layers(config) -> str | None:
+    """What is wrong with `layer_sharing` (ALBERT's cross-layer sharing), or None: one entry per layer, the distinct
+    blocks numbered in order of first use, and layers that share a block built alike (a block is built once, for its
+    first layer)."""
+    order = config.layer_sharing
+    if not order:
+        return None
+    if len(order) != config.num_hidden_layers:
+        return f"has {len(order)} entries for num_hidden_layers={config.num_hidden_layers}; set both together"
+    if any(not 0 <= block <= max(order[:i], default=-1) + 1 for i, block in enumerate(order)):
+        return f"{order} must number the distinct blocks in order of first use: 0, then at most one past the largest"
+    nope = set(config.nope_layers or ())
+    for layer, block in enumerate(order):
+        first = order.index(block)
+        unlike = [
+            name
+            for name, differs in (
+                ("layer_types", config.layer_types[layer] != config.layer_types[first]),
+                ("MoE layers", config.is_moe_layer(layer) != config.is_moe_layer(first)),
+                ("nope_layers", (layer in nope) != (first in nope)),
+                ("first_layer_attn_norm", first == 0 and layer > 0 and not config.first_layer_attn_norm),
+            )
+            if differs
+        ]
+        if unlike:
+            return f"layer {layer} runs block {block}, built for layer {first}, but their {', '.join(unlike)} differ"
+    return None
+
+
 def _each(fields, refuses: Callable, why: str, when: Callable = lambda config: True) -> list[Rule]:
     """A rule for each of `fields`: `refuses(value)`, in configs that `when` holds for."""
     return [Rule(f, lambda c, f=f: when(c) and refuses(_value(c, f)), why) for f in fields]
@@ -137,6 +167,8 @@ RULES = (
     *_each(POSITIVE_OR_NONE, lambda v: v is not None and v <= 0, "must be > 0 or None, got {value}"),
     *_each(AT_LEAST_ZERO, lambda v: v is not None and v < 0, "must be >= 0, got {value}"),
     *_each(PROBABILITIES, lambda v: not 0.0 <= v < 1.0, "a dropout probability is in [0, 1), got {value}"),
+    *_each(PROBABILITIES_OR_NONE, lambda v: v is not None and not 0.0 <= v < 1.0,
+           "a dropout probability is in [0, 1) or None, got {value}"),
     *_each(MOE_POSITIVE, lambda v: v <= 0, "must be > 0, got {value}", when=_experts),
     *_each(LATENT_WIDTHS, lambda v: v is not None and v <= 0, "must be a positive integer, got {value}", when=_latent),
     *[Rule(f, lambda c, f=f, a=a: _value(c, f) not in a, f"{{value!r}} is not one of {a}")
@@ -164,9 +196,9 @@ RULES = (
     Rule("numerics", lambda c: "rope_as_complex" in c.numerics and not c.rope_interleave,
          "rope_as_complex rotates interleaved pairs, but rope_interleave=False"),
     Rule("embedding_size", lambda c: c.factorised_embeddings() and (c.is_decoder or c.is_encoder_decoder),
-         "{value} differs from hidden_size={config.hidden_size}: factorised embeddings are built for encoders "
-         "(ALBERT, ELECTRA); a language-model head would need a projection back to the tied table"),
-    Rule("embedding_size", lambda c: c.factorised_embeddings() and c.position_embedding_type == "sinusoidal",
+         "{value} is set: factorised embeddings are built for encoders (ALBERT, ELECTRA); a language-model head "
+         "would need a projection back to the tied table"),
+    Rule("embedding_size", lambda c: c.embedding_width() != c.hidden_size and c.position_embedding_type == "sinusoidal",
          "{value} differs from hidden_size={config.hidden_size}, which sinusoidal positions are as wide as"),
     Rule("position_ids_from_attention_mask",
          lambda c: c.position_ids_from_attention_mask and c.position_ids_from_padding,
@@ -196,6 +228,10 @@ RULES = (
          lambda c: f"has {len(c.layer_types)} entries for num_hidden_layers={c.num_hidden_layers}; set both together"),
     Rule("layer_types", lambda c: not set(c.layer_types or ()) <= set(LAYER_TYPES),
          f"{{value}} are not all among {LAYER_TYPES}"),
+    Rule("layer_sharing", lambda c: bool(c.layer_sharing) and (c.is_decoder or c.is_encoder_decoder),
+         "shared blocks are built for encoders (ALBERT): a decoder's shared block would write one cache slot at "
+         "every depth it runs"),
+    Rule("layer_sharing", lambda c: _unlike_shared_layers(c) is not None, _unlike_shared_layers),
     Rule("sliding_window", lambda c: _sliding(c) and c.sliding_window is None,
          "layer_types has sliding_attention layers, but sliding_window is not set"),
     Rule("layer_types", lambda c: _sliding(c) and c.position_embedding_type in ATTENTION_BIAS_POSITIONS,

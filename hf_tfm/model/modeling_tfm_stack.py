@@ -90,6 +90,7 @@ class TfmBlock(GradientCheckpointingLayer):
             self.mlp = TfmGLU(config) if config.ffn_type == "glu" else TfmMLP(config)
         self.ffn_norm, self.post_ffn_norm = sublayer_norms(config)
         self.dropout = make_dropout(config.hidden_dropout)
+        self.ffn_dropout = make_dropout(config.ffn_dropout_probability())
 
     def forward(
         self,
@@ -120,7 +121,7 @@ class TfmBlock(GradientCheckpointingLayer):
                 self.cross_attn_norm(hidden_states), encoder_hidden_states, encoder_attention_mask, encoder_cache
             )
             hidden_states = residual + self.dropout(self.post_cross_attn_norm(hidden_states))
-        return hidden_states + self.dropout(self.post_ffn_norm(self.mlp(self.ffn_norm(hidden_states))))
+        return hidden_states + self.ffn_dropout(self.post_ffn_norm(self.mlp(self.ffn_norm(hidden_states))))
 
 
 class TfmPostNormBlock(TfmBlock):
@@ -154,7 +155,7 @@ class TfmPostNormBlock(TfmBlock):
                 hidden_states, encoder_hidden_states, encoder_attention_mask, encoder_cache
             )
             hidden_states = self.cross_attn_norm(residual + self.dropout(hidden_states))
-        return self.ffn_norm(hidden_states + self.dropout(self.mlp(hidden_states)))
+        return self.ffn_norm(hidden_states + self.ffn_dropout(self.mlp(hidden_states)))
 
 
 class TfmParallelBlock(TfmBlock):
@@ -181,7 +182,7 @@ class TfmParallelBlock(TfmBlock):
             cache=cache,
             **kwargs,
         )
-        mlp_output = self.dropout(self.mlp(self.ffn_norm(hidden_states)))
+        mlp_output = self.ffn_dropout(self.mlp(self.ffn_norm(hidden_states)))
         return mlp_output + self.dropout(attended) + hidden_states
 
 
@@ -353,9 +354,13 @@ class TfmStack(TfmPreTrainedModel):
         # factorised embeddings (ALBERT, ELECTRA): the tables' width mapped to the blocks'
         factorised = config.factorised_embeddings()
         self.embed_proj = nn.Linear(config.embedding_width(), config.hidden_size) if factorised else Absent()
+        # which block each layer runs: its own, or one it shares (ALBERT); `layers` holds each block once, built for
+        # the first layer that runs it
+        self.layer_order = list(config.layer_sharing or range(depth))
+        first_layers = [self.layer_order.index(index) for index in range(max(self.layer_order) + 1)]
         block = block_class(config)
         self.layers = nn.ModuleList(
-            block(config, i, self.is_causal, self.layer_types[i], cross_attention) for i in range(depth)
+            block(config, i, self.is_causal, self.layer_types[i], cross_attention) for i in first_layers
         )
         self.norm = make_norm(config) if config.final_norm else Absent()
         self.pooler = TfmPooler(config) if pooler else None
@@ -432,8 +437,8 @@ class TfmStack(TfmPreTrainedModel):
             encoder_attention_mask = self.cross_attention_mask(
                 hidden_states, encoder_hidden_states, encoder_attention_mask
             )
-        for layer, attention_type in zip(self.layers, self.layer_types):  # (pipeline stages: placeholders besides)
-            hidden_states = layer(
+        for index, attention_type in zip(self.layer_order, self.layer_types):  # (pipeline stages: placeholders too)
+            hidden_states = self.layers[index](
                 hidden_states,
                 encoder_hidden_states,
                 position_bias,
