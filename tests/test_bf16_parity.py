@@ -67,6 +67,9 @@ def output(model, inputs) -> torch.Tensor:
 ROUNDED_ELSEWHERE = {
     "bloom": "its GELU writes sqrt(2/pi) as 0.79788456, and its scores add the ALiBi bias inside one bf16 baddbmm, at "
     "absolute key positions (hf_tfm adds a float32 bias of query-key distances)",
+    "deberta-v2": "it divides the keys by the score scale before the content matmul, sums its three score terms in "
+    "bf16 and takes the softmax in bf16 (hf_tfm scales the product and adds the position scores through the mask, as "
+    "eager and sdpa do)",
 }
 
 

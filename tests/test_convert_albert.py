@@ -147,7 +147,9 @@ def test_a_shared_block_is_saved_once(tmp_path):
     loaded.set_attn_implementation(ours.config._attn_implementation)
     assert_same_state_dict(loaded.state_dict(), ours.state_dict())
     input_ids, _ = source_batch()
-    torch.testing.assert_close(outputs(loaded, input_ids=input_ids), outputs(ours, input_ids=input_ids), atol=0, rtol=0)
+    torch.testing.assert_close(
+        outputs(loaded, input_ids=input_ids), outputs(ours, input_ids=input_ids), atol=0, rtol=0
+    )
 
 
 def test_one_block_at_every_depth_holds_one_blocks_parameters():

@@ -112,6 +112,10 @@ EMBEDDING_TABLES = (
 )
 
 
+# families whose reference computes padded positions otherwise (noise either way): only real positions are scored
+PADDED_OUTPUTS_DIFFER = {"deberta-v2": "DeBERTa zeroes padded embeddings and masks padded queries"}
+
+
 @pytest.mark.parametrize("name", FAMILIES)
 def test_the_embedding_tables_train_as_the_references(name):
     """A batch padded with the pad id (as a collator pads it): the embedding tables' gradients equal the reference's,
@@ -127,6 +131,8 @@ def test_the_embedding_tables_train_as_the_references(name):
         logits = output.logits if "logits" in output else output.last_hidden_state
         if weights is None:
             weights = torch.randn(logits.shape, generator=torch.Generator().manual_seed(5))
+            if name in PADDED_OUTPUTS_DIFFER:
+                weights = weights * attention_mask[..., None]
         (logits * weights).sum().backward()
     assert_gradients_match(reference, ours, name, only=EMBEDDING_TABLES)
     assert ours.get_input_embeddings().padding_idx == reference.get_input_embeddings().padding_idx

@@ -207,9 +207,12 @@ def unread_fields(config: TfmConfig) -> dict[str, str]:
     else:
         unread["rmsnorm_unit_offset"] = "read by RMSNorm only"
     position = config.position_embedding_type
-    if position != "relative_bias":
+    if position not in ("relative_bias", "disentangled"):
         for field in ("relative_attention_num_buckets", "relative_attention_max_distance"):
-            unread[field] = f"read by relative_bias positions only, not {position}"
+            unread[field] = f"read by relative_bias and disentangled positions only, not {position}"
+    if position != "disentangled":
+        for field in ("pos_att_type", "share_att_key", "relative_embeddings_norm"):
+            unread[field] = f"read by disentangled attention only, not {position}"
     if position not in ("learned", "sinusoidal"):
         unread["position_offset"] = f"read by position tables only, not {position}"
     if position not in ("learned", "sinusoidal", "rope"):

@@ -1,5 +1,5 @@
-"""The encoder families' records: BERT, RoBERTa, ELECTRA, ALBERT and ModernBERT, each as its base model and its
-heads."""
+"""The encoder families' records: BERT, RoBERTa, ELECTRA, ALBERT, DeBERTa-v2 and ModernBERT, each as its base model
+and its heads."""
 
 import copy
 
@@ -545,4 +545,191 @@ ALBERT = Family(
     reference_kwargs=_pooling_layer,
 )
 
-ENCODERS = (BERT, ROBERTA, ELECTRA, ALBERT, MODERNBERT)
+
+# ------------------------------------------------------------------------------------------------------- DeBERTa-v2
+# BERT's post-norm blocks with disentangled attention (relative_attention: hf_tfm's position_embedding_type
+# "disentangled"): a relative-position table of 2 * position_buckets rows (normed with norm_rel_ebd="layer_norm"),
+# log-bucketed distances up to max_relative_positions, content-to-position and position-to-content scores
+# (pos_att_type) from the layers' own key and query projections (share_att_key) or their own. The class of the
+# DeBERTa-v3 checkpoints, which have no absolute positions (position_biased_input=False); without relative attention
+# the absolute table is hf_tfm's learned positions. Its MLM head is BERT's (`legacy=True`, the default).
+NORM_REL_EBD = "layer_norm"
+
+
+def _deberta_norms(config) -> list[str]:
+    return [part.strip() for part in getattr(config, "norm_rel_ebd", "none").lower().split("|")]
+
+
+def _deberta_max_distance(config) -> int:
+    return config.max_relative_positions if config.max_relative_positions >= 1 else config.max_position_embeddings
+
+
+def _deberta_to_tfm(config) -> dict:
+    refused = (
+        (getattr(config, "conv_kernel_size", 0) > 0, "conv_kernel_size", "its convolution after the first layer"),
+        (
+            getattr(config, "embedding_size", config.hidden_size) != config.hidden_size,
+            "embedding_size",
+            "its embeddings projected before their norm",
+        ),
+        (
+            config.relative_attention and config.position_biased_input,
+            "position_biased_input",
+            "absolute positions beside relative attention (hf_tfm's models take one position scheme)",
+        ),
+        (
+            not config.relative_attention and bool(config.pos_att_type),
+            "pos_att_type",
+            "attention scores scaled for position terms without relative attention, which computes none",
+        ),
+        (
+            not config.relative_attention and NORM_REL_EBD in _deberta_norms(config),
+            "norm_rel_ebd",
+            "a norm of a relative-position table without relative attention, whose weights nothing reads",
+        ),
+        (
+            config.relative_attention and getattr(config, "position_buckets", -1) <= 0,
+            "position_buckets",
+            "relative positions without buckets (every DeBERTa-v2 and v3 checkpoint buckets them)",
+        ),
+    )
+    for refuses, field, what in refused:
+        if refuses:
+            raise ValueError(
+                f"Cannot convert DebertaV2Config exactly: {field}={getattr(config, field)!r} asks for {what}, which "
+                "hf_tfm does not build"
+            )
+    common = dict(embedding_dropout=config.hidden_dropout_prob, use_pooler=False)
+    if not config.relative_attention:
+        return common | dict(position_embedding_type="learned" if config.position_biased_input else "none")
+    return common | dict(
+        position_embedding_type="disentangled",
+        relative_attention_num_buckets=config.position_buckets,
+        relative_attention_max_distance=_deberta_max_distance(config),
+        pos_att_type=list(config.pos_att_type or []),
+        share_att_key=getattr(config, "share_att_key", False),
+        relative_embeddings_norm=NORM_REL_EBD in _deberta_norms(config),
+    )
+
+
+def _deberta_from_tfm(config) -> dict:
+    scheme = config.position_embedding_type
+    refused = (
+        (
+            scheme not in ("disentangled", "learned", "none"),
+            "position_embedding_type",
+            "disentangled, learned or none",
+        ),
+        (config.factorised_embeddings(), "embedding_size", "None: its embeddings are projected before their norm"),
+    )
+    for refuses, field, instead in refused:
+        if refuses:
+            raise ValueError(
+                f"Cannot convert {field}={getattr(config, field)!r} to DebertaV2Config exactly; it takes {instead}"
+            )
+    if scheme != "disentangled":
+        return dict(relative_attention=False, position_biased_input=scheme == "learned")
+    return dict(
+        relative_attention=True,
+        position_biased_input=False,
+        position_buckets=config.relative_attention_num_buckets,
+        max_relative_positions=config.relative_attention_max_distance,
+        pos_att_type=list(config.disentangled_terms()),
+        share_att_key=config.share_att_key,
+        norm_rel_ebd=NORM_REL_EBD if config.relative_embeddings_norm else "none",
+    )
+
+
+def _deberta_form(config):
+    """Its defaults written out: the relative distance, the shared projections, the norm of the table."""
+    if not config.relative_attention:
+        return config_with(config, pos_att_type=config.pos_att_type or None)
+    return config_with(
+        config,
+        max_relative_positions=_deberta_max_distance(config),
+        share_att_key=getattr(config, "share_att_key", False),
+        norm_rel_ebd=NORM_REL_EBD if NORM_REL_EBD in _deberta_norms(config) else "none",
+    )
+
+
+def _deberta_unread(config) -> dict:
+    unread = dict.fromkeys(
+        ("pooler_dropout", "pooler_hidden_act", "pooler_hidden_size"),
+        "read only by DeBERTa's ContextPooler, in the classification and multiple-choice heads",
+    )
+    unread["legacy"] = "picks the masked-LM head's layout; hf_tfm converts the legacy one (the default)"
+    if hasattr(config, "attention_head_size"):
+        unread["attention_head_size"] = "DeBERTa's output projection needs it to be hidden_size // num_attention_heads"
+    if not config.relative_attention:
+        for name in ("max_relative_positions", "position_buckets", "share_att_key", "norm_rel_ebd"):
+            unread[name] = "read by relative attention only"
+    return unread
+
+
+def _deberta_legacy_head(model) -> None:
+    if "MaskedLM" in type(model).__name__ and not getattr(model.config, "legacy", True):
+        raise ValueError(
+            "Cannot convert DebertaV2ForMaskedLM with legacy=False exactly: hf_tfm converts the legacy masked-LM head "
+            "(cls.predictions), DeBERTa-v2's default"
+        )
+
+
+DEBERTA_V2 = Family(
+    name="deberta-v2",
+    tiny=dict(
+        TINY_ENCODER,
+        relative_attention=True,
+        position_biased_input=False,
+        position_buckets=8,  # distances past 4 log-bucketed: the tests' rows reach 11
+        max_relative_positions=-1,  # max_position_embeddings
+        pos_att_type=["p2c", "c2p"],
+        share_att_key=True,
+        norm_rel_ebd="layer_norm",
+        type_vocab_size=0,
+        layer_norm_eps=1e-7,
+        pad_token_id=0,
+    ),
+    paradigm="tfm_encoder",
+    classes={"DebertaV2ForMaskedLM": "TfmEncoderForMaskedLM", "DebertaV2Model": "TfmEncoderModel"},
+    config_class="DebertaV2Config",
+    fields=BERT_FIELDS,
+    fixed=BERT_ARCHITECTURE,
+    weights=Weights(
+        renames=(
+            (r"^deberta\.", "model."),
+            (r"^cls\.predictions\.transform\.dense\.", "lm_head.dense."),
+            (r"^cls\.predictions\.transform\.LayerNorm\.", "lm_head.norm."),
+            (r"^cls\.predictions\.decoder\.", "lm_head.decoder."),
+            *BERT_BODY_RENAMES[:4],  # the embeddings
+            (r"encoder\.rel_embeddings\.", "position_bias.rel_embeddings."),
+            (r"encoder\.LayerNorm\.", "position_bias.norm."),
+            (r"encoder\.layer\.", "layers."),
+            (r"\.attention\.self\.query_proj\.", ".self_attn.q_proj."),
+            (r"\.attention\.self\.key_proj\.", ".self_attn.k_proj."),
+            (r"\.attention\.self\.value_proj\.", ".self_attn.v_proj."),
+            (r"\.attention\.self\.pos_key_proj\.", ".self_attn.pos_key_proj."),
+            (r"\.attention\.self\.pos_query_proj\.", ".self_attn.pos_query_proj."),
+            *BERT_BODY_RENAMES[8:],  # the blocks' output projections and norms
+        ),
+        copies={"cls.predictions.bias": ("cls.predictions.decoder.bias", ONE_DECODER_BIAS)},
+    ),
+    preset=dict(
+        PRESET_SIZE,
+        intermediate_size=512,
+        relative_attention=True,
+        position_biased_input=False,
+        position_buckets=64,
+        pos_att_type=["p2c", "c2p"],
+        share_att_key=True,
+        norm_rel_ebd="layer_norm",
+        **PRESET_ENCODER_TOKENS,
+    ),
+    summary="disentangled attention",
+    to_tfm=_deberta_to_tfm,
+    from_tfm=_deberta_from_tfm,
+    their_form=_deberta_form,
+    unread_of=_deberta_unread,
+    check=_deberta_legacy_head,
+)
+
+ENCODERS = (BERT, ROBERTA, ELECTRA, ALBERT, DEBERTA_V2, MODERNBERT)

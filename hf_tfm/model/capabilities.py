@@ -76,6 +76,12 @@ RULES = (
         "it adds a bias to the attention scores, which this backend cannot take; use eager, sdpa or "
         "flex_attention, or position_embedding_type='rope'",
     ),
+    Rule(
+        everything_but("eager", "sdpa"),
+        "position_embedding_type",
+        lambda config: config.position_embedding_type == "disentangled",
+        "disentangled attention adds its position scores through the mask, which eager and sdpa take; use one of them",
+    ),
     # vLLM's Transformers backend: its own paged attention, and its fused MoE in place of the experts
     Rule(
         vllm,
@@ -250,9 +256,12 @@ def joins_qkv(config: PreTrainedConfig, cross_attention: bool) -> bool:
 
 def gathered_attention(config: PreTrainedConfig, cross_attention: bool) -> bool:
     """Whether an attention must see every head on every rank: a QK-norm over the whole projection (OLMo2) needs all
-    of it, an additive position bias (ALiBi, T5's relative bias) is computed for all heads of a self-attention, and
-    one q/k/v matrix (`fused_qkv_proj`) split by columns would give a rank rows of the three mixed."""
-    position_bias = config.position_embedding_type in ("alibi", "relative_bias") and not cross_attention
+    of it, an additive position bias (ALiBi, T5's relative bias, DeBERTa's position scores) is computed for all heads
+    of a self-attention, and one q/k/v matrix (`fused_qkv_proj`) split by columns would give a rank rows of the three
+    mixed."""
+    position_bias = (
+        config.position_embedding_type in ("alibi", "relative_bias", "disentangled") and not cross_attention
+    )
     return config.qk_norm == "projection" or position_bias or joins_qkv(config, cross_attention)
 
 

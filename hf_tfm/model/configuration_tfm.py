@@ -53,14 +53,24 @@ class TfmConfig(PreTrainedConfig):
         fused_qkv_proj (`bool`): self-attention holds q, k and v as one `qkv_proj` (rows stacked q, k, v: GPT-2's
             `c_attn`, Phi-3's `qkv_proj`): one matmul where three run at every decode step, the same function.
         position_embedding_type (`str`): `"learned"`, `"sinusoidal"`, `"rope"`, `"alibi"`, `"relative_bias"` (T5's
-            bucketed relative bias, learned per head) or `"none"`.
+            bucketed relative bias, learned per head), `"disentangled"` (DeBERTa's disentangled attention over
+            log-bucketed relative positions; encoders, eager and sdpa) or `"none"`.
         max_position_embeddings (`int`): rows of the learned position table; pretraining length for RoPE scaling.
         position_offset (`int`): learned positions are looked up at `position + offset` (BART: 2).
         position_ids_from_padding (`bool`): without `position_ids`, count positions over non-padding tokens and give
             padding position -1 (RoBERTa, with `position_offset = pad_token_id + 1`).
         position_ids_from_attention_mask (`bool`): without `position_ids`, count positions over the tokens a 2D
             `attention_mask` marks real and give padding position -1 (OPT, with `position_offset = 2`).
-        relative_attention_num_buckets (`int`), relative_attention_max_distance (`int`): T5's relative-bias buckets.
+        relative_attention_num_buckets (`int`), relative_attention_max_distance (`int`): T5's relative-bias buckets;
+            for disentangled attention, DeBERTa's `position_buckets` (the relative-position table holds twice as many
+            rows: distances each way) and `max_relative_positions` (the distance the log buckets reach).
+        pos_att_type (`list[str]`, *optional*): disentangled attention's position terms (DeBERTa's names):
+            `"c2p"` (each query against the embedding of its distance to each key) and `"p2c"` (each key against
+            the embedding of the query's distance to it); None: both.
+        share_att_key (`bool`): disentangled attention projects the relative-position embeddings with the layer's
+            own key and query projections (DeBERTa-v3), else with its own `pos_key_proj` and `pos_query_proj`.
+        relative_embeddings_norm (`bool`): a LayerNorm on the relative-position table before the layers read it
+            (DeBERTa's `norm_rel_ebd="layer_norm"`).
         rope_parameters (`dict`, *optional*): transformers' RoPE dict (`rope_type`: default, linear, dynamic, yarn,
             longrope, llama3; `rope_theta`; `partial_rotary_factor` < 1 rotates only the first features of each head),
             or one such dict per layer type (`{"full_attention": {...}, "sliding_attention": {...}}`, ModernBERT).
@@ -195,6 +205,9 @@ class TfmConfig(PreTrainedConfig):
     position_ids_from_attention_mask: bool = False
     relative_attention_num_buckets: int = 32
     relative_attention_max_distance: int = 128
+    pos_att_type: list[str] | None = None
+    share_att_key: bool = True
+    relative_embeddings_norm: bool = True
     rope_parameters: dict | None = None
     nope_layers: list[int] | None = None
     layer_types: list[str] | None = None
@@ -332,6 +345,10 @@ class TfmConfig(PreTrainedConfig):
     def ffn_dropout_probability(self) -> float:
         """The dropout on a feed-forward's output: `ffn_dropout`, else `hidden_dropout`."""
         return self.hidden_dropout if self.ffn_dropout is None else self.ffn_dropout
+
+    def disentangled_terms(self) -> tuple[str, ...]:
+        """Disentangled attention's position terms: `pos_att_type`, both by default."""
+        return ("c2p", "p2c") if self.pos_att_type is None else tuple(self.pos_att_type)
 
     def padded_vocab_size(self) -> int:
         """Rows of the token table and the LM head: `vocab_size` rounded up to `pad_vocab_size_to_multiple_of`."""

@@ -20,9 +20,10 @@ from transformers.utils import logging
 
 logger = logging.get_logger(__name__)
 
-POSITION_EMBEDDING_TYPES = ("learned", "sinusoidal", "rope", "alibi", "relative_bias", "none")
+POSITION_EMBEDDING_TYPES = ("learned", "sinusoidal", "rope", "alibi", "relative_bias", "disentangled", "none")
 # schemes that add a per-head bias to the attention scores instead of changing the embeddings
-ATTENTION_BIAS_POSITIONS = ("alibi", "relative_bias")
+ATTENTION_BIAS_POSITIONS = ("alibi", "relative_bias", "disentangled")
+DISENTANGLED_TERMS = ("c2p", "p2c")
 LAYER_TYPES = ("full_attention", "sliding_attention")
 CHOICES = {
     "position_embedding_type": POSITION_EMBEDDING_TYPES,
@@ -198,7 +199,8 @@ RULES = (
     Rule("embedding_size", lambda c: c.factorised_embeddings() and (c.is_decoder or c.is_encoder_decoder),
          "{value} is set: factorised embeddings are built for encoders (ALBERT, ELECTRA); a language-model head "
          "would need a projection back to the tied table"),
-    Rule("embedding_size", lambda c: c.embedding_width() != c.hidden_size and c.position_embedding_type == "sinusoidal",
+    Rule("embedding_size",
+         lambda c: c.embedding_width() != c.hidden_size and c.position_embedding_type == "sinusoidal",
          "{value} differs from hidden_size={config.hidden_size}, which sinusoidal positions are as wide as"),
     Rule("position_ids_from_attention_mask",
          lambda c: c.position_ids_from_attention_mask and c.position_ids_from_padding,
@@ -210,6 +212,26 @@ RULES = (
          "freeze_pad_embedding freezes"),
     Rule("position_ids_from_padding", lambda c: c.position_ids_from_padding and c.pad_token_id is None,
          "positions counted over non-padding tokens need pad_token_id"),
+    # disentangled attention (DeBERTa)
+    *[Rule(f, lambda c, r=r: c.position_embedding_type == "disentangled" and r(c), why) for f, r, why in (
+        ("position_embedding_type", lambda c: c.is_decoder or c.is_encoder_decoder,
+         "{value!r} is built for encoders (DeBERTa): its scores need every query's and key's distance, and it has no "
+         "cache"),
+        ("pos_att_type",
+         lambda c: not c.disentangled_terms() or not set(c.disentangled_terms()) <= set(DISENTANGLED_TERMS),
+         f"{{value}} must name one or both of {DISENTANGLED_TERMS}"),
+        ("relative_attention_max_distance", lambda c: c.relative_attention_max_distance
+         <= c.relative_attention_num_buckets // 2 + 1,
+         "{value} must exceed relative_attention_num_buckets // 2 + 1 (relative_attention_num_buckets="
+         "{config.relative_attention_num_buckets}): DeBERTa's log buckets span the distances between"),
+        *[(f, r, "{value!r} is not available with disentangled attention") for f, r in (
+            ("num_key_value_heads", lambda c: c.num_key_value_heads != c.num_attention_heads),
+            ("qk_norm", lambda c: c.qk_norm != "none"),
+            ("fused_qkv_proj", lambda c: c.fused_qkv_proj),
+            ("kv_lora_rank", _latent),
+            ("numerics", lambda c: "scale_queries_as_projected" in c.numerics),
+        )],
+    )],
     # RoPE
     Rule("rope_parameters", lambda c: c.position_embedding_type != "rope" and _rope_scaling(c) != "default",
          "RoPE scaling {value} is set but position_embedding_type={config.position_embedding_type!r}; use "

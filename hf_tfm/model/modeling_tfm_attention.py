@@ -13,8 +13,8 @@ from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs
 
 from .configuration_tfm import TfmConfig
-from .modeling_tfm_layers import Absent, TfmRMSNorm, joint_projections, make_norm
-from .modeling_tfm_positions import no_rotation, rotation_for
+from .modeling_tfm_layers import Absent, TfmRMSNorm, joint_projections, make_dropout, make_norm
+from .modeling_tfm_positions import merge_position_bias, no_rotation, rotation_for
 
 
 def repeat_kv(hidden_states: torch.Tensor, n_rep: int) -> torch.Tensor:
@@ -212,6 +212,68 @@ class TfmQueryScaledAttention(TfmAttention):
         return [query * self.query_scale, key, value]
 
 
+class TfmDisentangledAttention(TfmAttention):
+    """DeBERTa's disentangled self-attention (`position_embedding_type="disentangled"`): beside each query-key score,
+    content-to-position (`"c2p"`: the query against the key projection of the table row of their distance) and
+    position-to-content (`"p2c"`: the key against the query projection of the row of the query's distance to it),
+    the table projected by this layer's own key and query projections (`share_att_key`) or by `pos_key_proj` and
+    `pos_query_proj`. Every term is scaled by `(head_dim * (1 + terms)) ** -0.5`; the position scores reach the
+    backend through the mask (eager, sdpa)."""
+
+    def __init__(
+        self, config: TfmConfig, layer_idx: int, is_causal: bool = False, attention_type: str = "full_attention"
+    ):
+        super().__init__(config, layer_idx, is_causal, attention_type)
+        self.terms = config.disentangled_terms()
+        # DeBERTa divides by a float32 square root; the same value here
+        self.score_divisor = float(torch.tensor(float(self.head_dim * (1 + len(self.terms))), device="cpu").sqrt())
+        self.scaling = 1.0 / self.score_divisor
+        self.buckets = config.relative_attention_num_buckets
+        self.position_dropout = make_dropout(config.hidden_dropout)  # on the table, as DeBERTa's pos_dropout
+        self.share_att_key = config.share_att_key
+        width = self.num_heads * self.head_dim
+        if not config.share_att_key and "c2p" in self.terms:
+            self.pos_key_proj = nn.Linear(config.hidden_size, width)
+        if not config.share_att_key and "p2c" in self.terms:
+            self.pos_query_proj = nn.Linear(config.hidden_size, width)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_embeddings: torch.Tensor | None = None,
+        position_bias: torch.Tensor | None = None,
+        cache: Cache | None = None,
+        **kwargs: Unpack[TransformersKwargs],
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        query, key, value = self.project(hidden_states)
+        query_states, key_states = self.value_heads(query), self.value_heads(key)
+        # position_embeddings: the bucketed distances [B or 1, q, kv]; position_bias: the relative-position table
+        scores = self.position_scores(
+            query_states, key_states, position_embeddings, self.position_dropout(position_bias)
+        )
+        attention_mask = merge_position_bias(attention_mask, scores, query_states.dtype)
+        return self.attend(query_states, key_states, self.value_heads(value), attention_mask, **kwargs)
+
+    def position_scores(self, query_states, key_states, distances, table) -> torch.Tensor:
+        """The c2p and p2c scores [B, heads, q, kv], gathered as DeBERTa gathers them."""
+        batch, heads, length, _ = query_states.shape
+        index = (distances[:, None] + self.buckets).clamp(0, 2 * self.buckets - 1).expand(batch, heads, -1, -1)
+        scores = torch.zeros((), dtype=query_states.dtype, device=query_states.device)
+        if "c2p" in self.terms:
+            position_keys = self.value_heads((self.k_proj if self.share_att_key else self.pos_key_proj)(table)[None])
+            c2p = torch.matmul(query_states, position_keys.transpose(-1, -2)).gather(-1, index)
+            scores = scores + c2p / self.score_divisor
+        if "p2c" in self.terms:
+            position_queries = self.value_heads(
+                (self.q_proj if self.share_att_key else self.pos_query_proj)(table)[None]
+            )
+            reverse = (-distances[:, None] + self.buckets).clamp(0, 2 * self.buckets - 1).expand(batch, heads, -1, -1)
+            p2c = torch.matmul(key_states, position_queries.transpose(-1, -2)).gather(-1, reverse).transpose(-1, -2)
+            scores = scores + p2c / self.score_divisor
+        return scores
+
+
 class TfmCrossAttention(TfmAttention):
     """Attention from a decoder's tokens to an encoder's output: the keys and values are computed from the encoder's
     output at the first step of a generation and read from the `EncoderDecoderCache` at the others (BART's pattern).
@@ -328,6 +390,8 @@ class TfmLatentAttention(AttentionModule):
 def make_self_attention(config: TfmConfig, layer_idx: int, is_causal: bool, attention_type: str) -> AttentionModule:
     if config.kv_lora_rank is not None:
         return TfmLatentAttention(config, layer_idx, is_causal)
+    if config.position_embedding_type == "disentangled":
+        return TfmDisentangledAttention(config, layer_idx, is_causal, attention_type)
     if config.fused_qkv_proj:
         return TfmFusedQKVAttention(config, layer_idx, is_causal, attention_type)
     if "scale_queries_as_projected" in config.numerics:

@@ -2,10 +2,12 @@
 
 - `embed_positions(hidden_states, position_ids)`: the embeddings with absolute positions added (learned, sinusoidal);
 - `rotary_emb(hidden_states, position_ids)`: RoPE's (cos, sin) (one pair per layer type when their RoPE dicts
-  differ), which each attention rotates its queries and keys by (`rotation_for`);
+  differ), which each attention rotates its queries and keys by (`rotation_for`); for disentangled attention
+  (DeBERTa), the bucketed distance between every query and key, which each attention reads its position scores at;
 - `position_bias.add_to_masks(masks, position_ids, past_length, inputs_embeds)`: the masks with an additive per-head
   bias on the attention scores (ALiBi, T5's relative bias), or the bias itself for a backend that adds it to the
-  scores.
+  scores; for disentangled attention, the relative-position table every layer projects (learned, so handed to each
+  block as an input).
 
 A scheme a config does not use is a part that changes nothing (`Absent`, `NoRotaryEmbedding`, `NoAttentionBias`): no
 parameters, so state dicts hold exactly the scheme's own weights under their usual names.
@@ -21,7 +23,7 @@ from torch import nn
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, dynamic_rope_update
 
 from .configuration_tfm import TfmConfig
-from .modeling_tfm_layers import Absent, compute_dtype
+from .modeling_tfm_layers import Absent, compute_dtype, make_norm
 
 # ---------------------------------------------------------------------------------------------- absolute positions
 
@@ -332,6 +334,47 @@ class TfmRelativePositionBias(TfmAttentionBias):
         return bias.to(torch.float32, memory_format=torch.contiguous_format)
 
 
+def log_bucket_position(relative: torch.Tensor, buckets: int, max_distance: int) -> torch.Tensor:
+    """DeBERTa's bucket of each query-minus-key distance (`make_log_bucket_position`, the same operations): exact
+    within `buckets // 2`, then logarithmic up to `max_distance`, signed."""
+    sign = torch.sign(relative)
+    mid = buckets // 2
+    near = (relative < mid) & (relative > -mid)
+    distance = torch.where(near, torch.tensor(mid - 1).type_as(relative), torch.abs(relative))
+    log_scale = torch.log(torch.tensor((max_distance - 1) / mid))
+    log_position = torch.ceil(torch.log(distance / mid) / log_scale * (mid - 1)) + mid
+    return torch.where(distance <= mid, relative.type_as(log_position), log_position * sign).long()
+
+
+class TfmRelativeDistances(nn.Module):
+    """Disentangled attention's distances: each query's position minus each key's, log-bucketed [B or 1, q, kv]."""
+
+    def __init__(self, config: TfmConfig):
+        super().__init__()
+        self.buckets = config.relative_attention_num_buckets
+        self.max_distance = config.relative_attention_max_distance
+
+    def forward(self, hidden_states: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        relative = position_ids[:, :, None] - position_ids[:, None, :]
+        return log_bucket_position(relative, self.buckets, self.max_distance)
+
+
+class TfmRelativeEmbeddings(nn.Module):
+    """Disentangled attention's relative-position table (DeBERTa's `rel_embeddings`): a `hidden_size` row for each
+    bucket each way, normed once per forward (`relative_embeddings_norm`) and handed to every layer, which projects it
+    into position keys and queries."""
+
+    adds_to_masks = False
+
+    def __init__(self, config: TfmConfig):
+        super().__init__()
+        self.rel_embeddings = nn.Embedding(2 * config.relative_attention_num_buckets, config.hidden_size)
+        self.norm = make_norm(config) if config.relative_embeddings_norm else Absent()
+
+    def add_to_masks(self, masks: dict, position_ids: torch.Tensor, past_length, inputs_embeds: torch.Tensor):
+        return masks, self.norm(self.rel_embeddings.weight)
+
+
 class NoAttentionBias(nn.Module):
     adds_to_masks = False
 
@@ -393,4 +436,6 @@ def make_positions(config: TfmConfig, is_causal: bool, layer_types: tuple[str, .
         bias = TfmAlibiBias(config)
     elif scheme == "relative_bias":
         bias = TfmRelativePositionBias(config, bidirectional=not is_causal)
+    elif scheme == "disentangled":
+        rotary, bias = TfmRelativeDistances(config), TfmRelativeEmbeddings(config)
     return absolute, rotary, bias

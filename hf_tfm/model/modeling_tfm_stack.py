@@ -437,8 +437,9 @@ class TfmStack(TfmPreTrainedModel):
             encoder_attention_mask = self.cross_attention_mask(
                 hidden_states, encoder_hidden_states, encoder_attention_mask
             )
-        for index, attention_type in zip(self.layer_order, self.layer_types):  # (pipeline stages: placeholders too)
-            hidden_states = self.layers[index](
+        blocks = list(self.layers)  # each block once (pipeline stages: placeholders besides); layer_order: which runs
+        for index, attention_type in zip(self.layer_order, self.layer_types):
+            hidden_states = blocks[index](
                 hidden_states,
                 encoder_hidden_states,
                 position_bias,

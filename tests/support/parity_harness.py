@@ -180,7 +180,10 @@ def assert_gradients_match(reference, ours, name: str, only: str | None = None) 
     floor is for gradients that are 0 in exact arithmetic (a key bias's): rounding alone."""
     grads = {key: param.grad for key, param in ours.named_parameters(remove_duplicate=False)}
     theirs = weights_from_tfm(
-        family(name).weights_for(reference.config), split_qkv(grads, ours.config), reference, ours.config.num_attention_heads
+        family(name).weights_for(reference.config),
+        split_qkv(grads, ours.config),
+        reference,
+        ours.config.num_attention_heads,
     )
     for key, param in reference.named_parameters():
         if only is not None and not re.search(only, key):
