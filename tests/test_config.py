@@ -22,6 +22,7 @@ from hf_tfm import (
     TfmEncoderDecoderConfig,
     TfmEncoderDecoderForConditionalGeneration,
     TfmEncoderForTokenClassification,
+    TfmEncoderModel,
     capabilities,
 )
 
@@ -357,17 +358,21 @@ def test_a_backend_that_cannot_add_a_bias_is_refused_when_the_model_is_built():
 
 def test_every_position_scheme_builds_its_module():
     """Every scheme the config accepts builds its part of the stack's three position parts (`make_positions`), and
-    the two others change nothing; "none" builds none."""
+    the others change nothing; "none" builds none, "disentangled" (an encoder's) two: the distances every layer reads
+    and the relative-position table."""
     from hf_tfm.model.configuration_tfm_rules import POSITION_EMBEDDING_TYPES
     from hf_tfm.model.modeling_tfm_layers import Absent
     from hf_tfm.model.modeling_tfm_positions import NoAttentionBias, NoRotaryEmbedding
 
     unused = (Absent, NoRotaryEmbedding, NoAttentionBias)
     for scheme in POSITION_EMBEDDING_TYPES:
-        stack = TfmDecoderModel(tiny_config(position_embedding_type=scheme))
+        if scheme == "disentangled":
+            stack = TfmEncoderModel(tiny_config(TfmEncoderConfig, position_embedding_type=scheme))
+        else:
+            stack = TfmDecoderModel(tiny_config(position_embedding_type=scheme))
         parts = (stack.embed_positions, stack.rotary_emb, stack.position_bias)
         used = [type(part).__name__ for part, kind in zip(parts, unused) if not isinstance(part, kind)]
-        assert len(used) == (scheme != "none"), (scheme, used)
+        assert len(used) == {"none": 0, "disentangled": 2}.get(scheme, 1), (scheme, used)
 
 
 def test_latent_attention_is_served_by_vllm_only_as_full_attention(monkeypatch):

@@ -127,7 +127,7 @@ def test_renamed_presets_name_their_new_name(old, new):
 def test_unknown_preset_lists_the_presets():
     with pytest.raises(
         ValueError,
-        match=r"no preset named 'gpt5-huge'; presets: albert-0.5m, bert-1.4m, bloom-1.3m, deepseek-v2-2.2m, ",
+        match=r"no preset named 'gpt5-huge'; presets: albert-0.5m, bert-1.4m, bloom-1.3m, deberta-v2-1.4m, ",
     ):
         hf_tfm.preset_path("gpt5-huge")
     with pytest.raises(ValueError, match="no preset named 'accelerate'"):  # the accelerate configs are no preset

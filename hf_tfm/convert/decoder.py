@@ -247,8 +247,9 @@ BLOOM = Family(
 # -------------------------------------------------------------------------------------------------------------- OPT
 # Learned positions looked up at position + 2 and counted over the attention mask's real tokens, LayerNorm before each
 # sublayer with a final norm (or after each, without one: OPT-350m), biases everywhere, a ReLU MLP, the head tied to
-# the token table, no dropout on the embeddings. The projected-embedding variant (word_embed_proj_dim, OPT-350m) has
-# no hf_tfm counterpart yet: it is refused by name.
+# the token table, no dropout on the embeddings. The projected-embedding variant (OPT-350m: a token table of
+# word_embed_proj_dim, project_in before the positions, project_out after the last block) is hf_tfm's
+# word_embed_proj_dim; OPT projects only when it differs from hidden_size.
 OPT = Family(
     name="opt",
     tiny=dict(
@@ -264,7 +265,7 @@ OPT = Family(
         bos_token_id=1,
         eos_token_id=2,
     ),
-    summary="learned positions counted over the attention mask",
+    summary="learned positions counted over the attention mask; OPT-350m's projected token table",
     paradigm="tfm_decoder",
     classes={"OPTForCausalLM": "TfmDecoderForCausalLM"},
     config_class="OPTConfig",
@@ -294,6 +295,7 @@ OPT = Family(
             (r"^model\.decoder\.embed_tokens\.", "model.embed_tokens."),
             (r"^model\.decoder\.embed_positions\.", "model.embed_positions."),
             (r"^model\.decoder\.final_layer_norm\.", "model.norm."),
+            (r"^model\.decoder\.project_(in|out)\.", r"model.project_\1."),
             (r"^model\.decoder\.layers\.", "model.layers."),
             (r"\.self_attn\.out_proj\.", ".self_attn.o_proj."),
             (r"\.self_attn_layer_norm\.", ".attn_norm."),
@@ -309,12 +311,13 @@ OPT = Family(
         **dict.fromkeys(("attention_bias", "attention_out_bias", "mlp_bias"), config.enable_bias),
         hidden_dropout=float(config.dropout),  # after each sublayer
         attention_dropout=float(config.attention_dropout),
+        word_embed_proj_dim=config.word_embed_proj_dim if config.word_embed_proj_dim != config.hidden_size else None,
     ),
     from_tfm=lambda config: dict(
         do_layer_norm_before=config.norm_position == "pre",
         _remove_final_layer_norm=config.norm_position == "pre" and not config.final_norm,
         enable_bias=config.attention_bias,
-        word_embed_proj_dim=config.hidden_size,  # embeddings as wide as the blocks: no projection in or out
+        word_embed_proj_dim=config.token_width(),  # as wide as the blocks: no projection in or out
         layer_norm_elementwise_affine=True,
         dropout=config.hidden_dropout,
         attention_dropout=config.attention_dropout,

@@ -99,6 +99,13 @@ RULES = (
     ),
     Rule(
         vllm,
+        "word_embed_proj_dim",
+        lambda config: config.word_embed_proj_dim is not None,
+        "vLLM's Transformers backend builds its LM head hidden_size wide, and the projected table's head is narrower; "
+        "run the model with transformers",
+    ),
+    Rule(
+        vllm,
         "layer_sharing",
         lambda config: bool(config.layer_sharing),
         "vLLM's Transformers backend is unproved with blocks shared across depth (its pipeline stages split "

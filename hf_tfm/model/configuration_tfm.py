@@ -112,6 +112,10 @@ class TfmConfig(PreTrainedConfig):
             the field is set, even at `hidden_size` as in ALBERT) maps them to `hidden_size`, and a masked-LM head
             maps back to this width before its tied vocabulary projection. Encoders only; None: the tables are
             `hidden_size` wide and feed the blocks directly.
+        word_embed_proj_dim (`int`, *optional*): a decoder's token table and LM head this wide (OPT's name, OPT-350m):
+            the looked-up tokens projected to `hidden_size` before the positions are added (`project_in`), the final
+            hidden states projected back after the final norm (`project_out`), both without bias. None: the token
+            table is as wide as the other embeddings.
         type_vocab_size (`int`): token types (segment embeddings); 0: none.
         tie_word_embeddings (`bool`): the LM head is the token table.
         freeze_pad_embedding (`bool`): the token table's `pad_token_id` row gets no gradient (`nn.Embedding`'s
@@ -238,6 +242,7 @@ class TfmConfig(PreTrainedConfig):
     ffn_dropout: float | None = None
     scale_embeddings: bool = False
     embedding_size: int | None = None
+    word_embed_proj_dim: int | None = None
     type_vocab_size: int = 0
     tie_word_embeddings: bool = True
     freeze_pad_embedding: bool = False
@@ -337,6 +342,15 @@ class TfmConfig(PreTrainedConfig):
     def embedding_width(self) -> int:
         """Width of the token, position and token-type tables: `embedding_size`, else `hidden_size`."""
         return self.embedding_size or self.hidden_size
+
+    def token_width(self) -> int:
+        """Width of the token table and of the LM head's input: `word_embed_proj_dim`, else `embedding_width()`."""
+        return self.word_embed_proj_dim or self.embedding_width()
+
+    def output_width(self) -> int:
+        """Width of a stack's last hidden states, which the task heads read: `word_embed_proj_dim`, else
+        `hidden_size`."""
+        return self.word_embed_proj_dim or self.hidden_size
 
     def factorised_embeddings(self) -> bool:
         """Whether `embed_proj` maps the tables' width (`embedding_size`) to the blocks'."""

@@ -325,7 +325,7 @@ class TfmTokenClassification:
     def build_task_layer(self, config):
         self.num_labels = config.num_labels
         self.dropout = make_dropout(config.hidden_dropout)
-        return nn.Linear(config.hidden_size, config.num_labels)
+        return nn.Linear(config.output_width(), config.num_labels)
 
     def predict(self, outputs, inputs, labels, **kwargs) -> dict:
         check_labels(labels, inputs)
@@ -344,7 +344,7 @@ class TfmQuestionAnswering:
     output_class = TfmQuestionAnsweringOutput
 
     def build_task_layer(self, config):
-        return nn.Linear(config.hidden_size, 2)
+        return nn.Linear(config.output_width(), 2)
 
     def predict(self, outputs, inputs, start_positions, end_positions, **kwargs) -> dict:
         start_logits, end_logits = (
@@ -463,7 +463,7 @@ class TfmDecoderForSequenceClassification(TfmSequenceClassification, TfmDecoderH
 
     def build_task_layer(self, config):
         self.num_labels = config.num_labels
-        return nn.Linear(config.hidden_size, config.num_labels, bias=False)
+        return nn.Linear(config.output_width(), config.num_labels, bias=False)
 
     def predict(self, outputs, inputs, labels, **kwargs) -> dict:
         logits, input_ids, pad = self.score(outputs.last_hidden_state), inputs["input_ids"], self.config.pad_token_id
@@ -576,7 +576,7 @@ class TfmEncoderForSequenceClassification(TfmSequenceClassification, TfmEncoderH
 
     def build_task_layer(self, config):
         self.dropout = make_dropout(config.hidden_dropout)
-        return nn.Linear(config.hidden_size, config.num_labels)
+        return nn.Linear(config.output_width(), config.num_labels)
 
     def predict(self, outputs, inputs, labels, **kwargs) -> dict:
         pooled = outputs.pooler_output if outputs.pooler_output is not None else outputs.last_hidden_state[:, 0]

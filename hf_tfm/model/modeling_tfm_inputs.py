@@ -29,8 +29,10 @@ class Inputs:
 
     def embeds_width(self) -> str:
         """The width `inputs_embeds` must have (the token table's), as the config names it."""
-        size = self.config.embedding_size
-        return f"embedding_size={size}" if size else f"hidden_size={self.config.hidden_size}"
+        for name in ("word_embed_proj_dim", "embedding_size"):
+            if getattr(self.config, name):
+                return f"{name}={getattr(self.config, name)}"
+        return f"hidden_size={self.config.hidden_size}"
 
     def mask_shape(self) -> str:
         if isinstance(self.past_length, int):
@@ -67,7 +69,7 @@ SHAPE_RULES = (
     ShapeRule(
         "inputs_embeds",
         lambda inputs: (
-            inputs.inputs_embeds.dim() != 3 or inputs.inputs_embeds.shape[-1] != inputs.config.embedding_width()
+            inputs.inputs_embeds.dim() != 3 or inputs.inputs_embeds.shape[-1] != inputs.config.token_width()
         ),
         ", expected (batch, sequence length, {width})",
     ),

@@ -112,9 +112,9 @@ class TfmScaledEmbedding(nn.Embedding):
 
 
 def make_token_embedding(config: TfmConfig) -> nn.Embedding:
-    """The token table: `padded_vocab_size()` rows of `embedding_width()`, scaled by `sqrt(hidden_size)` with
+    """The token table: `padded_vocab_size()` rows of `token_width()`, scaled by `sqrt(hidden_size)` with
     `scale_embeddings`, its pad row frozen with `freeze_pad_embedding`."""
-    rows, width = config.padded_vocab_size(), config.embedding_width()
+    rows, width = config.padded_vocab_size(), config.token_width()
     padding_idx = config.pad_token_id if config.freeze_pad_embedding else None
     if config.scale_embeddings:
         return TfmScaledEmbedding(rows, width, padding_idx, rounded="round_embedding_scale" in config.numerics)

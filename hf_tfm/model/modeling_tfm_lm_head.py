@@ -26,7 +26,7 @@ class TfmLMHead(nn.Linear):
 
     def __init__(self, config: TfmConfig, bias: bool | None = None, bias_after_matmul: bool | None = None):
         bias = config.lm_head_bias if bias is None else bias
-        super().__init__(config.embedding_width(), config.padded_vocab_size(), bias=bias)
+        super().__init__(config.token_width(), config.padded_vocab_size(), bias=bias)
         self.config = config  # the model's own: resize_token_embeddings changes its vocab_size
         # BART's final_logits_bias is added after the matmul and never trained, as BART's buffer
         self.bias_after_matmul = config.lm_head_bias if bias_after_matmul is None else bias_after_matmul

@@ -354,6 +354,11 @@ class TfmStack(TfmPreTrainedModel):
         # factorised embeddings (ALBERT, ELECTRA): the tables' width mapped to the blocks'
         factorised = config.factorised_embeddings()
         self.embed_proj = nn.Linear(config.embedding_width(), config.hidden_size) if factorised else Absent()
+        # a projected token table (OPT-350m): tokens projected in before the positions, the output back after the norm
+        self.project_in = self.project_out = Absent()
+        if config.word_embed_proj_dim is not None:
+            self.project_in = nn.Linear(config.word_embed_proj_dim, config.hidden_size, bias=False)
+            self.project_out = nn.Linear(config.hidden_size, config.word_embed_proj_dim, bias=False)
         # which block each layer runs: its own, or one it shares (ALBERT); `layers` holds each block once, built for
         # the first layer that runs it
         self.layer_order = list(config.layer_sharing or range(depth))
@@ -425,7 +430,7 @@ class TfmStack(TfmPreTrainedModel):
             position_ids = (torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past_length)[None]
 
         # in BERT's summation order (token types, then positions), so parity is bit-exact
-        hidden_states = self.embed_token_types(inputs_embeds, token_type_ids, position_ids)
+        hidden_states = self.embed_token_types(self.project_in(inputs_embeds), token_type_ids, position_ids)
         hidden_states = self.embed_dropout(self.embed_norm(self.embed_positions(hidden_states, position_ids)))
         hidden_states = self.embed_proj(hidden_states)
         masks = attention_mask  # generate() may have prepared each layer type's mask already
@@ -450,7 +455,7 @@ class TfmStack(TfmPreTrainedModel):
                 encoder_cache=cache,  # read by cross-attention alone
                 **kwargs,
             )
-        hidden_states = self.norm(hidden_states)
+        hidden_states = self.project_out(self.norm(hidden_states))
         return TfmModelOutput(
             last_hidden_state=hidden_states,
             pooler_output=self.pooler(hidden_states) if self.pooler is not None else None,

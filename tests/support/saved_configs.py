@@ -100,6 +100,24 @@ VARIANTS = {
             pad_token_id=0,
         ),
     ),
+    "encoder-disentangled-shared-layers-factorised": (
+        "tfm_encoder",
+        dict(
+            TINY,
+            position_embedding_type="disentangled",
+            relative_attention_num_buckets=8,
+            pos_att_type=["c2p"],
+            share_att_key=False,
+            relative_embeddings_norm=False,
+            layer_sharing=[0, 0],
+            embedding_size=32,
+            ffn_dropout=0.0,
+        ),
+    ),
+    "decoder-projected-token-table-post-norm": (
+        "tfm_decoder",
+        dict(TINY, word_embed_proj_dim=32, norm_position="post", final_norm=False),
+    ),
     "encoder-decoder-moe-relative-bias": (
         "tfm_encoder_decoder",
         dict(
