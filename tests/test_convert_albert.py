@@ -9,7 +9,7 @@ import torch
 import transformers
 from conftest import VOCAB, assert_same_state_dict
 from support.families import tiny_reference
-from support.parity_harness import assert_gradients_match, source_batch
+from support.parity_harness import assert_gradients_match, main_output, source_batch
 
 from hf_tfm import TfmDecoderConfig, TfmEncoderConfig, TfmEncoderForMaskedLM
 from hf_tfm.convert import from_tfm, to_tfm
@@ -20,18 +20,12 @@ def albert(class_name: str = "AlbertForMaskedLM", **overrides):
     return tiny_reference("albert", model_class=getattr(transformers, class_name), **overrides)
 
 
-def outputs(model, **inputs) -> torch.Tensor:
-    with torch.no_grad():
-        result = model(**inputs)
-    return result.logits if "logits" in result else result.last_hidden_state
-
-
 def assert_same_outputs(reference, ours) -> None:
     input_ids, attention_mask = source_batch()
     real = attention_mask.bool()  # a padded position's output is noise
     torch.testing.assert_close(
-        outputs(ours, input_ids=input_ids, attention_mask=attention_mask)[real],
-        outputs(reference, input_ids=input_ids, attention_mask=attention_mask)[real],
+        main_output(ours, input_ids=input_ids, attention_mask=attention_mask)[real],
+        main_output(reference, input_ids=input_ids, attention_mask=attention_mask)[real],
         atol=1e-4,
         rtol=0,
     )
@@ -148,7 +142,7 @@ def test_a_shared_block_is_saved_once(tmp_path):
     assert_same_state_dict(loaded.state_dict(), ours.state_dict())
     input_ids, _ = source_batch()
     torch.testing.assert_close(
-        outputs(loaded, input_ids=input_ids), outputs(ours, input_ids=input_ids), atol=0, rtol=0
+        main_output(loaded, input_ids=input_ids), main_output(ours, input_ids=input_ids), atol=0, rtol=0
     )
 
 

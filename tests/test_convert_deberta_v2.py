@@ -8,7 +8,7 @@ import torch
 import transformers
 from conftest import VOCAB, assert_same_state_dict
 from support.families import tiny_reference
-from support.parity_harness import assert_gradients_match, source_batch
+from support.parity_harness import assert_gradients_match, main_output, source_batch
 from transformers.models.deberta_v2.modeling_deberta_v2 import make_log_bucket_position
 
 from hf_tfm import TfmDecoderConfig, TfmEncoderConfig, TfmEncoderForMaskedLM
@@ -20,17 +20,13 @@ def deberta(class_name: str = "DebertaV2ForMaskedLM", **overrides):
     return tiny_reference("deberta-v2", model_class=getattr(transformers, class_name), **overrides)
 
 
-def outputs(model, **inputs) -> torch.Tensor:
-    with torch.no_grad():
-        result = model(**inputs)
-    return result.logits if "logits" in result else result.last_hidden_state
-
-
 def assert_same_outputs(reference, ours, **inputs) -> None:
     input_ids, attention_mask = source_batch()
     real = attention_mask.bool()  # a padded position's output is noise (DeBERTa also masks padded queries)
     inputs = dict(input_ids=input_ids, attention_mask=attention_mask, **inputs)
-    torch.testing.assert_close(outputs(ours, **inputs)[real], outputs(reference, **inputs)[real], atol=1e-4, rtol=0)
+    torch.testing.assert_close(
+        main_output(ours, **inputs)[real], main_output(reference, **inputs)[real], atol=1e-4, rtol=0
+    )
 
 
 # DeBERTa scales its scores by the position terms named, with relative attention or without
@@ -121,7 +117,7 @@ def test_the_scheme_saves_and_loads(tmp_path):
     assert_same_state_dict(loaded.state_dict(), ours.state_dict())
     input_ids, _ = source_batch()
     torch.testing.assert_close(
-        outputs(loaded, input_ids=input_ids), outputs(ours, input_ids=input_ids), atol=0, rtol=0
+        main_output(loaded, input_ids=input_ids), main_output(ours, input_ids=input_ids), atol=0, rtol=0
     )
 
 

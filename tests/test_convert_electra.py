@@ -8,7 +8,7 @@ import torch
 import transformers
 from conftest import VOCAB, assert_same_state_dict
 from support.families import tiny_reference
-from support.parity_harness import assert_gradients_match, source_batch
+from support.parity_harness import assert_gradients_match, main_output, source_batch
 
 from hf_tfm import TfmDecoderConfig, TfmEncoderConfig, TfmEncoderForMaskedLM, TfmEncoderForPreTraining
 from hf_tfm.convert import from_tfm, to_tfm
@@ -16,12 +16,6 @@ from hf_tfm.convert import from_tfm, to_tfm
 
 def electra(class_name: str, **overrides):
     return tiny_reference("electra", model_class=getattr(transformers, class_name), **overrides)
-
-
-def outputs(model, **inputs) -> torch.Tensor:
-    with torch.no_grad():
-        result = model(**inputs)
-    return result.logits if "logits" in result else result.last_hidden_state
 
 
 @pytest.mark.parametrize("class_name", ["ElectraForMaskedLM", "ElectraModel"])
@@ -32,10 +26,10 @@ def test_the_generator_and_the_base_model_convert_exactly(class_name):
     body = getattr(ours, "model", ours)
     assert body.embed_tokens.weight.shape == (VOCAB, 16) and body.embed_proj.weight.shape == (32, 16)
     input_ids, attention_mask = source_batch()
-    expected = outputs(reference, input_ids=input_ids, attention_mask=attention_mask)
+    expected = main_output(reference, input_ids=input_ids, attention_mask=attention_mask)
     real = attention_mask.bool()
     torch.testing.assert_close(
-        outputs(ours, input_ids=input_ids, attention_mask=attention_mask)[real], expected[real], atol=1e-4, rtol=0
+        main_output(ours, input_ids=input_ids, attention_mask=attention_mask)[real], expected[real], atol=1e-4, rtol=0
     )
     back = from_tfm(ours, "electra")
     assert type(back) is type(reference)
@@ -78,8 +72,8 @@ def test_the_discriminator_loads_through_its_auto_class(tmp_path):
     input_ids, attention_mask, _ = replaced_token_batch()
     real = attention_mask.bool()  # a padded position's output is noise
     torch.testing.assert_close(
-        outputs(loaded, input_ids=input_ids, attention_mask=attention_mask)[real],
-        outputs(ours, input_ids=input_ids, attention_mask=attention_mask)[real],
+        main_output(loaded, input_ids=input_ids, attention_mask=attention_mask)[real],
+        main_output(ours, input_ids=input_ids, attention_mask=attention_mask)[real],
         atol=0,
         rtol=0,
     )
@@ -95,7 +89,7 @@ def test_labels_of_another_shape_are_refused():
 def test_inputs_embeds_are_as_wide_as_the_table():
     ours = to_tfm(tiny_reference("electra"))
     embeds = ours.model.embed_tokens(source_batch()[0])
-    torch.testing.assert_close(outputs(ours, inputs_embeds=embeds), outputs(ours, input_ids=source_batch()[0]))
+    torch.testing.assert_close(main_output(ours, inputs_embeds=embeds), main_output(ours, input_ids=source_batch()[0]))
     with pytest.raises(ValueError, match=r"expected \(batch, sequence length, embedding_size=16\)"):
         ours(inputs_embeds=torch.zeros(2, 5, 32))
 

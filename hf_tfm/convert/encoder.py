@@ -48,6 +48,12 @@ BERT_BODY_RENAMES = (
     (r"\.output\.dense\.", ".mlp.down_proj."),
     (r"\.output\.LayerNorm\.", ".ffn_norm."),
 )
+# BERT's masked-LM head (`cls.predictions`), DeBERTa's legacy one too
+BERT_HEAD_RENAMES = (
+    (r"^cls\.predictions\.transform\.dense\.", "lm_head.dense."),
+    (r"^cls\.predictions\.transform\.LayerNorm\.", "lm_head.norm."),
+    (r"^cls\.predictions\.decoder\.", "lm_head.decoder."),
+)
 ONE_DECODER_BIAS = "TfmMaskedLMHead holds a single decoder bias"  # an untied head keeps two, only one reaches logits
 
 
@@ -106,9 +112,7 @@ BERT = Family(
     weights=Weights(
         renames=(
             (r"^bert\.", "model."),
-            (r"^cls\.predictions\.transform\.dense\.", "lm_head.dense."),
-            (r"^cls\.predictions\.transform\.LayerNorm\.", "lm_head.norm."),
-            (r"^cls\.predictions\.decoder\.", "lm_head.decoder."),
+            *BERT_HEAD_RENAMES,
             *BERT_BODY_RENAMES,
         ),
         copies={"cls.predictions.bias": ("cls.predictions.decoder.bias", ONE_DECODER_BIAS)},
@@ -697,9 +701,7 @@ DEBERTA_V2 = Family(
     weights=Weights(
         renames=(
             (r"^deberta\.", "model."),
-            (r"^cls\.predictions\.transform\.dense\.", "lm_head.dense."),
-            (r"^cls\.predictions\.transform\.LayerNorm\.", "lm_head.norm."),
-            (r"^cls\.predictions\.decoder\.", "lm_head.decoder."),
+            *BERT_HEAD_RENAMES,
             *BERT_BODY_RENAMES[:4],  # the embeddings
             (r"encoder\.rel_embeddings\.", "position_bias.rel_embeddings."),
             (r"encoder\.LayerNorm\.", "position_bias.norm."),

@@ -69,6 +69,12 @@ def _logits(output) -> torch.Tensor:
     return output.logits if hasattr(output, "logits") else output.last_hidden_state
 
 
+def main_output(model, **inputs) -> torch.Tensor:
+    """A forward without gradients: the logits of a head, the last hidden states of a base model."""
+    with torch.no_grad():
+        return _logits(model(**inputs))
+
+
 def assert_generate_matches(ref, ours, num_beams: int, length: int = 9, max_new_tokens: int = 4):
     """Greedy or beam search on a left-padded batch gives the reference tokens."""
     input_ids, attention_mask, _ = padded_batch(length)
