@@ -195,6 +195,8 @@ class ParallelRule:
 UNSHARDED = "no plan shards it yet; run it unsharded or with data parallelism (FSDP)"
 # each stage of transformers' pipeline takes the hidden states of the one before as inputs_embeds
 PIPELINE_EMBEDDING = "it would be applied again to the hidden states each later stage receives"
+# accelerate's context-parallel hooks drop every self-attention's mask and ask sdpa for plain causal attention
+CONTEXT_CAUSAL = "context parallelism drops the attention mask and attends causally through sdpa"
 PARALLEL_RULES = (
     ParallelRule(
         ("tensor",), "attention_sinks", lambda config: config.attention_sinks, f"a sink per head: {UNSHARDED}"
@@ -231,12 +233,39 @@ PARALLEL_RULES = (
     ParallelRule(("pipeline",), "type_vocab_size", lambda config: config.type_vocab_size > 0, PIPELINE_EMBEDDING),
     ParallelRule(("pipeline",), "embedding_norm", lambda config: config.embedding_norm, PIPELINE_EMBEDDING),
     ParallelRule(("pipeline",), "scale_embeddings", lambda config: config.scale_embeddings, PIPELINE_EMBEDDING),
+    ParallelRule(
+        ("context",),
+        "model_type",
+        lambda config: config.is_encoder_decoder or not config.is_decoder,
+        f"{CONTEXT_CAUSAL}, and a bidirectional stack would attend causally",
+    ),
+    ParallelRule(
+        ("context",),
+        "position_embedding_type",
+        lambda config: config.position_embedding_type in ("alibi", "relative_bias", "disentangled"),
+        f"{CONTEXT_CAUSAL}, and the position bias the mask carries would be lost",
+    ),
+    ParallelRule(
+        ("context",),
+        "layer_types",
+        lambda config: any(kind != "full_attention" for kind in config.layer_types or ()),
+        f"{CONTEXT_CAUSAL}, and a sliding window would widen to the whole past",
+    ),
+    ParallelRule(
+        ("context",), "attention_sinks", lambda config: config.attention_sinks, f"{CONTEXT_CAUSAL}, which adds no sinks"
+    ),
+    ParallelRule(
+        ("context",),
+        "attn_logit_softcapping",
+        lambda config: config.attn_logit_softcapping is not None,
+        f"{CONTEXT_CAUSAL}, which caps no scores",
+    ),
 )
 
 
 def parallel_refusal(config, plans: set[str]) -> tuple[str, str] | None:
-    """(field, why) where one of the parallel `plans` in use ("tensor", "expert", "pipeline") would compute `config`
-    wrongly, else None."""
+    """(field, why) where one of the parallel `plans` in use ("tensor", "expert", "pipeline", "context") would compute
+    `config` wrongly, else None."""
     for rule in PARALLEL_RULES:
         if plans.intersection(rule.plans) and rule.refuses(config):
             return rule.field, f"{rule.field}={getattr(config, rule.field)!r}: {rule.instead}"
@@ -428,6 +457,12 @@ class TfmParallelMixin:
             self._tp_plan = {**tensor_parallel_plan(config), **self._tp_plan}
             self._ep_plan = {**(expert_parallel_plan(config) or {}), **self._ep_plan}
             self._pp_plan = {**(pipeline_parallel_plan(config) or {}), **self._pp_plan}
+
+    @property
+    def supports_context_parallel(self) -> bool:
+        # transformers' answer reads the layer types only; accelerate's hooks also drop the position bias a mask
+        # carries and make every self-attention causal, so only a causal decoder of plain full attention stays itself
+        return super().supports_context_parallel and parallel_refusal(self.config, {"context"}) is None
 
     @classmethod
     def maybe_distribute_model(cls, model, distributed_config, *args, **kwargs):
