@@ -252,7 +252,10 @@ PARALLEL_RULES = (
         f"{CONTEXT_CAUSAL}, and a sliding window would widen to the whole past",
     ),
     ParallelRule(
-        ("context",), "attention_sinks", lambda config: config.attention_sinks, f"{CONTEXT_CAUSAL}, which adds no sinks"
+        ("context",),
+        "attention_sinks",
+        lambda config: config.attention_sinks,
+        f"{CONTEXT_CAUSAL}, which adds no sinks",
     ),
     ParallelRule(
         ("context",),
