@@ -36,9 +36,12 @@ from hf_tfm.model.capabilities import (
 from hf_tfm.model.modeling_tfm import (
     TfmDecoderForCausalLM,
     TfmDecoderForSequenceClassification,
+    TfmDecoderModel,
     TfmEncoderDecoderForConditionalGeneration,
+    TfmEncoderDecoderModel,
     TfmEncoderForMaskedLM,
     TfmEncoderForSequenceClassification,
+    TfmEncoderModel,
 )
 
 WORKER = Path(__file__).resolve().parent / "support" / "tp_worker.py"
@@ -436,6 +439,29 @@ def test_a_models_plans_follow_its_configs_fields_and_keep_assigned_rules():
     assert "base_model_tp_plan" not in config.to_dict()
     decoder = TfmDecoderForCausalLM(TfmDecoderConfig(**SMALL, position_embedding_type="rope"))
     assert decoder.pp_plan["model.layers"] and decoder.model.pp_plan == pipeline_parallel_plan(decoder.config)
+
+
+@pytest.mark.parametrize(
+    "config_class, fields",
+    [
+        (TfmDecoderConfig, dict(position_embedding_type="rope", num_experts=4, num_experts_per_tok=2)),
+        (TfmEncoderConfig, {}),
+        (TfmEncoderDecoderConfig, {}),
+    ],
+    ids=["moe-decoder", "encoder", "encoder-decoder"],
+)
+def test_the_plans_are_the_configs(config_class, fields):
+    """transformers and its tooling read a model's plans from its config (`base_model_tp_plan`, `base_model_ep_plan`,
+    `base_model_pp_plan`, as its own configs declare them): hf_tfm's config computes them from its fields, and the
+    base model applies exactly those."""
+    config = config_class(**SMALL | fields)
+    body = {TfmDecoderConfig: TfmDecoderModel, TfmEncoderConfig: TfmEncoderModel}.get(
+        config_class, TfmEncoderDecoderModel
+    )(config)
+    assert config.base_model_tp_plan and body.tp_plan == config.base_model_tp_plan
+    assert body._ep_plan == config.base_model_ep_plan and bool(config.base_model_ep_plan) == config.has_moe_layers()
+    assert body.pp_plan == config.base_model_pp_plan and bool(config.base_model_pp_plan) == config.is_decoder
+    assert body.supports_tp_plan
 
 
 def distributed(**sizes) -> DistributedConfig:

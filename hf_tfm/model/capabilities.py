@@ -447,19 +447,9 @@ def sum_over_data_parallel_ranks(model: torch.nn.Module, tensor: torch.Tensor) -
 
 class TfmParallelMixin:
     """What an hf_tfm model adds to transformers' parallelism (a base of TfmPreTrainedModel, before PreTrainedModel):
-    the plans computed from the config, the layout check before sharding, and the routers' bias update, summed over
-    data-parallel ranks."""
-
-    def init_parallel_plans(self) -> None:
-        # transformers' own models copy fixed class-level plans from their config here; hf_tfm's follow the config's
-        # fields (which attentions gather their heads, which layers hold experts), so a base model computes them as it
-        # is built. Rules assigned to the config (`config.base_model_tp_plan = {...}`) stay on top.
-        super().init_parallel_plans()
-        if self.base_model is self:
-            config = self.config
-            self._tp_plan = {**tensor_parallel_plan(config), **self._tp_plan}
-            self._ep_plan = {**(expert_parallel_plan(config) or {}), **self._ep_plan}
-            self._pp_plan = {**(pipeline_parallel_plan(config) or {}), **self._pp_plan}
+    whether context parallelism computes it, the layout check before sharding, and the routers' bias update, summed
+    over data-parallel ranks. The plans are the config's (`base_model_tp_plan`...), which transformers copies onto the
+    base model."""
 
     @property
     def supports_context_parallel(self) -> bool:

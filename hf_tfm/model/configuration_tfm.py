@@ -10,6 +10,7 @@ from typing import ClassVar
 from huggingface_hub.dataclasses import strict
 from transformers.configuration_utils import PreTrainedConfig
 
+from .capabilities import expert_parallel_plan, pipeline_parallel_plan, tensor_parallel_plan
 from .compat import CACHE_NAMES, nested_rope_params_to_dict
 from .configuration_tfm_rules import (
     LAYER_TYPES,
@@ -23,6 +24,26 @@ from .configuration_tfm_rules import (
 def round_up_to_multiple(count: int, multiple: int | None) -> int:
     """`count` rounded up to a multiple of `multiple`; None, 0 and 1 leave it as it is."""
     return -(-count // multiple) * multiple if multiple and multiple > 1 else count
+
+
+class ComputedPlan:
+    """A parallel plan of the base model that transformers reads from the config (`base_model_tp_plan`,
+    `base_model_ep_plan`, `base_model_pp_plan`), computed from the fields as it is read, so that it follows them; rules
+    assigned to it once the config is made (`config.base_model_tp_plan = {...}`) stay on top."""
+
+    def __init__(self, compute):
+        self.compute = compute
+
+    def __set_name__(self, owner, name):
+        self.name = name
+
+    def __get__(self, config, owner=None):
+        if config is None:
+            return self
+        return {**(self.compute(config) or {}), **config.__dict__.get(self.name, {})}
+
+    def __set__(self, config, plan):
+        config.__dict__[self.name] = dict(plan or {})  # where transformers' to_dict leaves an assigned plan out
 
 
 @strict
@@ -184,6 +205,9 @@ class TfmConfig(PreTrainedConfig):
 
     model_type = "tfm"
     keys_to_ignore_at_inference: ClassVar[list[str]] = CACHE_NAMES  # Trainer's evaluation leaves the cache out
+    base_model_tp_plan = ComputedPlan(tensor_parallel_plan)
+    base_model_ep_plan = ComputedPlan(expert_parallel_plan)
+    base_model_pp_plan = ComputedPlan(pipeline_parallel_plan)
     # DeepSeek's name for latent attention's rotary width, which vLLM's Transformers backend reads for its MLA layer
     attribute_map: ClassVar[dict[str, str]] = {"qk_rope_head_dim": "head_dim"}
 
@@ -316,6 +340,10 @@ class TfmConfig(PreTrainedConfig):
             self.layer_types = [kinds[0]] * self.num_hidden_layers
         check_config(self, kwargs)  # before transformers reads the fields
         super().__post_init__(**kwargs)
+        for plan in ("base_model_tp_plan", "base_model_ep_plan", "base_model_pp_plan"):
+            # some transformers releases (5.17 among them) assign the tied table's rule as a config is made
+            # (`embed_tokens`, which an encoder-decoder names `shared`): the computed plans name the table themselves
+            self.__dict__.pop(plan, None)
         if self.position_embedding_type != "rope":
             self.rope_parameters = None  # transformers fills a default RoPE dict into every config
         check_config(self)  # with the RoPE dict transformers completed
