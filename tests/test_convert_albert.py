@@ -9,7 +9,13 @@ import torch
 import transformers
 from conftest import VOCAB, assert_same_state_dict
 from support.families import tiny_reference
-from support.parity_harness import assert_gradients_match, main_output, source_batch
+from support.parity_harness import (
+    assert_checkpointing_keeps_gradients,
+    assert_gradients_match,
+    main_output,
+    masked_lm_batch,
+    source_batch,
+)
 
 from hf_tfm import TfmDecoderConfig, TfmEncoderConfig, TfmEncoderForMaskedLM
 from hf_tfm.convert import from_tfm, to_tfm
@@ -87,12 +93,6 @@ def test_every_depth_reports_its_hidden_states():
         torch.testing.assert_close(mine[real], theirs[real], atol=1e-5, rtol=0)
 
 
-def masked_lm_batch():
-    input_ids, attention_mask = source_batch()
-    labels = input_ids.masked_fill(~attention_mask.bool(), -100)
-    return dict(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
-
-
 def test_shared_blocks_train_as_the_reference():
     """The masked-LM loss and every gradient, dropout off: a shared block's gradient sums its uses at every depth."""
     reference = albert()
@@ -120,15 +120,7 @@ def test_dropout_falls_where_albert_drops_out():
 
 
 def test_gradient_checkpointing_recomputes_each_use():
-    ours = to_tfm(albert(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
-    ours.train()
-    ours(**masked_lm_batch()).loss.backward()
-    plain = {name: param.grad.clone() for name, param in ours.named_parameters()}
-    ours.zero_grad()
-    ours.gradient_checkpointing_enable()
-    ours(**masked_lm_batch()).loss.backward()
-    for name, param in ours.named_parameters():
-        torch.testing.assert_close(param.grad, plain[name], atol=1e-6, rtol=0, msg=name)
+    assert_checkpointing_keeps_gradients(to_tfm(albert(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)))
 
 
 def test_a_shared_block_is_saved_once(tmp_path):

@@ -8,7 +8,13 @@ import torch
 import transformers
 from conftest import VOCAB, assert_same_state_dict
 from support.families import tiny_reference
-from support.parity_harness import assert_gradients_match, main_output, source_batch
+from support.parity_harness import (
+    assert_checkpointing_keeps_gradients,
+    assert_gradients_match,
+    main_output,
+    masked_lm_batch,
+    source_batch,
+)
 from transformers.models.deberta_v2.modeling_deberta_v2 import make_log_bucket_position
 
 from hf_tfm import TfmDecoderConfig, TfmEncoderConfig, TfmEncoderForMaskedLM
@@ -76,12 +82,6 @@ def test_both_backends_give_the_reference_scores(implementation):
     assert_same_outputs(reference, ours)
 
 
-def masked_lm_batch():
-    input_ids, attention_mask = source_batch()
-    labels = input_ids.masked_fill(~attention_mask.bool(), -100)
-    return dict(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
-
-
 @pytest.mark.parametrize("variant", ["v3", "own-projections"])
 def test_disentangled_attention_trains_as_the_reference(variant):
     """The masked-LM loss and every gradient, dropout off: the relative-position table's and its norm's included."""
@@ -99,14 +99,7 @@ def test_disentangled_attention_trains_as_the_reference(variant):
 def test_gradient_checkpointing_trains_the_table(reentrant):
     """The table reaches every block as an input, so reentrant checkpointing gives it its gradient too."""
     ours = to_tfm(deberta(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
-    ours.train()
-    ours(**masked_lm_batch()).loss.backward()
-    plain = {name: param.grad.clone() for name, param in ours.named_parameters()}
-    ours.zero_grad()
-    ours.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
-    ours(**masked_lm_batch()).loss.backward()
-    for name, param in ours.named_parameters():
-        torch.testing.assert_close(param.grad, plain[name], atol=1e-6, rtol=0, msg=name)
+    assert_checkpointing_keeps_gradients(ours, reentrant)
 
 
 def test_the_scheme_saves_and_loads(tmp_path):

@@ -75,6 +75,26 @@ def main_output(model, **inputs) -> torch.Tensor:
         return _logits(model(**inputs))
 
 
+def masked_lm_batch() -> dict:
+    """`source_batch()` with its real tokens as masked-LM labels."""
+    input_ids, attention_mask = source_batch()
+    labels = input_ids.masked_fill(~attention_mask.bool(), -100)
+    return dict(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
+
+
+def assert_checkpointing_keeps_gradients(model, reentrant: bool = True) -> None:
+    """A masked LM's gradients on `masked_lm_batch()` are the same with gradient checkpointing as without (dropout
+    off), every weight's: a tensor a block reads but is not handed (under reentrant checkpointing) would lose its."""
+    model.train()
+    model(**masked_lm_batch()).loss.backward()
+    plain = {name: param.grad.clone() for name, param in model.named_parameters()}
+    model.zero_grad()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    model(**masked_lm_batch()).loss.backward()
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(param.grad, plain[name], atol=1e-6, rtol=0, msg=name)
+
+
 def assert_generate_matches(ref, ours, num_beams: int, length: int = 9, max_new_tokens: int = 4):
     """Greedy or beam search on a left-padded batch gives the reference tokens."""
     input_ids, attention_mask, _ = padded_batch(length)
