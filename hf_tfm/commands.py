@@ -33,7 +33,7 @@ def _direction(model_type: str | None, to: str | None) -> tuple[str, bool]:
         if to is not None:
             raise SystemExit(f"{problem}: a {model_type} folder converts to hf_tfm (leave --to out)")
         return model_type, True
-    back = [name for name, record in FAMILIES.items() if record.paradigm == model_type]
+    back = [name for name, record in FAMILIES.items() if model_type in record.model_types()]
     if not back:
         raise SystemExit(f"{problem}: SOURCE must hold an hf_tfm model or one of {', '.join(FAMILIES)}")
     if to not in back:  # None too: an hf_tfm folder needs a target
@@ -42,16 +42,22 @@ def _direction(model_type: str | None, to: str | None) -> tuple[str, bool]:
 
 
 def _convert(args) -> None:
+    import transformers
+
     from .convert.engine import from_tfm, to_tfm
     from .convert.families import FAMILIES
     from .training.checkpoints import load_saved
 
     source, destination = args.source, args.destination
-    model_type = _saved_config(source).get("model_type")
+    saved = _saved_config(source)
+    model_type = saved.get("model_type")
     name, forward = _direction(model_type, args.to)
     record = FAMILIES[name]
     takes = record.classes if forward else dict.fromkeys(record.classes.values())
-    model = load_saved(source)
+    # a reference folder loads as the class it names where the family converts it (T5EncoderModel has no Auto class
+    # of its own for every family); anything else as its Auto class says
+    architecture = (saved.get("architectures") or [""])[0]
+    model = load_saved(source, getattr(transformers, architecture) if forward and architecture in takes else None)
     found = type(model).__name__
     if found not in takes:  # a head the family has no counterpart for
         raise SystemExit(f"error: {source} holds a {found}; the {name} converter takes {' or '.join(takes)}")

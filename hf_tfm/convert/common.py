@@ -6,8 +6,9 @@ import dataclasses
 
 import torch
 from torch import nn
+from transformers.configuration_utils import PreTrainedConfig
 
-from ..model.configuration_tfm import TfmConfig, TfmEncoderConfig
+from ..model.configuration_tfm import TfmConfig, TfmEncoderConfig, TfmEncoderDecoderConfig
 
 # what every Llama-family decoder is beyond its blocks (TfmDecoderConfig defaults but the last, stated so that a
 # mapping to hf_tfm reads as the whole architecture): a final norm, bare token embeddings, attention dropout only,
@@ -89,6 +90,35 @@ def require_paradigm(config, config_class: type, target: str) -> None:
             f"Cannot convert {type(config).__name__} to {target}: model_type={config.model_type!r}, but {target} "
             f"converts {config_class.model_type!r} models"
         )
+
+
+# an encoder-decoder's fields that only its decoder reads
+DECODER_FIELDS = ("decoder_layers", "decoder_start_token_id", "decoder_moe_layers", "is_encoder_decoder")
+
+
+def shared_fields(config: TfmConfig) -> dict[str, object]:
+    """hf_tfm's own fields (TfmConfig's beyond transformers' base config) and the special token ids, as a config of
+    another paradigm takes them."""
+    base = {field.name for field in dataclasses.fields(PreTrainedConfig)}
+    ids = ("pad_token_id", "bos_token_id", "eos_token_id", "tie_word_embeddings")
+    names = [field.name for field in dataclasses.fields(TfmConfig)]
+    return {name: getattr(config, name) for name in names if name not in base or name in ids}
+
+
+def encoder_of(config: TfmEncoderDecoderConfig) -> TfmEncoderConfig:
+    """The encoder of an encoder-decoder config as an encoder-only one (T5EncoderModel's hf_tfm side): the same
+    fields, no pooler, no token types unless the encoder-decoder has them."""
+    fields = {name: value for name, value in shared_fields(config).items() if name not in DECODER_FIELDS}
+    return TfmEncoderConfig(**fields | {"use_pooler": False, "layer_types": None})
+
+
+def encoder_decoder_of(config: TfmEncoderConfig) -> TfmEncoderDecoderConfig:
+    """An encoder-only config as the encoder-decoder whose encoder it is, the decoder its mirror: what a family of
+    encoder-decoders converts (a field its encoder cannot hold is refused there, by name)."""
+    fields = shared_fields(config)
+    if all(kind == "full_attention" for kind in config.layer_types or ()):
+        fields["layer_types"] = None  # the default of every stack; other kinds are refused by the rules, by name
+    return TfmEncoderDecoderConfig(**fields)
 
 
 def renamed_fields(config, names: dict[str, str]) -> dict[str, object]:

@@ -141,7 +141,10 @@ T5 = Family(
     ),
     summary="v1.0 and v1.1",
     paradigm="tfm_encoder_decoder",
-    classes={"T5ForConditionalGeneration": "TfmEncoderDecoderForConditionalGeneration"},
+    classes={
+        "T5ForConditionalGeneration": "TfmEncoderDecoderForConditionalGeneration",
+        "T5EncoderModel": "TfmEncoderModel",
+    },
     config_class="T5Config",
     fields=T5_FIELDS,
     fixed=T5_ARCHITECTURE,
@@ -166,7 +169,9 @@ T5 = Family(
     to_tfm=_t5_to_tfm,
     from_tfm=_t5_from_tfm,
     their_form=_t5_form,
-    options=lambda model: {"tie_word_embeddings": model.lm_head.weight is model.shared.weight},
+    options=lambda model: (
+        {"tie_word_embeddings": model.lm_head.weight is model.shared.weight} if hasattr(model, "lm_head") else {}
+    ),
     our_options=lambda config: {"tie_word_embeddings": config.tie_word_embeddings},
     prepare_reference=_untie,
 )
@@ -415,7 +420,10 @@ SWITCH_TRANSFORMERS = Family(
     ),
     summary="top-1 ungated experts, a capacity per sequence, Switch's router losses",
     paradigm="tfm_encoder_decoder",
-    classes={"SwitchTransformersForConditionalGeneration": "TfmEncoderDecoderForConditionalGeneration"},
+    classes={
+        "SwitchTransformersForConditionalGeneration": "TfmEncoderDecoderForConditionalGeneration",
+        "SwitchTransformersEncoderModel": "TfmEncoderModel",
+    },
     config_class="SwitchTransformersConfig",
     fields={
         **T5_FIELDS,

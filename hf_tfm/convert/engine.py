@@ -18,7 +18,16 @@ from torch import nn
 
 from ..model import modeling_tfm
 from ..model.configuration_tfm import PARADIGM_CONFIGS, TfmConfig, TfmEncoderConfig
-from .common import config_with, converted_config, inverted, load_exact, renamed_fields, require_paradigm
+from .common import (
+    config_with,
+    converted_config,
+    encoder_decoder_of,
+    encoder_of,
+    inverted,
+    load_exact,
+    renamed_fields,
+    require_paradigm,
+)
 from .families import FAMILIES
 from .qkv import join_qkv, split_qkv
 from .record import Family, Weights
@@ -236,7 +245,7 @@ def weights_from_tfm(weights: Weights, source: dict, target: nn.Module, heads: i
             tensor = tensor.transpose(-2, -1)
         state[key] = _fitted(tensor, expected[key])
     for key, (original, _) in weights.copies.items():
-        if original in state:
+        if original in state and key in expected:  # an encoder-only class holds no decoder copy
             state[key] = state[original]
     return state
 
@@ -248,7 +257,12 @@ def tfm_model_for(model: nn.Module) -> nn.Module:
     """hf_tfm's model for a reference model (its class and configuration), with its own fresh weights: what `to_tfm`
     fills, and what benchmarks/trace.py runs on fake weights."""
     record = family_of_model(model)
-    config = config_to_tfm(model.config, **(record.options(model) if record.options else {}))
+    encoder_only = record.encoder_only(type(model).__name__)
+    # an encoder-only class (T5EncoderModel) marks its config as no encoder-decoder, which the family's config is
+    their_config = config_with(model.config, is_encoder_decoder=True) if encoder_only else model.config
+    config = config_to_tfm(their_config, **(record.options(model) if record.options else {}))
+    if encoder_only:
+        config = encoder_of(config)
     return getattr(modeling_tfm, record.classes[type(model).__name__])(config)
 
 
@@ -258,7 +272,7 @@ def to_tfm(model: nn.Module) -> nn.Module:
     if record.check:
         record.check(model)
     target = tfm_model_for(model)
-    source, weights = model.state_dict(), record.weights_for(model.config)
+    source, weights = model.state_dict(), record.weights_for(model.config, type(model).__name__)
     _require_copies(weights, source, model, target)
     state = weights_to_tfm(weights, source, target)
     if record.state_to_tfm:
@@ -280,7 +294,7 @@ def from_tfm(model: nn.Module, name: str) -> nn.Module:
     config = model.config
     if isinstance(config, TfmEncoderConfig) and config.use_pooler and getattr(model, "pooler", None) is None:
         config = config_with(config, use_pooler=False)  # says nothing about a model without a pooler (an MLM head)
-    their_config = config_from_tfm(config, name)
+    their_config = config_from_tfm(encoder_decoder_of(config) if record.encoder_only(reference) else config, name)
     if record.reference_config:
         their_config = record.reference_config(model, their_config)
     target = getattr(transformers, reference)(
@@ -289,6 +303,7 @@ def from_tfm(model: nn.Module, name: str) -> nn.Module:
     if record.prepare_reference:
         record.prepare_reference(model, target)
     source = split_qkv(model.state_dict(), config)  # records name q, k and v apart (hf_tfm/convert/qkv.py)
-    state = weights_from_tfm(record.weights_for(their_config), source, target, config.num_attention_heads)
+    weights = record.weights_for(their_config, reference)
+    state = weights_from_tfm(weights, source, target, config.num_attention_heads)
     # every tensor is given, ties included: loading re-ties nothing (T5's config claims a tie its tensors may lack)
     return load_exact(target, state, tie=False, generation_config=getattr(model, "generation_config", None))

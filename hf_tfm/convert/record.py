@@ -165,11 +165,22 @@ class Family:
     prepare_reference: Callable | None = None
     layer_renames: Callable | None = None
 
-    def weights_for(self, config) -> Weights:
-        """The state-dict layout of a model with reference config `config`."""
-        if self.layer_renames is None:
-            return self.weights
-        return dataclasses.replace(self.weights, renames=(*self.layer_renames(config), *self.weights.renames))
+    def encoder_only(self, class_name: str) -> bool:
+        """Whether reference class `class_name` holds an encoder-decoder family's encoder alone (T5EncoderModel),
+        hf_tfm's `TfmEncoderModel`."""
+        return self.paradigm == "tfm_encoder_decoder" and self.classes.get(class_name) == "TfmEncoderModel"
+
+    def model_types(self) -> set[str]:
+        """The hf_tfm model types this family converts back from: its paradigm's, and an encoder's where one of its
+        classes holds the encoder alone."""
+        return {self.paradigm} | {"tfm_encoder" for name in self.classes if self.encoder_only(name)}
+
+    def weights_for(self, config, class_name: str) -> Weights:
+        """The state-dict layout of reference class `class_name` with config `config`."""
+        renames = (*(self.layer_renames(config) if self.layer_renames else ()), *self.weights.renames)
+        if self.encoder_only(class_name):  # the encoder-decoder's names, less the body's encoder prefix
+            renames = (*renames, (r"^model\.shared\.", "embed_tokens."), (r"^model\.encoder\.", ""))
+        return dataclasses.replace(self.weights, renames=renames)
 
     @property
     def reference(self) -> str:

@@ -206,7 +206,7 @@ def assert_gradients_match(reference, ours, name: str, only: str | None = None) 
     floor is for gradients that are 0 in exact arithmetic (a key bias's): rounding alone."""
     grads = {key: param.grad for key, param in ours.named_parameters(remove_duplicate=False)}
     theirs = weights_from_tfm(
-        family(name).weights_for(reference.config),
+        family(name).weights_for(reference.config, type(reference).__name__),
         split_qkv(grads, ours.config),
         reference,
         ours.config.num_attention_heads,
