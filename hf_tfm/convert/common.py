@@ -109,7 +109,7 @@ def encoder_of(config: TfmEncoderDecoderConfig) -> TfmEncoderConfig:
     """The encoder of an encoder-decoder config as an encoder-only one (T5EncoderModel's hf_tfm side): the same
     fields, no pooler, no token types unless the encoder-decoder has them."""
     fields = {name: value for name, value in shared_fields(config).items() if name not in DECODER_FIELDS}
-    return TfmEncoderConfig(**fields | {"use_pooler": False, "layer_types": None})
+    return TfmEncoderConfig(**fields | {"use_pooler": False})
 
 
 def encoder_decoder_of(config: TfmEncoderConfig) -> TfmEncoderDecoderConfig:

@@ -421,6 +421,11 @@ def albert_order(layers: int, groups: int, inner: int) -> list[int]:
     return [int(i / (layers / groups)) * inner + k for i in range(layers) for k in range(inner)]
 
 
+def _runs_every_group(order: list[int], groups: int, inner: int) -> bool:
+    """Whether `order` runs every block of ALBERT's `groups` groups (more groups than layers leave some unrun)."""
+    return set(order) == set(range(groups * inner))
+
+
 def _albert_groups(order: list[int]) -> tuple[int, int, int] | None:
     """(num_hidden_layers, num_hidden_groups, inner_group_num) whose blocks run in `order` (a single block per group
     where one fits), or None."""
@@ -436,7 +441,7 @@ def _albert_groups(order: list[int]) -> tuple[int, int, int] | None:
 def _albert_to_tfm(config, use_pooler: bool = True) -> dict:
     layers, groups, inner = config.num_hidden_layers, config.num_hidden_groups, config.inner_group_num
     order = albert_order(layers, groups, inner)
-    if groups > layers or set(order) != set(range(groups * inner)):
+    if not _runs_every_group(order, groups, inner):
         raise ValueError(
             f"Cannot convert AlbertConfig exactly: num_hidden_groups={groups} for num_hidden_layers={layers} leaves "
             "groups that no layer runs, whose weights hf_tfm would not hold"
@@ -483,7 +488,7 @@ def _albert_form(config):
     groups unused stays as it is, for `_albert_to_tfm` to refuse)."""
     shape = config.num_hidden_layers, config.num_hidden_groups, config.inner_group_num
     order = albert_order(*shape)
-    if set(order) != set(range(shape[1] * shape[2])):
+    if not _runs_every_group(order, *shape[1:]):
         return config
     layers, groups, inner = _albert_groups(order)
     return config_with(config, num_hidden_layers=layers, num_hidden_groups=groups, inner_group_num=inner)

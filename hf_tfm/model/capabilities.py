@@ -20,6 +20,7 @@ from transformers.configuration_utils import PreTrainedConfig
 from transformers.distributed import DistributedConfig
 
 from .compat import TOKEN_DISPATCH, vllm_mla_disabled
+from .configuration_tfm_rules import ATTENTION_BIAS_POSITIONS
 
 # the backends that can add a bias to the attention scores: eager and sdpa through the mask, flex through its score
 # function; every flash kernel, paged attention and vLLM take none
@@ -242,7 +243,7 @@ PARALLEL_RULES = (
     ParallelRule(
         ("context",),
         "position_embedding_type",
-        lambda config: config.position_embedding_type in ("alibi", "relative_bias", "disentangled"),
+        lambda config: config.position_embedding_type in ATTENTION_BIAS_POSITIONS,
         f"{CONTEXT_CAUSAL}, and the position bias the mask carries would be lost",
     ),
     ParallelRule(
@@ -298,9 +299,7 @@ def gathered_attention(config: PreTrainedConfig, cross_attention: bool) -> bool:
     of it, an additive position bias (ALiBi, T5's relative bias, DeBERTa's position scores) is computed for all heads
     of a self-attention, and one q/k/v matrix (`fused_qkv_proj`) split by columns would give a rank rows of the three
     mixed."""
-    position_bias = (
-        config.position_embedding_type in ("alibi", "relative_bias", "disentangled") and not cross_attention
-    )
+    position_bias = config.position_embedding_type in ATTENTION_BIAS_POSITIONS and not cross_attention
     return config.qk_norm == "projection" or position_bias or joins_qkv(config, cross_attention)
 
 

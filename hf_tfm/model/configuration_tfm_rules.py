@@ -200,11 +200,10 @@ RULES = (
     Rule("embedding_size", lambda c: c.factorised_embeddings() and (c.is_decoder or c.is_encoder_decoder),
          "{value} is set: factorised embeddings are built for encoders (ALBERT, ELECTRA); a language-model head "
          "would need a projection back to the tied table"),
-    Rule("word_embed_proj_dim", lambda c: c.word_embed_proj_dim is not None and not c.is_decoder,
-         "{value} is set: a projected token table is built for decoders (OPT); an encoder factorises its "
+    Rule("word_embed_proj_dim",
+         lambda c: c.word_embed_proj_dim is not None and (not c.is_decoder or c.is_encoder_decoder),
+         "{value} is set: a projected token table is built for decoder-only models (OPT); an encoder factorises its "
          "embeddings with embedding_size"),
-    Rule("word_embed_proj_dim", lambda c: c.word_embed_proj_dim is not None and c.is_encoder_decoder,
-         "{value} is set: a projected token table is built for decoder-only models (OPT)"),
     Rule("embedding_size",
          lambda c: c.embedding_width() != c.hidden_size and c.position_embedding_type == "sinusoidal",
          "{value} differs from hidden_size={config.hidden_size}, which sinusoidal positions are as wide as"),

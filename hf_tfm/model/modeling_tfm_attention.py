@@ -257,19 +257,23 @@ class TfmDisentangledAttention(TfmAttention):
 
     def position_scores(self, query_states, key_states, distances, table) -> torch.Tensor:
         """The c2p and p2c scores [B, heads, q, kv], gathered as DeBERTa gathers them."""
-        batch, heads, length, _ = query_states.shape
-        index = (distances[:, None] + self.buckets).clamp(0, 2 * self.buckets - 1).expand(batch, heads, -1, -1)
+        batch, heads = query_states.shape[:2]
+
+        def table_rows(signed_distances):  # [B or 1, q, kv] -> the table row of each, for every head
+            rows = (signed_distances[:, None] + self.buckets).clamp(0, 2 * self.buckets - 1)
+            return rows.expand(batch, heads, -1, -1)
+
         scores = torch.zeros((), dtype=query_states.dtype, device=query_states.device)
         if "c2p" in self.terms:
             position_keys = self.value_heads((self.k_proj if self.share_att_key else self.pos_key_proj)(table)[None])
-            c2p = torch.matmul(query_states, position_keys.transpose(-1, -2)).gather(-1, index)
+            c2p = torch.matmul(query_states, position_keys.transpose(-1, -2)).gather(-1, table_rows(distances))
             scores = scores + c2p / self.score_divisor
         if "p2c" in self.terms:
             position_queries = self.value_heads(
                 (self.q_proj if self.share_att_key else self.pos_query_proj)(table)[None]
             )
-            reverse = (-distances[:, None] + self.buckets).clamp(0, 2 * self.buckets - 1).expand(batch, heads, -1, -1)
-            p2c = torch.matmul(key_states, position_queries.transpose(-1, -2)).gather(-1, reverse).transpose(-1, -2)
+            p2c = torch.matmul(key_states, position_queries.transpose(-1, -2)).gather(-1, table_rows(-distances))
+            p2c = p2c.transpose(-1, -2)
             scores = scores + p2c / self.score_divisor
         return scores
 
