@@ -199,7 +199,7 @@ MOE_FIELDS = (
     "router_aux_loss_coef", "router_z_loss_coef", "router_bias_update_rate", "capacity_factor",
     "output_router_logits", "router_bias", "expert_mlp_bias", "swiglu_limit", "swiglu_alpha", "router_choice_bias",
     "num_expert_groups", "topk_expert_groups", "routed_scaling_factor", "moe_ffn_type", "expert_capacity",
-    "router_loss_style", "decoder_moe_layers",
+    "router_loss_style", "decoder_moe_layers", "router_aux_loss_scope",
 )  # fmt: skip
 # Fields only latent attention (kv_lora_rank) reads.
 LATENT_ATTENTION_FIELDS = ("q_lora_rank", "qk_nope_head_dim", "v_head_dim", "rope_interleave")
@@ -213,6 +213,8 @@ COMPUTATION_CHOICES = {
     "check_input_values": "whether bad inputs are named in an error; a valid input's output is the same",
     "fused_qkv_proj": "q, k and v stored as one matrix or as three: the same projections",
     "freeze_pad_embedding": "which embedding rows training updates, not what the model computes",
+    "router_aux_loss_scope": "one process's router losses are the same; under data parallelism the reference "
+    "counts each rank's tokens",
 }
 
 

@@ -185,6 +185,10 @@ class TfmConfig(PreTrainedConfig):
             real token of every MoE layer at once, the z-loss a mean per layer, summed) or `"switch"` (Switch
             Transformer: the load-balancing loss per sequence over the MoE layers' tokens joined, then averaged over
             the sequences; the z-loss one mean over those tokens; padding counted).
+        router_aux_loss_scope (`str`): whose tokens the router losses count under data parallelism: `"local"` (each
+            rank's, as transformers' MoE models compute them) or `"global"` (expert loads, router probabilities and
+            token counts summed over the data-parallel ranks first, so N ranks train as one process on the global
+            batch; needs router_loss_style="mixtral").
         output_router_logits (`bool`): return the router logits and aux loss even without labels.
         router_bias (`bool`), expert_mlp_bias (`bool`): biases on the router and the experts (GPT-OSS).
         swiglu_limit (`float`, *optional*), swiglu_alpha (`float`): GPT-OSS's clamped SwiGLU in the experts.
@@ -293,6 +297,7 @@ class TfmConfig(PreTrainedConfig):
     capacity_factor: float | None = None
     expert_capacity: int | None = None
     router_loss_style: str = "mixtral"
+    router_aux_loss_scope: str = "local"
     output_router_logits: bool = False
     router_bias: bool = False
     expert_mlp_bias: bool = False

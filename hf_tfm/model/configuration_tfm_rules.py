@@ -34,6 +34,7 @@ CHOICES = {
     "scoring_func": ("softmax", "sigmoid", "top_k_softmax"),
     "moe_ffn_type": ("mlp", "glu"),
     "router_loss_style": ("mixtral", "switch"),
+    "router_aux_loss_scope": ("local", "global"),
     "expert_group_score": ("top2_sum", "max"),
 }
 # where a converted model rounds as its reference does (`numerics`); each was a boolean field of its own before
@@ -276,6 +277,9 @@ RULES = (
     )],
     Rule("expert_capacity", lambda c: c.expert_capacity is not None and c.capacity_factor is not None,
          "set it or capacity_factor, not both: both limit what an expert takes"),
+    Rule("router_aux_loss_scope", lambda c: c.router_aux_loss_scope == "global" and c.router_loss_style != "mixtral",
+         "router_loss_style={config.router_loss_style!r} averages the losses per sequence; global-batch balancing "
+         "sums expert loads over every token (router_loss_style='mixtral')"),
     Rule("swiglu_limit", lambda c: _experts(c) and c.moe_ffn_type == "mlp" and c.swiglu_limit is not None,
          "clamps a gated expert's SwiGLU, but moe_ffn_type='mlp'"),
     Rule("num_expert_groups", lambda c: _experts(c) and (

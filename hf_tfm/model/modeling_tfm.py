@@ -9,6 +9,7 @@ arguments to the one body every head shares (`TfmHead.run`): the base model, the
 Reading starts at `TfmDecoderForCausalLM.forward`.
 """
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -37,6 +38,7 @@ from transformers.modeling_outputs import (
 from transformers.processing_utils import Unpack
 from transformers.utils import ModelOutput, TransformersKwargs, can_return_tuple
 
+from .capabilities import sum_over_data_parallel_ranks
 from .compat import CACHE_NAME, MASK_CACHE_ARGUMENT, accepts_legacy_cache_argument
 from .configuration_tfm import TfmConfig, TfmDecoderConfig, TfmEncoderConfig, TfmEncoderDecoderConfig
 from .modeling_tfm_layers import make_dropout, make_token_embedding
@@ -288,13 +290,23 @@ class TfmHead(TfmPreTrainedModel):
     def add_router_losses(self, loss, outputs, inputs: dict, labels, **kwargs) -> dict:
         """The task loss plus each stack's weighted router losses, and each stack's aux loss to report. Under Trainer's
         `num_items_in_batch` each micro-batch adds its share of tokens, so accumulated micro-batches sum to one
-        token-weighted average (Trainer does not divide by the accumulation steps then)."""
+        token-weighted average (Trainer does not divide by the accumulation steps then). With
+        `router_aux_loss_scope="global"` the losses count every data-parallel rank's tokens in training, and the share is the
+        mean over the ranks, as the global batch's share of tokens, which Trainer's scaling by the world size under
+        `average_tokens_across_devices` makes whole."""
         fields = {"loss": loss}
         sequences = outputs.last_hidden_state.shape[0]  # every stack's batch
+        sum_over_ranks = None
+        # while training only: every rank trains each step, but a forward another rank does not run (an evaluation
+        # on rank 0 alone) would wait for it forever
+        if self.config.router_aux_loss_scope == "global" and self.training:
+            sum_over_ranks = functools.partial(sum_over_data_parallel_ranks, self)
         for aux_field, router_logits, attention_mask in self.router_stacks(outputs, inputs):
             if not router_logits:  # a stack without MoE layers
                 continue
-            weighted, fields[aux_field] = router_losses(self.config, router_logits, attention_mask, sequences)
+            weighted, fields[aux_field] = router_losses(
+                self.config, router_logits, attention_mask, sequences, sum_over_ranks
+            )
             if loss is None:
                 continue
             detached = loss.requires_grad and not any(logits.requires_grad for logits in router_logits)
@@ -308,6 +320,11 @@ class TfmHead(TfmPreTrainedModel):
             num_items = kwargs.get("num_items_in_batch")
             if num_items is not None:  # clamped: an accumulated batch without targets has 0 items (and 0 share)
                 scored = (self.scored_labels(labels) != -100).sum()
+                if sum_over_ranks is not None:
+                    scored, ranks = sum_over_ranks(
+                        torch.stack([scored.float(), scored.new_ones((), dtype=torch.float)])
+                    )
+                    scored = scored / ranks
                 weighted = weighted * scored / torch.as_tensor(num_items).clamp(min=1)
             fields["loss"] = fields["loss"] + weighted
         return fields

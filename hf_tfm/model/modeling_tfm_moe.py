@@ -2,6 +2,7 @@
 with an optional shared expert, and the router losses (load balancing, z-loss)."""
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -225,13 +226,29 @@ class TfmMoE(nn.Module):
 # -------------------------------------------------------------------------------------------------- router losses
 
 
+def summed_over_ranks(sum_over_ranks: Callable, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Each tensor summed over the data-parallel ranks (`sum_over_ranks` sums a detached tensor in place) in value;
+    in gradient, this rank's own part times the number of ranks, which the ranks' gradient averaging (DDP, FSDP,
+    ZeRO) turns into the sum's gradient. One collective for all of them."""
+    local = torch.cat([tensor.reshape(-1).float() for tensor in tensors])
+    summed = sum_over_ranks(torch.cat([local.detach(), local.new_ones(1)]))  # the ones count the ranks
+    ranks = summed[-1]
+    parts = (summed[:-1] + ranks * (local - local.detach())).split([tensor.numel() for tensor in tensors])
+    return tuple(part.reshape(tensor.shape) for part, tensor in zip(parts, tensors))
+
+
 def load_balancing_loss(
-    router_logits: tuple[torch.Tensor, ...], num_experts: int, top_k: int, attention_mask: torch.Tensor | None = None
+    router_logits: tuple[torch.Tensor, ...],
+    num_experts: int,
+    top_k: int,
+    attention_mask: torch.Tensor | None = None,
+    sum_over_ranks: Callable | None = None,
 ) -> torch.Tensor:
     """Switch Transformer's (Mixtral's) auxiliary loss over every MoE layer: `num_experts` times the sum over experts
     of (share of top-k assignments it got) x (mean router probability it got), counting real tokens only when a
     [batch, length] `attention_mask` is given. The same value as transformers' Mixtral `load_balancing_loss_func`
-    (tests/test_compat.py), owned here so no other model's module is imported; index_add_, so no device sync."""
+    (tests/test_compat.py), owned here so no other model's module is imported; index_add_, so no device sync. With
+    `sum_over_ranks`, the shares and means are the global batch's: every data-parallel rank's tokens counted."""
     device = router_logits[0].device
     probabilities = torch.softmax(torch.cat([logits.to(device) for logits in router_logits]), dim=-1)
     _, chosen = torch.topk(probabilities, top_k, dim=-1)
@@ -244,12 +261,25 @@ def load_balancing_loss(
     assignments.index_add_(0, chosen.reshape(-1), weights.repeat_interleave(top_k))
     probability_sums = (probabilities.float() * weights[:, None]).sum(dim=0)
     total = weights.sum()
+    if sum_over_ranks is not None:
+        assignments, probability_sums, total = summed_over_ranks(sum_over_ranks, assignments, probability_sums, total)
     return torch.sum((assignments / total) * (probability_sums / total)) * num_experts
 
 
-def router_z_loss(router_logits: tuple[torch.Tensor, ...], attention_mask: torch.Tensor | None) -> torch.Tensor:
-    """ST-MoE's z-loss: the mean squared log-sum-exp of the router logits over real tokens, summed over layers."""
+def router_z_loss(
+    router_logits: tuple[torch.Tensor, ...],
+    attention_mask: torch.Tensor | None,
+    sum_over_ranks: Callable | None = None,
+) -> torch.Tensor:
+    """ST-MoE's z-loss: the mean squared log-sum-exp of the router logits over real tokens, summed over layers; over
+    every data-parallel rank's tokens with `sum_over_ranks`."""
     weights = None if attention_mask is None else attention_mask.reshape(-1).float()
+    if sum_over_ranks is not None:
+        if weights is None:
+            weights = torch.ones(router_logits[0].shape[0], device=router_logits[0].device)
+        layer_sums = torch.stack([(torch.logsumexp(x.float(), dim=-1) ** 2 * weights).sum() for x in router_logits])
+        layer_sums, tokens = summed_over_ranks(sum_over_ranks, layer_sums, weights.sum())
+        return (layer_sums / tokens).sum()
     z_loss = 0.0
     for logits in router_logits:
         squared = torch.logsumexp(logits.float(), dim=-1) ** 2
@@ -275,18 +305,19 @@ def switch_router_losses(
 
 
 def router_losses(
-    config: TfmConfig, router_logits, attention_mask, sequences: int
+    config: TfmConfig, router_logits, attention_mask, sequences: int, sum_over_ranks: Callable | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(the weighted sum of the router losses to add to the task loss, the load-balancing loss to report), averaged
     as `router_loss_style` says: Mixtral's over the tokens a 2D padding mask marks real (4D masks prepared for
-    generation count every token), the z-loss computed only when it has a weight, so that a model trained without it
-    does not pay for it; or Switch Transformer's over `sequences` sequences."""
+    generation count every token), over every data-parallel rank's with `sum_over_ranks`, the z-loss computed only
+    when it has a weight, so that a model trained without it does not pay for it; or Switch Transformer's over
+    `sequences` sequences."""
     if config.router_loss_style == "switch":
         aux, z_loss = switch_router_losses(router_logits, config.num_experts, sequences)
         return config.router_aux_loss_coef * aux + config.router_z_loss_coef * z_loss, aux
     mask = attention_mask if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2 else None
-    aux = load_balancing_loss(router_logits, config.num_experts, config.num_experts_per_tok, mask)
+    aux = load_balancing_loss(router_logits, config.num_experts, config.num_experts_per_tok, mask, sum_over_ranks)
     weighted = config.router_aux_loss_coef * aux
     if config.router_z_loss_coef > 0:
-        weighted = weighted + config.router_z_loss_coef * router_z_loss(router_logits, mask)
+        weighted = weighted + config.router_z_loss_coef * router_z_loss(router_logits, mask, sum_over_ranks)
     return weighted, aux
