@@ -18,14 +18,9 @@ from hf_tfm.training.tasks import lm_blocks
 from hf_tfm.training.tokenizers import train_byte_level_bpe
 
 
-def final_max_load(
-    aux_coef: float, steps: int = 300, max_files: int = 120, output_dir: str = "runs/moe-balance", seed: int = 0
-):
-    """Train and return {layer: max_load over the last logging window} plus the stats callback (for heat maps)."""
-    torch.manual_seed(seed)
-    corpus = stdlib_docstrings(max_files=max_files)
-    tokenizer = train_byte_level_bpe(corpus["train"], vocab_size=512)
-    config = TfmDecoderConfig(
+def tiny_moe_config(tokenizer, aux_coef: float, **fields) -> TfmDecoderConfig:
+    """The experiment's model: a 2-layer decoder of hidden size 32, every layer 8 experts, top-2."""
+    return TfmDecoderConfig(
         vocab_size=len(tokenizer),
         hidden_size=32,
         num_hidden_layers=2,
@@ -43,7 +38,18 @@ def final_max_load(
         router_aux_loss_coef=aux_coef,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
+        **fields,
     )
+
+
+def final_max_load(
+    aux_coef: float, steps: int = 300, max_files: int = 120, output_dir: str = "runs/moe-balance", seed: int = 0
+):
+    """Train and return {layer: max_load over the last logging window} plus the stats callback (for heat maps)."""
+    torch.manual_seed(seed)
+    corpus = stdlib_docstrings(max_files=max_files)
+    tokenizer = train_byte_level_bpe(corpus["train"], vocab_size=512)
+    config = tiny_moe_config(tokenizer, aux_coef)
     stats = RouterStatsCallback()
     args = TrainingArguments(
         output_dir=output_dir,

@@ -291,8 +291,8 @@ class TfmHead(TfmPreTrainedModel):
         """The task loss plus each stack's weighted router losses, and each stack's aux loss to report. Under Trainer's
         `num_items_in_batch` each micro-batch adds its share of tokens, so accumulated micro-batches sum to one
         token-weighted average (Trainer does not divide by the accumulation steps then). With
-        `router_aux_loss_scope="global"` the losses count every data-parallel rank's tokens in training, and the share is the
-        mean over the ranks, as the global batch's share of tokens, which Trainer's scaling by the world size under
+        `router_aux_loss_scope="global"` the losses count every data-parallel rank's tokens in training, and the share
+        is the global batch's divided by the ranks, which Trainer's scaling by the world size under
         `average_tokens_across_devices` makes whole."""
         fields = {"loss": loss}
         sequences = outputs.last_hidden_state.shape[0]  # every stack's batch
