@@ -1,9 +1,9 @@
 """What an hf_tfm model's `save_pretrained`, `from_pretrained` and `push_to_hub` hand over to when the hf_tfm
 package is loaded (`hf_tfm.model.modeling_tfm_loading.package_hooks`): saves staged and swapped in whole with a model
 card and a manifest (`hf_tfm.saving`); before a load the cheap size check of a local folder, and after it the MoE
-experts quantised as torchao quantised the Linear layers; a hand-edited width named by its config field; pushes that
-publish hf_tfm's card unless the Hub holds one to keep. Without the package (a checkpoint's remote code alone) the
-models save, load and push as transformers does.
+experts quantised as torchao or bitsandbytes quantised the Linear layers; a hand-edited width named by its config
+field; pushes that publish hf_tfm's card unless the Hub holds one to keep. Without the package (a checkpoint's remote
+code alone) the models save, load and push as transformers does.
 """
 
 import inspect
@@ -17,7 +17,7 @@ from transformers.utils import logging
 
 from .compat import upload_folder
 from .hub import card
-from .quantization import finish_torchao_loading
+from .quantization import finish_bitsandbytes_loading, finish_torchao_loading, refuse_unloadable_experts
 from .saving import carry_over, check_file_sizes, is_staging, replace_folder
 
 __all__ = ["check_file_sizes", "finish_loading", "push_with_card", "save_staged", "size_mismatch_error"]
@@ -55,6 +55,7 @@ def save_staged(model, save, save_directory, *args, **kwargs):
     `distributed_checkpoint` (every rank writes), into a folder that holds the working directory (it cannot be renamed
     away), and into another save's staging folder (`is_staging`: that save swaps it in whole). `push_to_hub=True`
     pushes the swapped-in folder afterwards."""
+    refuse_unloadable_experts(model)
     arguments = inspect.signature(save).bind(save_directory, *args, **kwargs)
     arguments.apply_defaults()
     options = dict(arguments.arguments)
@@ -137,8 +138,10 @@ def push_with_card(
 
 
 def finish_loading(model) -> None:
-    """After every `from_pretrained`: the MoE experts quantised as torchao quantised the Linear layers."""
+    """After every `from_pretrained`: the MoE experts quantised as torchao or bitsandbytes quantised the Linear
+    layers."""
     finish_torchao_loading(model)
+    finish_bitsandbytes_loading(model)
 
 
 def size_mismatch_error(model_class, source, kwargs: dict, error: RuntimeError) -> Exception:

@@ -1,4 +1,5 @@
-"""torchao quantisation of the MoE experts' 3D weights, after `from_pretrained` quantised the Linear layers.
+"""torchao and bitsandbytes quantisation of the MoE experts' 3D weights, after `from_pretrained` quantised the Linear
+layers.
 
 `from_pretrained(..., quantization_config=TorchAoConfig(Int8WeightOnlyConfig()))` quantises every `nn.Linear` weight as
 transformers loads it, and nothing else: the experts' fused `gate_up_proj [E, 2I, H]` (`up_proj [E, I, H]` for ungated
@@ -6,10 +7,16 @@ experts) and `down_proj [E, H, I]` (most of an MoE model's bytes) would stay in 
 hand over to `finish_torchao_loading` after every load (`hf_tfm.model_hooks`), which quantises them with the same
 torchao configuration, through torchao's parameter quantisation (`FqnToConfig`), so the expert weights become the
 tensor subclass the Linear layers hold.
+
+`BitsAndBytesConfig(load_in_4bit=True)` (QLoRA's loading) leaves them in full precision the same way: after a load,
+`finish_bitsandbytes_loading` quantises them with the same 4-bit type and statistics through bitsandbytes' parameter
+quantisation (`replace_parameter_4bit`: packed 4-bit storage, dequantised when a forward reads the weight). 8-bit
+has no such path, and an 8-bit load of an MoE model is refused unless the experts are named to stay full precision.
 """
 
 import torch
 from torch import nn
+from torch.nn.utils import parametrize
 
 
 def expert_weights(module: nn.Module) -> list[str]:
@@ -30,7 +37,12 @@ def is_quantized(weight: torch.Tensor) -> bool:
 
 
 def experts_quantized(module: nn.Module) -> bool:
-    return all(is_quantized(getattr(module, weight)) for weight in expert_weights(module))
+    """Whether every expert weight of `module` is quantised: a torchao tensor, or stored packed by bitsandbytes (a
+    parametrisation that dequantises it when read)."""
+    return all(
+        parametrize.is_parametrized(module, weight) or is_quantized(getattr(module, weight))
+        for weight in expert_weights(module)
+    )
 
 
 def quantize_expert_weights(model: nn.Module, quant_type, skip=()) -> None:
@@ -93,3 +105,56 @@ def finish_torchao_loading(model: nn.Module) -> None:
             )
     if any(experts_quantized(module) for module in expert_modules(model).values()):
         model.set_experts_implementation("eager")
+
+
+def finish_bitsandbytes_loading(model: nn.Module) -> None:
+    """After `from_pretrained` with a bitsandbytes configuration: 4-bit quantises the experts as the Linear layers
+    were (`quantize_experts_4bit`); 8-bit, which bitsandbytes cannot apply to a 3D weight, is refused for a model
+    with experts unless `llm_int8_skip_modules` names them."""
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is None or quantizer.quantization_config.quant_method != "bitsandbytes":
+        return
+    config = quantizer.quantization_config
+    skip = config.llm_int8_skip_modules or ()
+    experts = [name for name in expert_modules(model) if not any(entry in name for entry in skip)]
+    if config.load_in_4bit:
+        quantize_experts_4bit(model, config)
+    elif experts:
+        raise ValueError(
+            f"{experts[0]}: bitsandbytes' 8-bit quantises Linear layers only, and the experts' 3D weights "
+            f"{expert_weights(model.get_submodule(experts[0]))} (most of the model's bytes) would stay in full "
+            "precision. Load in 4-bit (BitsAndBytesConfig(load_in_4bit=True) quantises the experts too), or keep "
+            "them in full precision explicitly: BitsAndBytesConfig(load_in_8bit=True, "
+            "llm_int8_skip_modules=['experts'])."
+        )
+
+
+def quantize_experts_4bit(model: nn.Module, config) -> None:
+    """Quantise every expert module's 3D weights with the 4-bit type and statistics of the `BitsAndBytesConfig`
+    `config` (bitsandbytes' `replace_parameter_4bit`), except modules whose name contains an entry of its
+    `llm_int8_skip_modules` and weights already quantised. Works on the reference classes' experts as well."""
+    from bitsandbytes.nn.parametrize import replace_parameter_4bit
+
+    for name, module in expert_modules(model).items():
+        if any(entry in name for entry in config.llm_int8_skip_modules or ()) or experts_quantized(module):
+            continue
+        for weight in expert_weights(module):
+            replace_parameter_4bit(
+                module,
+                weight,
+                compress_statistics=config.bnb_4bit_use_double_quant,
+                quant_type=config.bnb_4bit_quant_type,
+            )
+
+
+def refuse_unloadable_experts(model: nn.Module) -> None:
+    """Before a save: experts stored 4-bit by bitsandbytes would be written packed, and transformers can load packed
+    4-bit weights into Linear layers only, so the checkpoint could not be loaded back. Refused before anything is
+    written, naming what to save instead."""
+    packed = [name for name, module in expert_modules(model).items() if parametrize.is_parametrized(module)]
+    if packed:
+        raise ValueError(
+            f"{packed[0]}: the experts are stored 4-bit by bitsandbytes (a QLoRA load), and transformers cannot load "
+            "such experts back. Save the adapter instead (a PeftModel's save_pretrained writes only the adapter), "
+            "or save the full-precision model the 4-bit one was loaded from."
+        )
