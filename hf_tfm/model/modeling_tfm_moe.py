@@ -191,6 +191,10 @@ class TfmExperts(nn.Module):
 class TfmMoE(nn.Module):
     """A sparse feed-forward layer: a router, fused routed experts, and an optional always-on shared expert."""
 
+    # DeepSpeed ZeRO-3 gathers a leaf module's parameters all at once when it is entered, instead of per submodule
+    # as each is called: a rank whose tokens skip what another rank's reach must not wait on a gather that never comes
+    _z3_leaf = True
+
     def __init__(self, config: TfmConfig):
         super().__init__()
         self.router = TfmRouter(config)
