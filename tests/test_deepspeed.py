@@ -9,36 +9,21 @@ Tolerances: relative 1e-6 on every loss (measured: at most 3.0e-7 against one pr
 class, 0.0 under ZeRO-3); the gathered weights reload exactly.
 """
 
-import json
-import os
-import sys
 from pathlib import Path
 
 import pytest
-from support.processes import run_process_group
+from support.processes import launch_workers
 
 pytest.importorskip("deepspeed", reason="deepspeed is in the test extras: pip install .[test]")
 
-REPO = Path(__file__).resolve().parent.parent
-WORKER = REPO / "tests" / "support" / "deepspeed_worker.py"
+WORKER = Path(__file__).resolve().parent / "support" / "deepspeed_worker.py"
 RTOL = 1e-6
-ENV = {
-    **os.environ,
-    "HF_HUB_OFFLINE": "1",
-    "TOKENIZERS_PARALLELISM": "false",
-    "OMP_NUM_THREADS": "1",
-    "DS_ACCELERATOR": "cpu",
-}
 STAGES = ["zero2", "zero3"]
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp("deepspeed")
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(WORKER)]
-    run = run_process_group([*command, str(out)], cwd=REPO, env=ENV, timeout=900)
-    assert run.returncode == 0, f"{' '.join(command)}\n{run.stdout[-3000:]}\n{run.stderr[-8000:]}"
-    return json.loads((out / "results.json").read_text())
+    return launch_workers(WORKER, tmp_path_factory.mktemp("deepspeed"), timeout=900, DS_ACCELERATOR="cpu")
 
 
 def assert_same_losses(actual: list[float], expected: list[float]) -> None:

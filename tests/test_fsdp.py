@@ -12,28 +12,19 @@ sums and a reduce-scatter against one sum) shows in the weights at about lr x it
 checkpoint's resumed run repeats the uninterrupted one exactly (measured: equal bit for bit).
 """
 
-import json
-import os
-import sys
 from pathlib import Path
 
 import pytest
-from support.processes import run_process_group
+from support.processes import launch_workers
 
-REPO = Path(__file__).resolve().parent.parent
-WORKER = REPO / "tests" / "support" / "fsdp_worker.py"
+WORKER = Path(__file__).resolve().parent / "support" / "fsdp_worker.py"
 STEPS, RESUME_AT = 20, 10
 LOSS_RTOL, PARAMETER_ATOL = 1e-5, 3e-4
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp("fsdp")
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(WORKER)]
-    run = run_process_group([*command, str(out)], cwd=REPO, env=ENV, timeout=600)
-    assert run.returncode == 0, f"{' '.join(command)}\n{run.stdout[-3000:]}\n{run.stderr[-8000:]}"
-    return json.loads((out / "results.json").read_text())
+    return launch_workers(WORKER, tmp_path_factory.mktemp("fsdp"))
 
 
 def assert_same_losses(actual: list[float], expected: list[float]) -> None:

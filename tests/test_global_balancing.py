@@ -11,34 +11,25 @@ the rounding of two half-batch sums against one shows at about lr x its relative
 from one process by 1.2e-3 in the loss and 0.07 in the weights, which is what the tests require to show.
 """
 
-import json
-import os
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import tiny_config
-from support.processes import run_process_group
+from support.processes import launch_workers
 
 from hf_tfm import TfmDecoderForCausalLM, TfmEncoderDecoderConfig, TfmEncoderDecoderForConditionalGeneration
 from hf_tfm.model.modeling_tfm_moe import load_balancing_loss, router_z_loss
 
-REPO = Path(__file__).resolve().parent.parent
-WORKER = REPO / "tests" / "support" / "balancing_worker.py"
+WORKER = Path(__file__).resolve().parent / "support" / "balancing_worker.py"
 LOSS_RTOL, PARAMETER_ATOL = 1e-6, 1e-4
 LOCAL_DIFFERS_BY = 1e-4  # the local scope's smallest loss difference the tests require (measured: 1.2e-3)
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
 MOE = dict(num_experts=4, num_experts_per_tok=2, router_aux_loss_coef=0.1, router_z_loss_coef=0.01)
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp("balancing")
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(WORKER)]
-    run = run_process_group([*command, str(out)], cwd=REPO, env=ENV, timeout=600)
-    assert run.returncode == 0, f"{' '.join(command)}\n{run.stdout[-3000:]}\n{run.stderr[-8000:]}"
-    return json.loads((out / "results.json").read_text())
+    return launch_workers(WORKER, tmp_path_factory.mktemp("balancing"))
 
 
 def largest_relative_difference(run: dict) -> float:

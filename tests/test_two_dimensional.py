@@ -12,28 +12,19 @@ Adam moves a weight by about the learning rate however small its gradient, so th
 about lr x its relative rounding).
 """
 
-import json
-import os
-import sys
 from pathlib import Path
 
 import pytest
-from support.processes import run_process_group
+from support.processes import launch_workers
 
-REPO = Path(__file__).resolve().parent.parent
-WORKER = REPO / "tests" / "support" / "mesh_worker.py"
+WORKER = Path(__file__).resolve().parent / "support" / "mesh_worker.py"
 RTOL, GRADIENT_ATOL, PARAMETER_ATOL = 1e-6, 1e-6, 1e-4
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
 MODELS = ["gqa_decoder", "moe_decoder"]
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp("mesh")
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "4", str(WORKER)]
-    run = run_process_group([*command, str(out)], cwd=REPO, env=ENV, timeout=600)
-    assert run.returncode == 0, f"{' '.join(command)}\n{run.stdout[-3000:]}\n{run.stderr[-8000:]}"
-    return json.loads((out / "results.json").read_text())
+    return launch_workers(WORKER, tmp_path_factory.mktemp("mesh"), processes=4)
 
 
 @pytest.mark.parametrize("name", MODELS)

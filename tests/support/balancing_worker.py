@@ -17,7 +17,6 @@ one process training on the same global batch:
 Rank 0 writes OUT_DIR/results.json; an exception on any rank fails the launch.
 """
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -25,15 +24,24 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
-from transformers import AutoModelForCausalLM, Trainer, TrainerCallback, TrainingArguments
+from transformers import AutoModelForCausalLM, Trainer
 
 from hf_tfm import TfmDecoderForCausalLM
 from hf_tfm.model.modeling_tfm_stack import TfmBlock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, whose conftest holds the tiny configs
 from conftest import tiny_config  # noqa: E402
+
+from support.ranks import (  # noqa: E402
+    RecordInputs,
+    full_state,
+    largest_difference,
+    logged_losses,
+    mean_over_ranks,
+    trainer_arguments,
+    write_results,
+)
 
 STEPS, ACCUMULATION = 6, 2
 PER_RANK, SEQUENCE, VOCAB, PADDED = 2, 16, 96, 5
@@ -79,25 +87,6 @@ def train_step(model, optimizer, batch: dict) -> torch.Tensor:
     return loss.detach()
 
 
-def mean_over_ranks(loss: torch.Tensor) -> float:
-    loss = loss.clone()
-    dist.all_reduce(loss, op=dist.ReduceOp.AVG)
-    return loss.item()
-
-
-def full_state(model) -> dict[str, torch.Tensor]:
-    return {
-        name: (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).detach().clone()
-        for name, tensor in model.state_dict().items()
-    }
-
-
-def largest_difference(actual: dict, expected: dict) -> list:
-    """[the largest absolute difference, the tensor it is in]."""
-    assert sorted(actual) == sorted(expected), sorted(set(actual) ^ set(expected))
-    return max([(actual[name].double() - expected[name].double()).abs().max().item(), name] for name in expected)
-
-
 def load(folder: Path, scope: str):
     return AutoModelForCausalLM.from_pretrained(folder, router_aux_loss_scope=scope).train()
 
@@ -137,18 +126,6 @@ def torch_scenario(folder: Path, wrap) -> dict:
             "final_difference": largest_difference(full_state(model), expected["state"]),
         }
     return result
-
-
-class RecordBatches(TrainerCallback):
-    """The batch of every training forward on this rank (a forward pre-hook: Trainer passes the batch as kwargs)."""
-
-    def __init__(self, model):
-        self.batches = []
-        model.register_forward_pre_hook(self.hook, with_kwargs=True)
-
-    def hook(self, module, args, kwargs):
-        if module.training:
-            self.batches.append({key: kwargs[key].clone() for key in ("input_ids", "attention_mask", "labels")})
 
 
 def trainer_rows(world: int, same_on_every_rank: bool) -> list[dict]:
@@ -195,24 +172,13 @@ def trainer_scenario(folder: Path, out: Path) -> dict:
     cases = {"global": ("global", False), "local": ("local", False), "local_same_rows": ("local", True)}
     for case, (scope, same_on_every_rank) in cases.items():
         model = load(folder, scope)
-        recorder = RecordBatches(model)
-        arguments = TrainingArguments(
-            output_dir=str(out / f"trainer-{case}"),
+        recorder = RecordInputs(model, keys=("input_ids", "attention_mask", "labels"))
+        arguments = trainer_arguments(
+            out / f"trainer-{case}",
             per_device_train_batch_size=PER_RANK,
             gradient_accumulation_steps=ACCUMULATION,
             max_steps=STEPS,
             learning_rate=LEARNING_RATE,
-            lr_scheduler_type="constant",
-            optim="adamw_torch",
-            weight_decay=0.0,
-            max_grad_norm=MAX_GRAD_NORM,
-            train_sampling_strategy="sequential",
-            logging_steps=1,
-            save_strategy="no",
-            report_to=[],
-            use_cpu=True,
-            disable_tqdm=True,
-            seed=0,
         )
         trainer = Trainer(model=model, args=arguments, train_dataset=trainer_rows(world, same_on_every_rank))
         trainer.train()
@@ -224,7 +190,7 @@ def trainer_scenario(folder: Path, out: Path) -> dict:
         tokens = [[int((batch["labels"][:, 1:] != -100).sum()) for batch in batches] for batches in gathered]
         result[case] = {
             "distributed_type": str(trainer.accelerator.distributed_type),
-            "losses": [entry["loss"] for entry in trainer.state.log_history if "loss" in entry],
+            "losses": logged_losses(trainer),
             "reference_losses": expected["losses"],
             "final_difference": largest_difference(full_state(model), expected["state"]),
             "scored_tokens_per_rank": tokens,
@@ -247,9 +213,7 @@ def main(out: Path) -> None:
         "ddp": torch_scenario(folder, DistributedDataParallel),
         "trainer": trainer_scenario(folder, out),
     }
-    if rank == 0:
-        (out / "results.json").write_text(json.dumps(results, indent=1))
-    dist.barrier()
+    write_results(out, results)
     dist.destroy_process_group()
 
 

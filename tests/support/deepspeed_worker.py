@@ -24,7 +24,6 @@ which partitions every weight as it is created (`deepspeed.zero.Init`). Checked,
 Rank 0 writes OUT_DIR/results.json.
 """
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -40,6 +39,7 @@ from hf_tfm.convert import to_tfm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: conftest and the families' tiny models
 from support.families import tiny_reference  # noqa: E402
+from support.ranks import logged_losses, mean_over_ranks, trainer_arguments, write_results  # noqa: E402
 
 STEPS, PER_RANK, SEQUENCE, VOCAB, LEARNING_RATE, MAX_GRAD_NORM = 4, 2, 12, 97, 1e-2, 1.0
 
@@ -82,12 +82,6 @@ def engine_for(model, stage: int):
     optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=0.0)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config(stage))
     return engine
-
-
-def mean_over_ranks(value: torch.Tensor) -> float:
-    value = value.detach().clone().float()
-    dist.all_reduce(value, op=dist.ReduceOp.AVG)
-    return value.item()
 
 
 def train_engine(engine, rows_of_step) -> list[float]:
@@ -190,25 +184,15 @@ def trainer_on_the_cpu(folder: Path, out: Path) -> dict:
     """Trainer with a ZeRO-3 configuration under this 2-process launch: the processes accelerate counts, whether the
     model was partitioned at load, and the logged losses against one process (computed first: the arguments keep
     ZeRO-3 on for every later load)."""
-    from transformers import Trainer, TrainingArguments
+    from transformers import Trainer
 
     one_process = train_alone(folder)
-    arguments = TrainingArguments(
-        output_dir=str(out / "trainer"),
+    arguments = trainer_arguments(
+        out / "trainer",
         deepspeed=ds_config(3),
         per_device_train_batch_size=PER_RANK,
         max_steps=STEPS,
         learning_rate=LEARNING_RATE,
-        lr_scheduler_type="constant",
-        optim="adamw_torch",
-        weight_decay=0.0,
-        max_grad_norm=MAX_GRAD_NORM,
-        train_sampling_strategy="sequential",  # with accelerate's sharding: batch 2k + r to rank r
-        logging_steps=1,
-        use_cpu=True,
-        report_to=[],
-        save_strategy="no",
-        disable_tqdm=True,
     )
     model = AutoModelForCausalLM.from_pretrained(folder)
     rows = [{"input_ids": row, "labels": row} for step in range(STEPS) for row in global_rows(step)]
@@ -218,7 +202,7 @@ def trainer_on_the_cpu(folder: Path, out: Path) -> dict:
         "num_processes": trainer.accelerator.num_processes,
         "distributed_type": str(trainer.accelerator.distributed_type),
         "zero3_init": transformers.integrations.is_deepspeed_zero3_enabled(),
-        "losses": [entry["loss"] for entry in trainer.state.log_history if "loss" in entry],
+        "losses": logged_losses(trainer),
         "one_process": one_process,
     }
 
@@ -259,9 +243,7 @@ def main(out: Path) -> None:
     results["skipped_experts"] = skipped_experts(folders["eight_experts"])
     results["zero3_saved_and_resized"] = saved_and_resized(folders["dense"], out)
     results["trainer"] = trainer_on_the_cpu(folders["dense"], out)
-    if rank == 0:
-        (out / "results.json").write_text(json.dumps(results, indent=1))
-    dist.barrier()
+    write_results(out, results)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ Rank 0 writes OUT_DIR/results.json; an exception on any rank fails the launch.
 """
 
 import contextlib
-import json
 import os
 import sys
 import time
@@ -35,7 +34,7 @@ import transformers
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
-from transformers import AutoModelForCausalLM, Trainer, TrainerCallback, TrainingArguments
+from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
 
 import hf_tfm.model.modeling_tfm_stack
 from hf_tfm import TfmDecoderForCausalLM
@@ -44,6 +43,16 @@ from hf_tfm.training.callbacks import RouterBiasCallback
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, whose conftest holds the tiny configs
 from conftest import tiny_config  # noqa: E402
+
+from support.ranks import (  # noqa: E402
+    RecordInputs,
+    full_state,
+    largest_difference,
+    logged_losses,
+    mean_over_ranks,
+    trainer_arguments,
+    write_results,
+)
 
 STEPS, RESUME_AT, BIAS_STEPS = 20, 10, 10
 PER_RANK, SEQUENCE, VOCAB = 2, 16, 96
@@ -88,29 +97,8 @@ def train_step(model, optimizer, input_ids: torch.Tensor) -> torch.Tensor:
     return loss.detach()
 
 
-def mean_over_ranks(loss: torch.Tensor) -> float:
-    """The global batch's loss: every rank holds as many tokens, so the mean of the ranks' mean losses."""
-    loss = loss.clone()
-    dist.all_reduce(loss, op=dist.ReduceOp.AVG)
-    return loss.item()
-
-
 def biases(model) -> torch.Tensor:
     return torch.stack([buffer for name, buffer in model.named_buffers() if name.endswith("expert_bias")])
-
-
-def full_state(model) -> dict[str, torch.Tensor]:
-    """Parameters and buffers, gathered where sharded."""
-    return {
-        name: (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).detach().clone()
-        for name, tensor in model.state_dict().items()
-    }
-
-
-def largest_difference(actual: dict, expected: dict) -> list:
-    """[the largest absolute difference, the tensor it is in]."""
-    assert sorted(actual) == sorted(expected), sorted(set(actual) ^ set(expected))
-    return max([(actual[name].double() - expected[name].double()).abs().max().item(), name] for name in expected)
 
 
 def sharding(model) -> dict:
@@ -188,37 +176,11 @@ def torch_scenario(folder: Path, out: Path, expected: dict) -> dict:
     return result
 
 
-class RecordInputs(TrainerCallback):
-    """The rows each training step gave this rank (a forward pre-hook: Trainer passes the batch as kwargs)."""
-
-    def __init__(self, model):
-        self.rows = []
-        model.register_forward_pre_hook(self.hook, with_kwargs=True)
-
-    def hook(self, module, args, kwargs):
-        if module.training:
-            self.rows.append(kwargs["input_ids"].clone())
-
-
-def trainer_arguments(out: Path, **overrides) -> TrainingArguments:
-    fields = dict(
-        output_dir=str(out),
-        per_device_train_batch_size=PER_RANK,
-        max_steps=STEPS,
-        learning_rate=LEARNING_RATE,
-        lr_scheduler_type="constant",
-        optim="adamw_torch",
-        weight_decay=0.0,
-        max_grad_norm=MAX_GRAD_NORM,
-        train_sampling_strategy="sequential",
-        logging_steps=1,
-        save_strategy="no",
-        report_to=[],
-        use_cpu=True,
-        disable_tqdm=True,
-        seed=0,
+def trainer_arguments_for(out: Path, **fields) -> TrainingArguments:
+    """The torch scenario's steps, as Trainer takes them."""
+    return trainer_arguments(
+        out, per_device_train_batch_size=PER_RANK, max_steps=STEPS, learning_rate=LEARNING_RATE, **fields
     )
-    return TrainingArguments(**{**fields, **overrides})
 
 
 def trainer_scenario(folder: Path, out: Path, expected: dict) -> dict:
@@ -234,13 +196,13 @@ def trainer_scenario(folder: Path, out: Path, expected: dict) -> dict:
     rows = [{"input_ids": row, "labels": row} for step in range(STEPS) for row in global_batch(step, world)]
     recorder = RecordInputs(model)
     trainer = Trainer(
-        model=model, args=trainer_arguments(out / "trainer"), train_dataset=rows, callbacks=[RouterBiasCallback()]
+        model=model, args=trainer_arguments_for(out / "trainer"), train_dataset=rows, callbacks=[RouterBiasCallback()]
     )
     result["is_distributed_loading_by_transformers"] = trainer.is_distributed_loading_by_transformers
     trainer.train()
-    result["losses"] = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
-    result["saw_own_rows"] = len(recorder.rows) == STEPS and all(
-        torch.equal(seen, rank_rows(step, rank)) for step, seen in enumerate(recorder.rows)
+    result["losses"] = logged_losses(trainer)
+    result["saw_own_rows"] = len(recorder.batches) == STEPS and all(
+        torch.equal(seen["input_ids"], rank_rows(step, rank)) for step, seen in enumerate(recorder.batches)
     )
     result["final_difference"] = largest_difference(full_state(model), expected["state"])
     saved = out / "trainer-final"
@@ -273,7 +235,7 @@ def bias_scenario(folder: Path) -> dict:
 def accelerate_scenario(folder: Path, out: Path) -> dict:
     """Trainer's own FSDP arguments on the CPU (the launcher's fsdp.yaml sets the same plugin through the
     environment): accelerate builds the FSDP plugin, then keeps it only for GPU-like distributed types."""
-    arguments = trainer_arguments(
+    arguments = trainer_arguments_for(
         out / "trainer-fsdp-arguments",
         fsdp="full_shard",
         fsdp_config={"fsdp_version": 2, "transformer_layer_cls_to_wrap": ["TfmBlock"]},
@@ -310,9 +272,7 @@ def main(out: Path) -> None:
         began = time.perf_counter()
         results[name] = scenario()
         seconds[name] = time.perf_counter() - began
-    if rank == 0:
-        (out / "results.json").write_text(json.dumps(results, indent=1))
-    dist.barrier()
+    write_results(out, results)
     dist.destroy_process_group()
 
 

@@ -19,7 +19,6 @@ takes one only on GPU distributed types): `trainer_refusal` records its message.
 Rank 0 writes OUT_DIR/results.json.
 """
 
-import json
 import os
 import sys
 from collections import defaultdict
@@ -36,6 +35,8 @@ from hf_tfm import TfmDecoderForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, whose conftest holds the tiny configs
 from conftest import tiny_config  # noqa: E402
+
+from support.ranks import full, largest_difference, write_results  # noqa: E402
 
 STEPS, PER_GROUP, SEQUENCE, VOCAB = 4, 2, 12, 96
 LEARNING_RATE, MAX_GRAD_NORM = 1e-2, 1.0
@@ -58,16 +59,6 @@ def group_rows(step: int, group: int) -> torch.Tensor:
     generator = torch.Generator().manual_seed(1000 * step + group)
     low, high = (3, VOCAB // 2) if group == 0 else (VOCAB // 2, VOCAB)
     return torch.randint(low, high, (PER_GROUP, SEQUENCE), generator=generator)
-
-
-def full(tensor: torch.Tensor) -> torch.Tensor:
-    return (tensor.full_tensor() if isinstance(tensor, DTensor) else tensor).detach()
-
-
-def largest_difference(actual: dict, expected: dict) -> list:
-    """[the largest absolute difference, the tensor it is in], over tensors named alike."""
-    assert sorted(actual) == sorted(expected), sorted(set(actual) ^ set(expected))
-    return max([(actual[name].double() - expected[name].double()).abs().max().item(), name] for name in expected)
 
 
 def clip_per_mesh(parameters, max_norm: float) -> float:
@@ -93,14 +84,14 @@ def train(model, rows_of_step) -> dict:
         loss = model(input_ids=rows, labels=rows).loss
         loss.backward()
         if gradients is None:
-            gradients = {name: full(parameter.grad).clone() for name, parameter in model.named_parameters()}
+            gradients = {name: full(parameter.grad) for name, parameter in model.named_parameters()}
         norms.append(clip_per_mesh(model.parameters(), MAX_GRAD_NORM))
         optimizer.step()
         optimizer.zero_grad()
         losses.append(loss.detach().clone())
     for loss in losses:
         dist.all_reduce(loss, op=dist.ReduceOp.AVG)
-    parameters = {name: full(parameter).clone() for name, parameter in model.named_parameters()}
+    parameters = {name: full(parameter) for name, parameter in model.named_parameters()}
     losses = [loss.item() for loss in losses]
     return {"losses": losses, "gradient_norms": norms, "gradients": gradients, "parameters": parameters}
 
@@ -158,9 +149,7 @@ def main(out: Path) -> None:
         dist.barrier()
         results[name] = scenario(folder)
     results["trainer_refusal"] = trainer_refusal(folder, out)
-    if dist.get_rank() == 0:
-        (out / "results.json").write_text(json.dumps(results, indent=1))
-    dist.barrier()
+    write_results(out, results)
     dist.destroy_process_group()
 
 

@@ -3,6 +3,9 @@
 import os
 import signal
 import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def run_process_group(command: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess:
@@ -19,3 +22,17 @@ def run_process_group(command: list[str], timeout: float, **kwargs) -> subproces
         process.communicate()
         raise
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+def launch_workers(worker: Path, out: Path, processes: int = 2, timeout: float = 600, **env: str) -> dict:
+    """`torchrun --standalone --nproc_per_node PROCESSES WORKER OUT` from the repository root, offline, one thread a
+    process, `env` added to the environment; returns the OUT/results.json the worker wrote. A failed launch fails the
+    caller with the command and the ends of its output."""
+    import json
+    import sys
+
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
+    environment = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+    run = run_process_group([*command, str(worker), str(out)], cwd=REPO, env={**environment, **env}, timeout=timeout)
+    assert run.returncode == 0, f"{' '.join(command)} {worker} {out}\n{run.stdout[-3000:]}\n{run.stderr[-8000:]}"
+    return json.loads((Path(out) / "results.json").read_text())
