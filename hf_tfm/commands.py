@@ -90,6 +90,16 @@ def _train(args) -> None:
     print_summary([train(args.spec)])  # args.spec: the RunSpec hf_tfm_cli built and checked
 
 
+def _compare(args) -> None:
+    from .training.compare import compare
+
+    record = compare(args.spec, args.models, args.seeds, args.output_dir)
+    print((Path(args.output_dir) / "compare.md").read_text())
+    print(
+        f"{len(record['models'])} models x {len(record['seeds'])} seeds -> {args.output_dir}/compare.json, compare.png"
+    )
+
+
 def _evaluate(args) -> None:
     from .training.run import evaluate_saved
 
@@ -142,6 +152,7 @@ def _push(args) -> None:
 COMMANDS = {
     "demo": _demo,
     "train": _train,
+    "compare": _compare,
     "evaluate": _evaluate,
     "generate": _generate,
     "convert": _convert,

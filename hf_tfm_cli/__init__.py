@@ -28,6 +28,13 @@ EXAMPLES = {
   hf-tfm train --task causal-lm --model configs/llama-1.3m/config.json --set num_experts=8 --bf16
   hf-tfm train --task causal-lm --output-dir runs/train --resume          # continue a killed run
   accelerate launch --config_file configs/accelerate/multi_gpu_ddp.yaml -m hf_tfm_cli train --task causal-lm""",
+    "compare": """examples:
+  hf-tfm compare --task causal-lm --models llama-1.3m gpt2                 # embedded data, 200 steps, seed 0
+  hf-tfm compare --task causal-lm --models llama-1.3m llama-1.3m:num_key_value_heads=2 gpt2 --seeds 0 1 2
+  hf-tfm compare --task masked-lm --models bert-1.4m bert --data texts.jsonl --max-steps 1000
+  hf-tfm compare --task causal-lm --models my-config.json gpt2 --output-dir runs/compare   # again: resumes
+models: a preset, a config.json, NAME:field=value[,field=value] (a variant), or a reference class of transformers,
+gpt2 (causal-lm) or bert (masked-lm), sized to the parameters of the first hf_tfm model""",
     "evaluate": """examples:
   hf-tfm evaluate runs/train/model                   # the validation split its training run used
   hf-tfm evaluate runs/cls/model --data test.csv --column text=sentence""",
@@ -67,12 +74,13 @@ def config_value(text: str):
         return text  # a bare string such as rmsnorm
 
 
-def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
-    """One option per `RunSpec` field, from its type, default and metadata: a new field is a new option."""
+def add_spec_arguments(parser: argparse.ArgumentParser, leave_out: tuple[str, ...] = ()) -> None:
+    """One option per `RunSpec` field, from its type, default and metadata: a new field is a new option. Fields in
+    `leave_out` are the command's own business (compare names its models and seeds itself)."""
     groups = {"run": parser}
     for spec_field in fields(RunSpec):
         meta = spec_field.metadata
-        if not meta["cli"]:
+        if not meta["cli"] or spec_field.name in leave_out:
             continue
         group = groups.get(meta["group"]) or groups.setdefault(meta["group"], parser.add_argument_group(meta["group"]))
         kind = value_kind(spec_field)
@@ -95,10 +103,13 @@ def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def spec_from_args(args: argparse.Namespace) -> RunSpec:
-    """The RunSpec a parsed `hf-tfm train` command line describes (NAME=VALUE options become dicts)."""
-    given = {f.name: getattr(args, f.name) for f in fields(RunSpec) if f.metadata["cli"]}
-    given["columns"] = dict(given["columns"])
-    given["config_overrides"] = {key: config_value(value) for key, value in given["config_overrides"]}
+    """The RunSpec a parsed `hf-tfm train` (or `compare`) command line describes (NAME=VALUE options become dicts;
+    options a command leaves out keep their defaults)."""
+    given = {f.name: getattr(args, f.name) for f in fields(RunSpec) if f.metadata["cli"] and hasattr(args, f.name)}
+    if "columns" in given:
+        given["columns"] = dict(given["columns"])
+    if "config_overrides" in given:
+        given["config_overrides"] = {key: config_value(value) for key, value in given["config_overrides"]}
     return RunSpec(**given)
 
 
@@ -133,6 +144,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     train.usage = "%(prog)s --task TASK [options]   (all options: hf-tfm train --help)"
     add_spec_arguments(train)
+    compare = command(
+        "compare",
+        "train models and transformers' own GPT-2 or BERT on the same data, tokenizer, batches and budget; one table",
+    )
+    compare.usage = "%(prog)s --task TASK --models MODEL [MODEL ...] [options]   (all options: --help)"
+    compare.add_argument("--models", nargs="+", required=True, metavar="MODEL", help="see the examples below")
+    compare.add_argument(
+        "--seeds", nargs="+", type=number(int, 0), default=[0], help="every model trains once per seed"
+    )
+    compare.add_argument(
+        "--output-dir", default="runs/compare", help="runs, table, record and figure; run again to resume"
+    )
+    add_spec_arguments(
+        compare, leave_out=("model", "output_dir", "seed", "config_overrides", "tokenizer", "resume", "overwrite")
+    )
     evaluate = command(
         "evaluate",
         "score a saved model on the validation split its training run used (its run "

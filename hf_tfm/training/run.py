@@ -104,13 +104,24 @@ def config_problem(error: Exception) -> str:
 
 
 def check_head(task: str, config, model: str) -> None:
-    available = AUTO_CLASSES.get(getattr(config, "model_type", None), {})
-    if TASKS[task].head.auto_class not in available:
-        raise ValueError(
-            f"task {task} needs a {TASKS[task].head.auto_class} head, "
-            f"which model_type {config.model_type!r} ({model}) does not have; "
-            f"its heads: {', '.join(available) or 'none (not an hf_tfm config)'}"
-        )
+    """The task's head exists for this config: an hf_tfm model type's from its table of heads, a transformers model
+    type's (the reference classes `hf-tfm compare` trains) from transformers' auto class, built on the meta device."""
+    head = TASKS[task].head.auto_class
+    if config.model_type not in AUTO_CLASSES:
+        try:
+            with torch.device("meta"):
+                getattr(transformers, head).from_config(config)
+            return
+        except ValueError:
+            available = "none that transformers maps to it"
+    else:
+        available = ", ".join(AUTO_CLASSES[config.model_type])
+        if head in AUTO_CLASSES[config.model_type]:
+            return
+    raise ValueError(
+        f"task {task} needs a {head} head, which model_type {config.model_type!r} ({model}) does not have; "
+        f"its heads: {available}"
+    )
 
 
 def prepare_output_dir(spec: RunSpec) -> Path:
@@ -394,8 +405,9 @@ def save_final(output: Path, model, tokenizer, run: dict) -> Path:
         model.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
         (folder / RUN_RECORD).write_text(json.dumps(run, indent=2))
-        # named after the run, not the staging folder the card is written in
-        write_card_from_run(folder, model, run, repo_id=f"hf-tfm-{output.name}")
+        if model.config.model_type in AUTO_CLASSES:  # hf_tfm's card describes hf_tfm configs; a reference class's
+            # named after the run, not the staging folder the card is written in
+            write_card_from_run(folder, model, run, repo_id=f"hf-tfm-{output.name}")
 
     return replace_folder(write, output / "model")
 
@@ -429,7 +441,7 @@ def train(spec: RunSpec) -> dict:
 
     csv_log = CSVLogCallback(output / LOG)
     callbacks = [csv_log, ManifestCallback(spec.keep_checkpoints)]
-    router_stats = RouterStatsCallback() if model.config.num_experts else None
+    router_stats = RouterStatsCallback() if getattr(model.config, "num_experts", 0) else None
     if router_stats:
         callbacks += [RouterBiasCallback(), router_stats]
     trainer = make_trainer(spec, model, tokenizer, features, labels, args, callbacks)

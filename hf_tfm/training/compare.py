@@ -1,0 +1,261 @@
+"""`hf-tfm compare`: a user's models against transformers' own `GPT2LMHeadModel` and `BertForMaskedLM`, on the same
+data at the same budget.
+
+Every model is an ordinary `hf-tfm train` run (`hf_tfm.training.run.train`) under OUTPUT/runs/<label>/seed-<seed>, with
+one tokenizer (OUTPUT/tokenizer, trained once on the data), the same budget, schedule and seeds, dropout off; the
+batches are then the same for every model (the same data, tokenizer, batch size and seed give Trainer the same
+order). A reference (`gpt2`, `bert`) takes the width, depth and heads of the first hf_tfm model and the feed-forward
+width that brings its parameter count to that model's (active parameters for MoE), written to
+OUTPUT/configs/<label>.json. A finished run is read back, an interrupted one resumed: a killed compare, run again,
+continues where it stopped. OUTPUT gets compare.json (the record), compare.md (the table) and compare.png (the
+validation curves).
+"""
+
+import csv
+import json
+import statistics
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import torch
+import transformers
+
+from hf_tfm_cli.spec import RunSpec
+
+from ..hub.card import RUN_RECORD, active_parameters
+from ..model.modeling_tfm_loading import AUTO_CLASSES
+from . import tokenizers
+from .run import LOG, data_settings, fresh_config, load_config, resolve_model, run_data, train
+from .tasks import TASKS
+
+# a reference's name -> (its config class, the task its head trains, the config's width, depth, heads and
+# feed-forward fields, the position table's length)
+REFERENCES = {
+    "gpt2": ("GPT2Config", "causal-lm", ("n_embd", "n_layer", "n_head", "n_inner"), "n_positions"),
+    "bert": ("BertConfig", "masked-lm", ("hidden_size", "num_hidden_layers", "num_attention_heads",
+                                          "intermediate_size"), "max_position_embeddings"),
+}  # fmt: skip
+REFERENCE_DROPOUT = {  # every dropout of a reference off, as --dropout 0 sets an hf_tfm model's
+    "gpt2": dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
+    "bert": dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
+}
+MATCH_TOLERANCE = 0.05  # a reference within 5% of the target parameter count
+
+
+@dataclass
+class Entry:
+    """One model of a comparison: `name` (a preset, a config.json, a model folder, or a reference) with `overrides`
+    (`NAME:field=value,field=value`), shown as `label`."""
+
+    label: str
+    name: str
+    overrides: dict = field(default_factory=dict)
+
+    @property
+    def reference(self) -> bool:
+        return self.name in REFERENCES
+
+
+def parse_model(text: str) -> Entry:
+    name, _, fields_text = text.partition(":")
+    overrides = {}
+    for item in filter(None, fields_text.split(",")):
+        key, equals, value = item.partition("=")
+        if not equals:
+            raise ValueError(f"model {text!r}: expected NAME:field=value[,field=value], got {item!r}")
+        try:
+            overrides[key] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[key] = value
+    return Entry(label=text, name=name, overrides=overrides)
+
+
+def counted_parameters(config, task: str) -> tuple[int, int]:
+    """(total, active) parameters of the task's model built from `config` on the meta device."""
+    with torch.device("meta"):
+        model = getattr(transformers, TASKS[task].head.auto_class).from_config(config)
+    active = active_parameters(model) if config.model_type in AUTO_CLASSES else model.num_parameters()
+    return model.num_parameters(), active
+
+
+def reference_config(name: str, task: str, like, target: int, tokenizer, max_length: int):
+    """The reference `name` with `like`'s width, depth and heads, its feed-forward width solved (parameters are
+    linear in it) so that it holds `target` parameters; refused, naming what to change, when no width does."""
+    class_name, reference_task, (width, depth, heads, inner), positions = REFERENCES[name]
+    if reference_task != task:
+        raise ValueError(
+            f"reference {name!r} trains {reference_task}, not {task}: compare it under --task {reference_task}"
+        )
+    base = {
+        width: like.hidden_size,
+        depth: like.num_hidden_layers,
+        heads: like.num_attention_heads,
+        positions: max(max_length, 2),
+        "vocab_size": len(tokenizer),
+        "pad_token_id": tokenizer.pad_token_id,
+        **REFERENCE_DROPOUT[name],
+    }
+    config_class = getattr(transformers, class_name)
+    counts = [counted_parameters(config_class(**base, **{inner: size}), task)[0] for size in (4, 8)]
+    per_unit = (counts[1] - counts[0]) / 4
+    size = 4 * round((target - counts[0] + 4 * per_unit) / per_unit / 4)
+    if (
+        size < 4
+        or abs(counted_parameters(config_class(**base, **{inner: size}), task)[0] - target) > MATCH_TOLERANCE * target
+    ):
+        raise ValueError(
+            f"reference {name!r} cannot hold {target:,} parameters at width {like.hidden_size} and depth "
+            f"{like.num_hidden_layers} (the first hf_tfm model's) by its feed-forward width ({inner}) alone: widen "
+            "the first hf_tfm model's intermediate_size, or put a larger model first"
+        )
+    return config_class(**base, **{inner: size})
+
+
+def run_spec(base: RunSpec, entry: Entry, model: str, seed: int, output: Path) -> RunSpec:
+    folder = output / "runs" / entry.label.replace("/", "_").replace(":", "@") / f"seed-{seed}"
+    started = (folder / "checkpoints").is_dir() and any((folder / "checkpoints").iterdir())
+    overrides = {} if entry.reference else entry.overrides
+    return replace(
+        base, model=model, output_dir=str(folder), seed=seed, config_overrides=overrides,
+        dropout=None if entry.reference else 0.0, tokenizer=str(output / "tokenizer"), resume=started,
+        overwrite=not started,
+    )  # fmt: skip
+
+
+def finished(spec: RunSpec) -> dict | None:
+    """A finished run's record, read back instead of training again."""
+    path = Path(spec.output_dir) / "model" / RUN_RECORD
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def validation_curve(spec: RunSpec) -> list[tuple[int, float]]:
+    with open(Path(spec.output_dir) / LOG) as log:
+        return [(int(row["step"]), float(row["value"])) for row in csv.DictReader(log) if row["name"] == "eval_loss"]
+
+
+def compare(base: RunSpec, models: list[str], seeds: list[int], output: str | Path) -> dict:
+    """Train every model of `models` (see `Entry`) with every seed on `base`'s task, data and budget; the table,
+    record and figure in `output`."""
+    output = Path(output)
+    entries = [parse_model(text) for text in models]
+    if len({entry.label for entry in entries}) < len(entries):
+        raise ValueError(f"--models names a model twice: {models}")
+    ours = [entry for entry in entries if not entry.reference]
+    if not ours:
+        raise ValueError(f"--models needs an hf_tfm model (a preset or config) to size the references by: {models}")
+    data = run_data(base.task, data_settings(base))
+    tokenizer_folder = output / "tokenizer"
+    if not tokenizer_folder.is_dir():
+        texts = TASKS[base.task].texts(data["train"])
+        tokenizers.train_tokenizer(texts, TASKS[base.task].tokenizer, base.vocab_size).save_pretrained(
+            tokenizer_folder
+        )
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_folder)
+
+    configs, paths = {}, {}
+    for entry in ours:
+        try:
+            path, pretrained = resolve_model(entry.name)
+        except ValueError as error:
+            raise ValueError(f"{error}; or a reference: {', '.join(REFERENCES)}") from None
+        if pretrained:
+            raise ValueError(
+                f"model {entry.name}: compare trains fresh models; give its config.json, not a checkpoint"
+            )
+        spec = replace(base, config_overrides=entry.overrides, dropout=0.0)
+        configs[entry.label] = fresh_config(spec, load_config(path), tokenizer, None)
+        paths[entry.label] = str(path)
+    target = counted_parameters(configs[ours[0].label], base.task)[1]
+    (output / "configs").mkdir(parents=True, exist_ok=True)
+    for entry in entries:
+        if entry.reference:
+            config = reference_config(
+                entry.name, base.task, configs[ours[0].label], target, tokenizer, base.max_length
+            )
+            configs[entry.label] = config
+            paths[entry.label] = str(output / "configs" / f"{entry.name}.json")
+            config.to_json_file(paths[entry.label])
+
+    rows = []
+    for entry in entries:
+        total, active = counted_parameters(configs[entry.label], base.task)
+        runs, curves = [], []
+        for seed in seeds:
+            spec = run_spec(base, entry, paths[entry.label], seed, output)
+            runs.append(finished(spec) or train(spec))
+            curves.append(validation_curve(spec))
+        rows.append(summary(entry, total, active, runs, curves, base))
+    record = {"task": base.task, "data": data_settings(base), "budget": budget(base), "seeds": seeds, "models": rows}
+    (output / "compare.json").write_text(json.dumps(record, indent=2))
+    (output / "compare.md").write_text(table(record))
+    plot(rows, output / "compare.png")
+    return record
+
+
+def budget(base: RunSpec) -> dict:
+    return {
+        "steps": base.max_steps,
+        "batch_size": base.batch_size,
+        "max_length": base.max_length,
+        "tokens": base.max_steps * base.batch_size * base.max_length,
+        "learning_rate": base.learning_rate,
+        "lr_scheduler_type": base.lr_scheduler_type,
+    }
+
+
+def summary(entry: Entry, total: int, active: int, runs: list[dict], curves: list, base: RunSpec) -> dict:
+    """Per model: parameters, each validation metric's mean and spread (min to max) over the seeds, tokens/s."""
+    metrics = {}
+    for run in runs:
+        for result in run["results"]:
+            metrics.setdefault(result["metric"], []).append(result["value"])
+    tokens = base.max_steps * base.batch_size * base.max_length
+    return {
+        "label": entry.label,
+        "reference": entry.reference,
+        "parameters": total,
+        "active_parameters": active,
+        "metrics": {
+            name: {"mean": statistics.fmean(values), "min": min(values), "max": max(values), "values": values}
+            for name, values in metrics.items()
+        },
+        "tokens_per_second": statistics.fmean(tokens / run["seconds"] for run in runs),  # whole run, evaluations in
+        "curves": curves,
+    }
+
+
+def table(record: dict) -> str:
+    names = sorted({name for row in record["models"] for name in row["metrics"]})
+    lines = [
+        "| model | parameters (active) | " + " | ".join(f"validation {name}" for name in names) + " | tokens/s |",
+        "|---" * (len(names) + 3) + "|",
+    ]
+    for row in record["models"]:
+        cells = []
+        for name in names:
+            value = row["metrics"].get(name)
+            cells.append("" if value is None else f"{value['mean']:.4g} ({value['min']:.4g}-{value['max']:.4g})")
+        label = row["label"] + (" (transformers)" if row["reference"] else "")
+        lines.append(
+            f"| {label} | {row['parameters']:,} ({row['active_parameters']:,}) | "
+            + " | ".join(cells)
+            + f" | {row['tokens_per_second']:,.0f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    """Every model's validation loss over the steps, the mean over seeds."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(7, 4))
+    axes = figure.add_subplot()
+    for row in rows:
+        steps = [step for step, _ in row["curves"][0]]
+        means = [statistics.fmean(curve[i][1] for curve in row["curves"]) for i in range(len(steps))]
+        axes.plot(steps, means, marker="o", label=row["label"])
+    axes.set_xlabel("step")
+    axes.set_ylabel("validation loss")
+    axes.legend()
+    FigureCanvasAgg(figure).print_png(str(path))
