@@ -33,8 +33,9 @@ EXAMPLES = {
   hf-tfm compare --task causal-lm --models llama-1.3m llama-1.3m:num_key_value_heads=2 gpt2 --seeds 0 1 2
   hf-tfm compare --task masked-lm --models bert-1.4m bert --data texts.jsonl --max-steps 1000
   hf-tfm compare --task causal-lm --models my-config.json gpt2 --output-dir runs/compare   # again: resumes
+  hf-tfm compare --task seq2seq --models t5-1.9m t5 bart --max-steps 400
 models: a preset, a config.json, NAME:field=value[,field=value] (a variant), or a reference class of transformers,
-gpt2 (causal-lm) or bert (masked-lm), sized to the parameters of the first hf_tfm model""",
+gpt2 (causal-lm), bert (masked-lm), t5 or bart (seq2seq), sized to the parameters of the first hf_tfm model""",
     "evaluate": """examples:
   hf-tfm evaluate runs/train/model                   # the validation split its training run used
   hf-tfm evaluate runs/cls/model --data test.csv --column text=sentence""",
@@ -146,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_spec_arguments(train)
     compare = command(
         "compare",
-        "train models and transformers' own GPT-2 or BERT on the same data, tokenizer, batches and budget; one table",
+        "train models and transformers' own GPT-2, BERT, T5 or BART on the same data, tokenizer, batches and budget",
     )
     compare.usage = "%(prog)s --task TASK --models MODEL [MODEL ...] [options]   (all options: --help)"
     compare.add_argument("--models", nargs="+", required=True, metavar="MODEL", help="see the examples below")

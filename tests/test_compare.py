@@ -73,10 +73,18 @@ def test_masked_lm_compare_sizes_bert_to_the_first_model(tmp_path):
     assert json.loads((tmp_path / "configs" / "bert.json").read_text())["model_type"] == "bert"
 
 
+def test_seq2seq_compare_sizes_t5_and_bart(tmp_path):
+    record = compare(RunSpec(task="seq2seq", **BUDGET), ["t5-1.9m", "t5", "bart"], [0], tmp_path)
+    ours, t5, bart = record["models"]
+    for reference in (t5, bart):
+        assert abs(reference["parameters"] - ours["parameters"]) <= 0.05 * ours["parameters"]
+    assert json.loads((tmp_path / "configs" / "t5.json").read_text())["dropout_rate"] == 0.0
+
+
 @pytest.mark.parametrize(
     "task, models, message",
     [
-        ("causal-lm", ["llama-1.3m", "gpt3"], "unknown model 'gpt3'.*or a reference: gpt2, bert"),
+        ("causal-lm", ["llama-1.3m", "gpt3"], "unknown model 'gpt3'.*or a reference: gpt2, bert, t5, bart"),
         ("masked-lm", ["bert-1.4m", "gpt2"], "reference 'gpt2' trains causal-lm, not masked-lm"),
         ("causal-lm", ["gpt2"], "needs an hf_tfm model"),
         ("causal-lm", ["llama-1.3m", "llama-1.3m"], "names a model twice"),

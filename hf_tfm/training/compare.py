@@ -1,11 +1,11 @@
-"""`hf-tfm compare`: a user's models against transformers' own `GPT2LMHeadModel` and `BertForMaskedLM`, on the same
-data at the same budget.
+"""`hf-tfm compare`: a user's models against transformers' own `GPT2LMHeadModel`, `BertForMaskedLM`,
+`T5ForConditionalGeneration` and `BartForConditionalGeneration`, on the same data at the same budget.
 
 Every model is an ordinary `hf-tfm train` run (`hf_tfm.training.run.train`) under OUTPUT/runs/<label>/seed-<seed>, with
 one tokenizer (OUTPUT/tokenizer, trained once on the data), the same budget, schedule and seeds, dropout off; the
 batches are then the same for every model (the same data, tokenizer, batch size and seed give Trainer the same
-order). A reference (`gpt2`, `bert`) takes the width, depth and heads of the first hf_tfm model and the feed-forward
-width that brings its parameter count to that model's (active parameters for MoE), written to
+order). A reference (`gpt2`, `bert`, `t5`, `bart`) takes the width, depth and heads of the first hf_tfm model and
+the feed-forward width that brings its parameter count to that model's (active parameters for MoE), written to
 OUTPUT/configs/<label>.json. A finished run is read back, an interrupted one resumed: a killed compare, run again,
 continues where it stopped. OUTPUT gets compare.json (the record), compare.md (the table) and compare.png (the
 validation curves).
@@ -14,6 +14,7 @@ validation curves).
 import csv
 import json
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -28,17 +29,52 @@ from . import tokenizers
 from .run import LOG, data_settings, fresh_config, load_config, resolve_model, run_data, train
 from .tasks import TASKS
 
-# a reference's name -> (its config class, the task its head trains, the config's width, depth, heads and
-# feed-forward fields, the position table's length)
+
+@dataclass(frozen=True)
+class Reference:
+    """A transformers class to compare with: its config class, the task its head trains, and the config fields that
+    give it a model's width, depth and heads (`shape(like, max_length)`) and a feed-forward width (`inner`)."""
+
+    config_class: str
+    task: str
+    shape: Callable  # (the first hf_tfm model's config, max_length) -> config fields
+    inner: tuple[str, ...]
+    dropout: dict
+
+
+def decoder_layers(like) -> int:
+    return getattr(like, "decoder_layers", None) or like.num_hidden_layers
+
+
 REFERENCES = {
-    "gpt2": ("GPT2Config", "causal-lm", ("n_embd", "n_layer", "n_head", "n_inner"), "n_positions"),
-    "bert": ("BertConfig", "masked-lm", ("hidden_size", "num_hidden_layers", "num_attention_heads",
-                                          "intermediate_size"), "max_position_embeddings"),
+    "gpt2": Reference(
+        "GPT2Config", "causal-lm",
+        lambda like, length: dict(n_embd=like.hidden_size, n_layer=like.num_hidden_layers,
+                                  n_head=like.num_attention_heads, n_positions=length),
+        ("n_inner",), dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
+    ),
+    "bert": Reference(
+        "BertConfig", "masked-lm",
+        lambda like, length: dict(hidden_size=like.hidden_size, num_hidden_layers=like.num_hidden_layers,
+                                  num_attention_heads=like.num_attention_heads, max_position_embeddings=length),
+        ("intermediate_size",), dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
+    ),
+    "t5": Reference(
+        "T5Config", "seq2seq",
+        lambda like, length: dict(d_model=like.hidden_size, d_kv=like.hidden_size // like.num_attention_heads,
+                                  num_layers=like.num_hidden_layers, num_decoder_layers=decoder_layers(like),
+                                  num_heads=like.num_attention_heads),
+        ("d_ff",), dict(dropout_rate=0.0),
+    ),
+    "bart": Reference(
+        "BartConfig", "seq2seq",
+        lambda like, length: dict(d_model=like.hidden_size, max_position_embeddings=length,
+                                  encoder_layers=like.num_hidden_layers, decoder_layers=decoder_layers(like),
+                                  encoder_attention_heads=like.num_attention_heads,
+                                  decoder_attention_heads=like.num_attention_heads),
+        ("encoder_ffn_dim", "decoder_ffn_dim"), dict(dropout=0.0, attention_dropout=0.0, activation_dropout=0.0),
+    ),
 }  # fmt: skip
-REFERENCE_DROPOUT = {  # every dropout of a reference off, as --dropout 0 sets an hf_tfm model's
-    "gpt2": dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
-    "bert": dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
-}
 MATCH_TOLERANCE = 0.05  # a reference within 5% of the target parameter count
 
 
@@ -79,36 +115,34 @@ def counted_parameters(config, task: str) -> tuple[int, int]:
 
 
 def reference_config(name: str, task: str, like, target: int, tokenizer, max_length: int):
-    """The reference `name` with `like`'s width, depth and heads, its feed-forward width solved (parameters are
-    linear in it) so that it holds `target` parameters; refused, naming what to change, when no width does."""
-    class_name, reference_task, (width, depth, heads, inner), positions = REFERENCES[name]
-    if reference_task != task:
+    """The reference `name` with `like`'s width, depth and heads, dropout off, its feed-forward width solved
+    (parameters are linear in it) so that it holds `target` parameters; refused, naming what to change, when no
+    width does."""
+    reference = REFERENCES[name]
+    if reference.task != task:
         raise ValueError(
-            f"reference {name!r} trains {reference_task}, not {task}: compare it under --task {reference_task}"
+            f"reference {name!r} trains {reference.task}, not {task}: compare it under --task {reference.task}"
         )
-    base = {
-        width: like.hidden_size,
-        depth: like.num_hidden_layers,
-        heads: like.num_attention_heads,
-        positions: max(max_length, 2),
-        "vocab_size": len(tokenizer),
-        "pad_token_id": tokenizer.pad_token_id,
-        **REFERENCE_DROPOUT[name],
-    }
-    config_class = getattr(transformers, class_name)
-    counts = [counted_parameters(config_class(**base, **{inner: size}), task)[0] for size in (4, 8)]
+    special = {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id}
+    if task == "seq2seq":  # decoding starts from the padding token, as hf_tfm's encoder-decoders do
+        special |= {"decoder_start_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id}
+    config_class = getattr(transformers, reference.config_class)
+
+    def config(size: int):
+        return config_class(**reference.shape(like, max(max_length, 2)), **special, **reference.dropout,
+                            **dict.fromkeys(reference.inner, size))  # fmt: skip
+
+    counts = [counted_parameters(config(size), task)[0] for size in (4, 8)]
     per_unit = (counts[1] - counts[0]) / 4
     size = 4 * round((target - counts[0] + 4 * per_unit) / per_unit / 4)
-    if (
-        size < 4
-        or abs(counted_parameters(config_class(**base, **{inner: size}), task)[0] - target) > MATCH_TOLERANCE * target
-    ):
+    if size < 4 or abs(counted_parameters(config(size), task)[0] - target) > MATCH_TOLERANCE * target:
         raise ValueError(
             f"reference {name!r} cannot hold {target:,} parameters at width {like.hidden_size} and depth "
-            f"{like.num_hidden_layers} (the first hf_tfm model's) by its feed-forward width ({inner}) alone: widen "
-            "the first hf_tfm model's intermediate_size, or put a larger model first"
+            f"{like.num_hidden_layers} (the first hf_tfm model's) by its feed-forward width "
+            f"({', '.join(reference.inner)}) alone: widen the first hf_tfm model's intermediate_size, or put a larger "
+            "model first"
         )
-    return config_class(**base, **{inner: size})
+    return config(size)
 
 
 def run_spec(base: RunSpec, entry: Entry, model: str, seed: int, output: Path) -> RunSpec:
