@@ -508,18 +508,31 @@ def test_help_of_every_command_has_examples(capsys):
 
 
 def test_main_job_smoke(tmp_path, capsys):
-    """The main job at 1% of its steps on 40 stdlib files: five models saved, a summary table and a loss-curve PNG.
-    Each run's header says its position and its model's actual name or folder; a second demo into the same folder
-    is refused (naming --overwrite) instead of wiping the first."""
+    """The main job at 1% of its steps on 40 stdlib files: five models saved, and beside the causal and masked LMs
+    transformers' GPT2LMHeadModel and BertForMaskedLM of their size, a summary table and a loss-curve PNG. Each run's
+    header says its position and its model's actual name or folder; a second demo into the same folder is refused
+    (naming --overwrite) instead of wiping the first."""
     results = run_main_job(str(tmp_path), scale=0.01, max_files=40, max_eval_samples=8)
     headers = [line for line in capsys.readouterr().out.splitlines() if line.startswith("== run ")]
     assert len(headers) == len(TASKS) and headers[1].startswith(f"== run 2 of {len(TASKS)}: {TASKS[1]}, ")
-    assert headers[3] == f"== run 4 of {len(TASKS)}: {TASKS[3]}, {results[1]['model_dir']} =="
+    masked = next(r for r in results if r["task"] == "masked-lm")
+    assert headers[3] == f"== run 4 of {len(TASKS)}: {TASKS[3]}, {masked['model_dir']} =="
     with pytest.raises(FileExistsError, match="holds an earlier demo run .*pass --overwrite"):
         run_main_job(str(tmp_path), scale=0.01, max_files=40, max_eval_samples=8)
-    assert [r["task"] for r in results] == list(TASKS)
+    assert [r["task"] for r in results] == [TASKS[0], TASKS[0], TASKS[1], *TASKS[1:]]
+    assert [r.get("reference") for r in results] == [
+        None,
+        "GPT2LMHeadModel",
+        None,
+        "BertForMaskedLM",
+        None,
+        None,
+        None,
+    ]
     summary = (tmp_path / "summary.md").read_text()
     assert all(f"| {task} |" in summary for task in TASKS)
+    assert "| causal-lm | GPT2LMHeadModel (transformers), " in summary
+    assert "| masked-lm | BertForMaskedLM (transformers), " in summary
     assert (tmp_path / "loss_curves.png").read_bytes()[:4] == b"\x89PNG"
     for result in results:
         verify(result["model_dir"])

@@ -157,9 +157,13 @@ def run_spec(base: RunSpec, entry: Entry, model: str, seed: int, output: Path) -
 
 
 def finished(spec: RunSpec) -> dict | None:
-    """A finished run's record, read back instead of training again."""
-    path = Path(spec.output_dir) / "model" / RUN_RECORD
-    return json.loads(path.read_text()) if path.is_file() else None
+    """A finished run's record, read back instead of training again, with where its model and log are (as `train`
+    returns them)."""
+    folder = Path(spec.output_dir)
+    path = folder / "model" / RUN_RECORD
+    if not path.is_file():
+        return None
+    return {**json.loads(path.read_text()), "model_dir": str(folder / "model"), "log": str(folder / LOG)}
 
 
 def validation_curve(spec: RunSpec) -> list[tuple[int, float]]:
@@ -210,7 +214,7 @@ def compare(base: RunSpec, models: list[str], seeds: list[int], output: str | Pa
             paths[entry.label] = str(output / "configs" / f"{entry.name}.json")
             config.to_json_file(paths[entry.label])
 
-    rows = []
+    rows, runs_by_label = [], {}
     for entry in entries:
         total, active = counted_parameters(configs[entry.label], base.task)
         runs, curves = [], []
@@ -219,11 +223,12 @@ def compare(base: RunSpec, models: list[str], seeds: list[int], output: str | Pa
             runs.append(finished(spec) or train(spec))
             curves.append(validation_curve(spec))
         rows.append(summary(entry, total, active, runs, curves, base))
+        runs_by_label[entry.label] = runs
     record = {"task": base.task, "data": data_settings(base), "budget": budget(base), "seeds": seeds, "models": rows}
     (output / "compare.json").write_text(json.dumps(record, indent=2))
     (output / "compare.md").write_text(table(record))
     plot(rows, output / "compare.png")
-    return record
+    return {**record, "runs": runs_by_label}  # each model's runs as `train` returns them, seed by seed
 
 
 def budget(base: RunSpec) -> dict:

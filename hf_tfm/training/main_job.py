@@ -7,12 +7,18 @@ generation config and model card, and summarised in a table and a loss-curve PNG
     seq2seq                  encoder-decoder (T5-style)    function signature -> how many arguments a call passes
     sequence-classification  the masked-LM encoder, tuned  docstring -> which stdlib package
     token-classification     the masked-LM encoder, tuned  docstring words -> is it a parameter name
+
+The causal-LM and masked-LM runs are comparisons (`hf_tfm.training.compare`): each trains beside transformers' own
+`GPT2LMHeadModel` / `BertForMaskedLM` of the same parameter count on the same tokenizer, batches and budget, and
+the summary and the loss curves show both.
 """
 
 import json
+import shutil
 import time
 from pathlib import Path
 
+from .compare import compare
 from .generate import generate_text
 from .report import plot_loss_curves, print_summary, summary_markdown
 from .run import RunSpec, train
@@ -25,6 +31,8 @@ RUNS = [
     ("sequence-classification", "{masked-lm}", 250, {"learning_rate": 5e-4}),
     ("token-classification", "{masked-lm}", 250, {"learning_rate": 5e-4, "max_length": 96}),
 ]
+# the reference class each task's run is compared with (`hf-tfm compare`), and the name the summary gives it
+COMPARED_WITH = {"causal-lm": ("gpt2", "GPT2LMHeadModel"), "masked-lm": ("bert", "BertForMaskedLM")}
 PROMPTS = {
     "causal-lm": ["Return the"],
     "seq2seq": ["get(self, key, default=None)", "print(*args, sep=' ', end='\\n', file=None, flush=False)"],
@@ -58,14 +66,15 @@ def run_main_job(
             use_cpu=True,
             **extra,
         )
-        result = train(spec)
+        result, reference = compared(spec, output / task) if task in COMPARED_WITH else (train(spec), None)
         result["samples"] = (
             generate_text(result["model_dir"], PROMPTS[task], max_new_tokens=16) if task in PROMPTS else []
         )
-        results.append(result)
+        results += [result] if reference is None else [result, reference]
         saved[task] = result["model_dir"]
 
-    curves = plot_loss_curves({r["task"]: r["log"] for r in results}, output / "loss_curves.png")
+    panels = {f"{r['task']}, {r['reference']}" if r.get("reference") else r["task"]: r["log"] for r in results}
+    curves = plot_loss_curves(panels, output / "loss_curves.png")
     table = summary_markdown(results)
     (output / "summary.md").write_text(table + "\n")
     (output / "summary.json").write_text(json.dumps(results, indent=2, default=str))
@@ -76,6 +85,23 @@ def run_main_job(
             print(f"{result['task']} sample: {sample}")
     print(f"loss curves: {curves}\nsummary: {output / 'summary.md'}\nwall time: {time.time() - started:.0f} s")
     return results
+
+
+def compared(spec: RunSpec, folder: Path) -> tuple[dict, dict]:
+    """`spec`'s run and its reference class's, as `hf-tfm compare` trains them (dropout off, one tokenizer, the same
+    batches), from a fresh folder; the reference's result named for the summary."""
+    if folder.exists():  # check_earlier_run allowed it: a compare would read the earlier runs back
+        shutil.rmtree(folder)
+    name, class_name = COMPARED_WITH[spec.task]
+    record = compare(spec, [spec.model, name], [spec.seed], folder)
+    ours, reference = (record["runs"][label][0] for label in (spec.model, name))
+    parameters = next(row["parameters"] for row in record["models"] if row["label"] == name)
+    named = {
+        "model": f"{class_name} (transformers), {parameters:,} parameters",
+        "reference": class_name,
+        "samples": [],
+    }
+    return ours, {**reference, **named}
 
 
 def check_earlier_run(output: Path, overwrite: bool) -> None:
