@@ -202,7 +202,7 @@ def compare(base: RunSpec, models: list[str], seeds: list[int], output: str | Pa
             )
         spec = replace(base, config_overrides=entry.overrides, dropout=0.0)
         configs[entry.label] = fresh_config(spec, load_config(path), tokenizer, None)
-        paths[entry.label] = str(path)
+        paths[entry.label] = entry.name  # as given: a run records the preset's name, not its folder
     target = counted_parameters(configs[ours[0].label], base.task)[1]
     (output / "configs").mkdir(parents=True, exist_ok=True)
     for entry in entries:

@@ -26,7 +26,7 @@ from .run import RunSpec, train
 # (task, model, steps at scale 1, extra RunSpec fields); "{masked-lm}" is the folder the masked-LM run saved
 RUNS = [
     ("causal-lm", "llama-1.3m", 600, {"learning_rate": 3e-3, "weight_decay": 0.1}),
-    ("masked-lm", "bert-1.4m", 500, {"learning_rate": 1e-3, "batch_size": 32}),
+    ("masked-lm", "bert-1.4m", 600, {"learning_rate": 1e-3, "batch_size": 16}),
     ("seq2seq", "t5-1.9m", 800, {"learning_rate": 2e-3, "batch_size": 32, "max_length": 64, "vocab_size": 2048}),
     ("sequence-classification", "{masked-lm}", 250, {"learning_rate": 5e-4}),
     ("token-classification", "{masked-lm}", 250, {"learning_rate": 5e-4, "max_length": 96}),
