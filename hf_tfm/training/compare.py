@@ -11,7 +11,6 @@ continues where it stopped. OUTPUT gets compare.json (the record), compare.md (t
 validation curves).
 """
 
-import csv
 import json
 import statistics
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from hf_tfm_cli.spec import RunSpec
 from ..hub.card import RUN_RECORD, active_parameters
 from ..model.modeling_tfm_loading import AUTO_CLASSES
 from . import tokenizers
+from .callbacks import logged
 from .run import LOG, data_settings, fresh_config, load_config, resolve_model, run_data, train
 from .tasks import TASKS
 
@@ -166,11 +166,6 @@ def finished(spec: RunSpec) -> dict | None:
     return {**json.loads(path.read_text()), "model_dir": str(folder / "model"), "log": str(folder / LOG)}
 
 
-def validation_curve(spec: RunSpec) -> list[tuple[int, float]]:
-    with open(Path(spec.output_dir) / LOG) as log:
-        return [(int(row["step"]), float(row["value"])) for row in csv.DictReader(log) if row["name"] == "eval_loss"]
-
-
 def compare(base: RunSpec, models: list[str], seeds: list[int], output: str | Path) -> dict:
     """Train every model of `models` (see `Entry`) with every seed on `base`'s task, data and budget; the table,
     record and figure in `output`."""
@@ -221,7 +216,7 @@ def compare(base: RunSpec, models: list[str], seeds: list[int], output: str | Pa
         for seed in seeds:
             spec = run_spec(base, entry, paths[entry.label], seed, output)
             runs.append(finished(spec) or train(spec))
-            curves.append(validation_curve(spec))
+            curves.append(logged(Path(spec.output_dir) / LOG, "eval_loss"))
         rows.append(summary(entry, total, active, runs, curves, base))
         runs_by_label[entry.label] = runs
     record = {"task": base.task, "data": data_settings(base), "budget": budget(base), "seeds": seeds, "models": rows}
@@ -248,7 +243,7 @@ def summary(entry: Entry, total: int, active: int, runs: list[dict], curves: lis
     for run in runs:
         for result in run["results"]:
             metrics.setdefault(result["metric"], []).append(result["value"])
-    tokens = base.max_steps * base.batch_size * base.max_length
+    tokens = budget(base)["tokens"]
     return {
         "label": entry.label,
         "reference": entry.reference,
