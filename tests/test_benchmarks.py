@@ -113,7 +113,8 @@ def test_gpu_calls_add_pairs_to_one_file_and_never_overwrite_another_setup(tmp_p
 def test_quality_study_matches_parameters_and_reports_every_seed(tmp_path):
     record = quality.run("smoke", work=tmp_path / "runs", output=tmp_path / "quality-cpu-2026-01-01.json")
     rows = {(row["study"], row["model"]): row for row in record["summary"]}
-    assert set(rows) == {(s, m) for s, study in quality.STUDIES.items() for m in study["models"]}
+    references = {("decoders", "gpt2 (transformers)"), ("encoders", "bert (transformers)")}
+    assert set(rows) == {(s, m) for s, study in quality.STUDIES.items() for m in study["models"]} | references
     for row in rows.values():
         assert row["seeds"] == len(quality.PROFILES["smoke"]["seeds"]) and math.isfinite(row["mean_loss"])
     decoders = [rows["decoders", m]["active_parameters"] for m in ("gpt2-style", "modern", "moe (same active)")]
@@ -121,6 +122,8 @@ def test_quality_study_matches_parameters_and_reports_every_seed(tmp_path):
     for counts in (decoders, encoders):
         assert max(counts) / min(counts) < 1.01, counts
     assert rows["decoders", "moe (same active)"]["parameters"] > 2 * decoders[0]  # sparse: far more in total
+    for study, reference in references:
+        assert abs(rows[study, reference]["parameters"] / rows[study, "modern"]["parameters"] - 1) < 0.05
     for run in record["runs"]:
         assert run["curve"], run["model"]  # the learning curve was logged
 

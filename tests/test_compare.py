@@ -5,9 +5,11 @@ input named. Tiny budgets: these check the comparison, not the models."""
 import json
 
 import pytest
+import torch
 
 import hf_tfm.training.run as run_module
 from hf_tfm.presets import preset_path
+from hf_tfm.training import memory
 from hf_tfm.training.compare import compare
 from hf_tfm_cli.spec import RunSpec
 
@@ -57,6 +59,9 @@ def test_causal_lm_compare_matches_parameters_and_batches_and_resumes(tmp_path, 
     assert seeds[0] != seeds[1]
     assert {path.name for path in tmp_path.iterdir()} >= {"compare.json", "compare.md", "compare.png", "tokenizer"}
     assert "gpt2 (transformers)" in (tmp_path / "compare.md").read_text()
+    if memory.STATUS.is_file():  # Linux: the resident set's high-water mark, reset as each run's training begins
+        assert all(row["peak_memory_bytes"] > 0 for row in record["models"])
+        assert "process resident set" in (tmp_path / "compare.md").read_text()
 
     def no_training(spec):
         raise AssertionError(f"{spec.output_dir} trained again")
@@ -94,6 +99,21 @@ def test_seq2seq_compare_sizes_t5_and_bart(tmp_path):
 def test_bad_input_is_named(tmp_path, task, models, message):
     with pytest.raises(ValueError, match=message):
         compare(RunSpec(task=task, **BUDGET), models, [0], tmp_path)
+
+
+def test_a_budget_without_an_evaluation_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="--eval-steps 5 is more than --max-steps 3"):
+        compare(RunSpec(task="causal-lm", **BUDGET, eval_steps=5), ["llama-1.3m", "gpt2"], [0], tmp_path)
+
+
+def test_peak_memory_counts_what_the_block_holds():
+    with memory.peak_memory(torch.device("cpu")) as peak:
+        held = torch.ones(64, 2**20, dtype=torch.uint8)  # 64 MiB, touched
+        del held
+    if memory.STATUS.is_file():
+        assert peak["bytes"] >= 60 * 2**20 and peak["measure"] == "process resident set, high-water"
+    else:
+        assert peak == {}
 
 
 def test_a_reference_that_cannot_be_matched_names_what_to_change(tmp_path):

@@ -537,3 +537,24 @@ def test_main_job_smoke(tmp_path, capsys):
     for result in results:
         verify(result["model_dir"])
     assert results[0]["samples"][0].startswith("Return the -> ")
+
+
+def test_evaluation_scores_the_task_loss_without_the_router_losses(tmp_path):
+    """An MoE model's loss adds its weighted router losses (as transformers' MoE models' does); a run's validation
+    loss and perplexity are the task's alone, and the weights are back once the evaluation is done."""
+    from datasets import Dataset
+    from transformers import TrainingArguments
+
+    from hf_tfm import TfmConfig
+    from hf_tfm.training.run import RunTrainer
+
+    config = TfmConfig(model_type="tfm_decoder", **TINY, vocab_size=50, num_experts=4, router_aux_loss_coef=1.0)
+    model = TfmDecoderForCausalLM(config).eval()
+    ids = torch.randint(3, 50, (4, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        outputs = model(input_ids=ids, labels=ids)
+    args = TrainingArguments(str(tmp_path), per_device_eval_batch_size=4, use_cpu=True, report_to=[])
+    trainer = RunTrainer(model=model, args=args, eval_dataset=Dataset.from_dict({"input_ids": ids, "labels": ids}))
+    scored = trainer.evaluate()["eval_loss"]
+    assert scored == pytest.approx((outputs.loss - outputs.aux_loss).item(), rel=1e-5)
+    assert outputs.loss.item() > scored + 0.5 and config.router_aux_loss_coef == 1.0

@@ -176,6 +176,11 @@ def compare(base: RunSpec, models: list[str], seeds: list[int], output: str | Pa
     ours = [entry for entry in entries if not entry.reference]
     if not ours:
         raise ValueError(f"--models needs an hf_tfm model (a preset or config) to size the references by: {models}")
+    if base.eval_steps and base.eval_steps > base.max_steps:
+        raise ValueError(
+            f"--eval-steps {base.eval_steps} is more than --max-steps {base.max_steps}: no evaluation would run "
+            "during training, so there would be no validation curve; lower --eval-steps or raise --max-steps"
+        )
     data = run_data(base.task, data_settings(base))
     tokenizer_folder = output / "tokenizer"
     if not tokenizer_folder.is_dir():
@@ -238,12 +243,14 @@ def budget(base: RunSpec) -> dict:
 
 
 def summary(entry: Entry, total: int, active: int, runs: list[dict], curves: list, base: RunSpec) -> dict:
-    """Per model: parameters, each validation metric's mean and spread (min to max) over the seeds, tokens/s."""
+    """Per model: parameters, each validation metric's mean and spread (min to max) over the seeds, tokens/s, and
+    the most memory training added (`memory.peak_memory`; none for a run read back from before it was recorded)."""
     metrics = {}
     for run in runs:
         for result in run["results"]:
             metrics.setdefault(result["metric"], []).append(result["value"])
     tokens = budget(base)["tokens"]
+    peaks = [run["peak_memory"] for run in runs if run.get("peak_memory")]
     return {
         "label": entry.label,
         "reference": entry.reference,
@@ -254,6 +261,8 @@ def summary(entry: Entry, total: int, active: int, runs: list[dict], curves: lis
             for name, values in metrics.items()
         },
         "tokens_per_second": statistics.fmean(tokens / run["seconds"] for run in runs),  # whole run, evaluations in
+        "peak_memory_bytes": max(peak["bytes"] for peak in peaks) if len(peaks) == len(runs) else None,
+        "peak_memory_measure": peaks[0]["measure"] if len(peaks) == len(runs) else None,
         "curves": curves,
     }
 
@@ -261,8 +270,10 @@ def summary(entry: Entry, total: int, active: int, runs: list[dict], curves: lis
 def table(record: dict) -> str:
     names = sorted({name for row in record["models"] for name in row["metrics"]})
     lines = [
-        "| model | parameters (active) | " + " | ".join(f"validation {name}" for name in names) + " | tokens/s |",
-        "|---" * (len(names) + 3) + "|",
+        "| model | parameters (active) | "
+        + " | ".join(f"validation {name}" for name in names)
+        + " | tokens/s | peak memory, MiB |",
+        "|---" * (len(names) + 4) + "|",
     ]
     for row in record["models"]:
         cells = []
@@ -270,12 +281,16 @@ def table(record: dict) -> str:
             value = row["metrics"].get(name)
             cells.append("" if value is None else f"{value['mean']:.4g} ({value['min']:.4g}-{value['max']:.4g})")
         label = row["label"] + (" (transformers)" if row["reference"] else "")
+        peak = row["peak_memory_bytes"]
+        memory = "" if peak is None else f"{peak / 2**20:,.0f}"
         lines.append(
             f"| {label} | {row['parameters']:,} ({row['active_parameters']:,}) | "
             + " | ".join(cells)
-            + f" | {row['tokens_per_second']:,.0f} |"
+            + f" | {row['tokens_per_second']:,.0f} | {memory} |"
         )
-    return "\n".join(lines) + "\n"
+    measures = sorted({row["peak_memory_measure"] for row in record["models"] if row["peak_memory_measure"]})
+    note = f"\nPeak memory: the most that training added to the weights, at any seed ({', '.join(measures)}).\n"
+    return "\n".join(lines) + "\n" + (note if measures else "")
 
 
 def plot(rows: list[dict], path: Path) -> None:

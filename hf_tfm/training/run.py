@@ -51,6 +51,7 @@ from .checkpoints import (
     write_json_atomic,
 )
 from .data import EMBEDDED_NAME, check_packing, load_task_data, packed_training_features, packing_collator
+from .memory import peak_memory
 from .tasks import (
     TASKS,
     argmax_logits,
@@ -309,11 +310,31 @@ class PackedTraining:
             self.data_collator = padded
 
 
-class RunTrainer(StopOnNonFiniteLoss, PackedTraining, Trainer):
+ROUTER_LOSS_WEIGHTS = ("router_aux_loss_coef", "router_z_loss_coef")
+
+
+class TaskLossEvaluation:
+    """Trainer mixin: evaluations score the task's loss alone. An MoE model's loss adds its weighted router losses,
+    as transformers' MoE models' does; they regularize training, and left in they would raise the validation loss
+    and perplexity above what the predictions earn, and above a dense model's at the same predictions."""
+
+    def evaluate(self, *args, **kwargs):
+        config = self.model.config
+        weights = {name: getattr(config, name) for name in ROUTER_LOSS_WEIGHTS if getattr(config, name, None)}
+        for name in weights:
+            setattr(config, name, 0.0)
+        try:
+            return super().evaluate(*args, **kwargs)
+        finally:
+            for name, weight in weights.items():
+                setattr(config, name, weight)
+
+
+class RunTrainer(StopOnNonFiniteLoss, TaskLossEvaluation, PackedTraining, Trainer):
     pass
 
 
-class RunSeq2SeqTrainer(StopOnNonFiniteLoss, Seq2SeqTrainer):
+class RunSeq2SeqTrainer(StopOnNonFiniteLoss, TaskLossEvaluation, Seq2SeqTrainer):
     pass
 
 
@@ -364,7 +385,9 @@ def final_metrics(trainer, task: str) -> dict[str, float]:
     return scores
 
 
-def record(spec: RunSpec, trainer, before: dict | None, after: dict, baseline: list[dict], seconds: float) -> dict:
+def record(
+    spec: RunSpec, trainer, before: dict | None, after: dict, baseline: list[dict], seconds: float, peak: dict
+) -> dict:
     training = {
         k: getattr(trainer.args, k)
         for k in (
@@ -393,6 +416,7 @@ def record(spec: RunSpec, trainer, before: dict | None, after: dict, baseline: l
         "before_training": [{"split": "validation", "metric": k, "value": v} for k, v in (before or {}).items()],
         "baselines": baseline,
         "seconds": seconds,
+        "peak_memory": peak or None,  # memory.peak_memory: what training added, and how it was measured
         "description": (
             f"{trainer.state.global_step} optimizer steps of `{type(trainer).__name__}` "
             f"on {spec.data or EMBEDDED_NAME}."
@@ -448,17 +472,18 @@ def train(spec: RunSpec) -> dict:
     if resume_from is not None:
         csv_log.truncate_after(step_of(resume_from))
     before = before_training(spec, trainer, output, resume_from)
+    peak = {}  # a finished run, resumed, trains nothing
     if resume_from is not None and step_of(resume_from) >= spec.max_steps:
         # Trainer checks max_steps only after a step: resuming a finished run would train one step past it
         load_trainer_checkpoint(trainer, str(resume_from))
         trainer.state = TrainerState.load_from_json(str(resume_from / TRAINER_STATE_NAME))
     else:
-        train_until_diverged(trainer, output, csv_log, resume_from)
+        with peak_memory(args.device) as peak:
+            train_until_diverged(trainer, output, csv_log, resume_from)
     after = final_metrics(trainer, spec.task)
 
-    run = record(
-        spec, trainer, before, after, baselines(spec.task, data, len(tokenizer), labels), time.time() - started
-    )
+    scores = baselines(spec.task, data, len(tokenizer), labels)
+    run = record(spec, trainer, before, after, scores, time.time() - started, peak)
     result = {"model_dir": str(output / "model"), "log": str(output / LOG)}
     if trainer.is_world_process_zero():
         save_final(output, trainer.model, tokenizer, run)
