@@ -19,7 +19,6 @@ import transformers
 from datasets import Dataset
 
 from benchmarks.measure import alternating_medians, train_step_work
-from hf_tfm.training import tokenizers
 from hf_tfm.training.data import (
     document_examples,
     load_task_data,
@@ -28,7 +27,7 @@ from hf_tfm.training.data import (
     packing_fill_id,
 )
 from hf_tfm.training.run import RunSpec, fresh_config, load_config, resolve_model
-from hf_tfm.training.tasks import TASKS, collator, tokenize
+from hf_tfm.training.tasks import TASKS, collator, tokenize, trained_tokenizer
 
 CPU = torch.device("cpu")
 
@@ -114,8 +113,7 @@ def packing_pair(name: str, spec: dict, profile: dict) -> tuple[dict, list[dict]
     """One model trained on the same examples padded and packed, at each batch size: (evidence, rows)."""
     task = spec["task"]
     data = load_task_data(task, max_files=profile["max_files"])
-    texts = list(data["train"]["text"])
-    tokenizer = tokenizers.train_tokenizer(texts, TASKS[task].tokenizer, profile["vocab_size"])
+    tokenizer = trained_tokenizer(task, data["train"], profile["vocab_size"])
     config_path, _ = resolve_model(name)
     config = fresh_config(RunSpec(task=task, model=name), load_config(config_path), tokenizer, None)
     torch.manual_seed(0)

@@ -98,6 +98,8 @@ STUDIES = {
     },
 }
 
+SCORE = "each run's final Trainer evaluation of the validation split, the task's loss alone (router losses left out)"
+
 PROFILES = {
     # 2 CPU cores
     "cpu": dict(
@@ -216,6 +218,7 @@ def run(
             for name in studies
         },
         "tokens_per_run": profile["steps"] * profile["batch_size"] * profile["max_length"],
+        "score": SCORE,
         "summary": summary,
         "runs": runs,
     }

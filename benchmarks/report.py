@@ -158,6 +158,11 @@ def ratio_chart(record: dict, path: Path) -> None:
     plt.close(figure)
 
 
+EARLIER_SCORE = (  # what records written before the studies ran as compares scored
+    "token-weighted cross-entropy over the validation split (fixed masks for the encoders, router losses left out)"
+)
+
+
 def quality_section(record: dict, source: Path, charts: Path, report: Path) -> list[str]:
     settings = record["settings"]
     lines = [
@@ -167,8 +172,8 @@ def quality_section(record: dict, source: Path, charts: Path, report: Path) -> l
         f"- Device: {record['device']}. Each run: {settings['steps']} steps of {settings['batch_size']} x "
         f"{settings['max_length']} tokens ({record['tokens_per_run']:,} tokens), cosine schedule, seeds "
         f"{settings['seeds']}; one tokenizer per study; the embedded stdlib-docstring corpus.",
-        "- Validation loss: token-weighted cross-entropy over the validation split (fixed masks for the encoders), "
-        "mean +- standard deviation over seeds, (min-max) in brackets.",
+        f"- Validation loss: {record.get('score', EARLIER_SCORE)}; mean +- standard deviation over seeds, (min-max) "
+        "in brackets.",
         "",
         "| study | model | parameters (active) | validation loss | perplexity |",
         "|---|---|---|---|---|",

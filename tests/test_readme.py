@@ -18,7 +18,7 @@ PYTHON_BLOCKS = re.findall(r"^```python\n(.*?)^```", README, re.M | re.S)
 PROSE = re.sub(r"^```.*?^```", "", README, flags=re.M | re.S)
 # the repository's own top-level folders and files: a word starting with one of them is a path in the repository
 TOP_LEVEL = {"hf_tfm", "hf_tfm_cli", "tests", "benchmarks", "examples", "docs", ".ci", "configs", "model_cards"}
-TOP_FILES = {"Makefile", "pyproject.toml", "README.md"}
+TOP_FILES = {"Makefile", "pyproject.toml", "README.md", "CONTRIBUTING.md", "CHANGELOG.md", "LICENSE"}
 
 
 def _words() -> list[str]:

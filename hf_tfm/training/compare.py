@@ -24,10 +24,9 @@ from hf_tfm_cli.spec import RunSpec
 
 from ..hub.card import RUN_RECORD, active_parameters
 from ..model.modeling_tfm_loading import AUTO_CLASSES
-from . import tokenizers
 from .callbacks import logged
 from .run import LOG, data_settings, fresh_config, load_config, resolve_model, run_data, train
-from .tasks import TASKS
+from .tasks import TASKS, trained_tokenizer
 
 
 @dataclass(frozen=True)
@@ -123,9 +122,15 @@ def reference_config(name: str, task: str, like, target: int, tokenizer, max_len
         raise ValueError(
             f"reference {name!r} trains {reference.task}, not {task}: compare it under --task {reference.task}"
         )
-    special = {"vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id}
+    # the run's tokenizer's ids: a reference's defaults (GPT-2's 50256) lie outside a smaller vocabulary
+    special = {
+        "vocab_size": len(tokenizer),
+        "pad_token_id": tokenizer.pad_token_id,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+    }
     if task == "seq2seq":  # decoding starts from the padding token, as hf_tfm's encoder-decoders do
-        special |= {"decoder_start_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id}
+        special["decoder_start_token_id"] = tokenizer.pad_token_id
     config_class = getattr(transformers, reference.config_class)
 
     def config(size: int):
@@ -184,10 +189,7 @@ def compare(base: RunSpec, models: list[str], seeds: list[int], output: str | Pa
     data = run_data(base.task, data_settings(base))
     tokenizer_folder = output / "tokenizer"
     if not tokenizer_folder.is_dir():
-        texts = TASKS[base.task].texts(data["train"])
-        tokenizers.train_tokenizer(texts, TASKS[base.task].tokenizer, base.vocab_size).save_pretrained(
-            tokenizer_folder
-        )
+        trained_tokenizer(base.task, data["train"], base.vocab_size).save_pretrained(tokenizer_folder)
     tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_folder)
 
     configs, paths = {}, {}
@@ -261,7 +263,8 @@ def summary(entry: Entry, total: int, active: int, runs: list[dict], curves: lis
             for name, values in metrics.items()
         },
         "tokens_per_second": statistics.fmean(tokens / run["seconds"] for run in runs),  # whole run, evaluations in
-        "peak_memory_bytes": max(peak["bytes"] for peak in peaks) if len(peaks) == len(runs) else None,
+        # the least over the seeds: the first run of a process also pays its one-time allocations
+        "peak_memory_bytes": min(peak["bytes"] for peak in peaks) if len(peaks) == len(runs) else None,
         "peak_memory_measure": peaks[0]["measure"] if len(peaks) == len(runs) else None,
         "curves": curves,
     }
@@ -289,7 +292,9 @@ def table(record: dict) -> str:
             + f" | {row['tokens_per_second']:,.0f} | {memory} |"
         )
     measures = sorted({row["peak_memory_measure"] for row in record["models"] if row["peak_memory_measure"]})
-    note = f"\nPeak memory: the most that training added to the weights, at any seed ({', '.join(measures)}).\n"
+    note = (
+        f"\nPeak memory: the most that training added to the weights, least over the seeds ({', '.join(measures)}).\n"
+    )
     return "\n".join(lines) + "\n" + (note if measures else "")
 
 

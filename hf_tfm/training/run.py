@@ -38,7 +38,6 @@ from ..compat import checkpointing_argument, load_trainer_checkpoint
 from ..hub.card import RUN_RECORD, read_run_record, write_card_from_run
 from ..model.modeling_tfm_loading import AUTO_CLASSES
 from ..presets import preset_path
-from . import tokenizers
 from .callbacks import CSVLogCallback, RouterBiasCallback, RouterStatsCallback
 from .checkpoints import (
     WEIGHT_FILES,
@@ -62,6 +61,7 @@ from .tasks import (
     label_names,
     task_for_architecture,
     tokenize,
+    trained_tokenizer,
 )
 
 # files of a run's output folder besides checkpoints/, model/ and tokenizer/
@@ -577,8 +577,7 @@ def run_tokenizer(spec: RunSpec, output: Path, config_path: Path, pretrained: bo
         elif pretrained:
             tokenizer = load_tokenizer(config_path)
         else:
-            texts = TASKS[spec.task].texts(data["train"])
-            tokenizer = tokenizers.train_tokenizer(texts, TASKS[spec.task].tokenizer, spec.vocab_size)
+            tokenizer = trained_tokenizer(spec.task, data["train"], spec.vocab_size)
         tokenizer.save_pretrained(saved)
     return tokenizer
 

@@ -20,6 +20,7 @@ from transformers import (
 )
 
 from .metrics import classification_metrics, classification_scores, generation_metrics, generation_scores
+from .tokenizers import train_tokenizer
 
 MLM_PROBABILITY = 0.15
 
@@ -287,6 +288,12 @@ def tokenize(task: str, data, tokenizer, max_length: int, labels: list[str] | No
         )
     encode = partial(record.encode, tokenizer, max_length=max_length, labels=labels)
     return data.map(encode, batched=True, remove_columns=list(record.columns))
+
+
+def trained_tokenizer(task: str, train_split, vocab_size: int):
+    """A fresh model's tokenizer: the task's kind (BPE for causal LMs, WordPiece for encoders, ...) trained on the
+    training split's texts."""
+    return train_tokenizer(TASKS[task].texts(train_split), TASKS[task].tokenizer, vocab_size)
 
 
 def collator(task: str, tokenizer, model=None):
