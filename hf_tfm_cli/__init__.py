@@ -46,7 +46,7 @@ gpt2 (causal-lm), bert (masked-lm), t5 or bart (seq2seq), sized to the parameter
     "convert": """examples:
   hf-tfm convert path/to/gpt2 runs/tfm-from-gpt2      # a saved folder of any family hf_tfm converts -> hf_tfm
   hf-tfm convert runs/tfm-from-gpt2 runs/back --to gpt2
-families (config.json model_type, and --to): the converter table in README.md, or python -m hf_tfm.convert.families""",
+families (config.json model_type, and --to): python -m hf_tfm.convert.families lists them""",
     "upcycle": """examples:
   hf-tfm upcycle runs/demo/causal-lm/model runs/demo-moe --num-experts 8 --top-k 2""",
     "verify": """examples:

@@ -110,7 +110,7 @@ class RunSpec:
     model: str = option(
         "llama-1.3m",
         group="run",
-        help="a preset name (e.g. llama-1.3m, see README), a config.json file, or a model folder to fine-tune",
+        help="a preset name (e.g. llama-1.3m, see docs/models.md), a config.json file, or a model folder to fine-tune",
     )
     output_dir: str = option("runs/train", group="run")
     data: str | None = option(

@@ -173,15 +173,15 @@ def test_every_command_the_parser_offers_runs_something():
 
 def test_convert_table_is_the_registry():
     """One table: the registry. The torch-free parser keeps no copy of the family names (the command checks --to
-    against the registry), and README's converter table is the one the registry writes
+    against the registry), and the conversion guide's table is the one the registry writes
     (`python -m hf_tfm.convert.families`)."""
     convert = build_parser()._subparsers._group_actions[0].choices["convert"]
     assert next(a for a in convert._actions if a.dest == "to").choices is None
-    readme = (REPO / "README.md").read_text()
-    assert families_table() in readme, (
-        "README's converter table is not the registry's: python -m hf_tfm.convert.families"
+    guide = (REPO / "docs" / "convert.md").read_text()
+    assert families_table() in guide, (
+        "docs/convert.md's converter table is not the registry's: python -m hf_tfm.convert.families"
     )
-    assert f"--to {'|'.join(FAMILIES)}]" in readme
+    assert f"--to {'|'.join(FAMILIES)}]" in guide
 
 
 @pytest.mark.parametrize(

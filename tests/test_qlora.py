@@ -6,7 +6,7 @@ transformers' bitsandbytes integration quantises `nn.Linear` layers only, so a M
 experts, most of its bytes, in full precision; hf_tfm quantises them after the load with bitsandbytes' parameter
 quantisation and the configuration's 4-bit type. 8-bit has no such path and is refused for an MoE model unless the
 experts are named to stay full precision. Memory of the loaded models: `test_memory_of_the_loaded_models` prints it
-(pytest -s), the figures are in the README."""
+(pytest -s), the figures are in docs/serving.md."""
 
 import pytest
 import torch

@@ -1,5 +1,6 @@
-"""README.md as a first-time user reads it: every Python snippet runs as written (from an empty folder, offline),
-every repository path, test and module it names exists."""
+"""README.md and the guides in docs/ as a first-time user reads them: every Python snippet runs as written (from an
+empty folder, offline), every repository path, test and module they name exists, every link resolves, and the
+guides document every config field."""
 
 import importlib
 import importlib.util
@@ -13,9 +14,18 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-README = (REPO / "README.md").read_text()
-PYTHON_BLOCKS = re.findall(r"^```python\n(.*?)^```", README, re.M | re.S)
-PROSE = re.sub(r"^```.*?^```", "", README, flags=re.M | re.S)
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]  # what a user reads, front page first
+TEXTS = {page.relative_to(REPO).as_posix(): page.read_text() for page in PAGES}
+TEXT = "\n".join(TEXTS.values())  # every page, for what any of them names
+# (page, its n-th snippet, the snippet)
+PYTHON_BLOCKS = [
+    (name, index, block)
+    for name, text in TEXTS.items()
+    for index, block in enumerate(re.findall(r"^```python\n(.*?)^```", text, re.M | re.S))
+]
+PROSES = [re.sub(r"^```.*?^```", "", text, flags=re.M | re.S) for text in TEXTS.values()]  # each page's, apart
+# the Markdown files whose links must resolve: the pages, and the repository's other documents
+LINKED = [*PAGES, *(REPO / name for name in ("CONTRIBUTING.md", "CHANGELOG.md", "benchmarks/README.md"))]
 # the repository's own top-level folders and files: a word starting with one of them is a path in the repository
 TOP_LEVEL = {"hf_tfm", "hf_tfm_cli", "tests", "benchmarks", "examples", "docs", ".ci", "configs", "model_cards"}
 TOP_FILES = {"Makefile", "pyproject.toml", "README.md", "CONTRIBUTING.md", "CHANGELOG.md", "LICENSE"}
@@ -23,7 +33,8 @@ TOP_FILES = {"Makefile", "pyproject.toml", "README.md", "CONTRIBUTING.md", "CHAN
 
 def _words() -> list[str]:
     """Every whitespace-separated word inside a `code span`, and every link target."""
-    spans = re.findall(r"`([^`]+)`", PROSE) + re.findall(r"\]\(([^)\s]+)\)", PROSE)
+    spans = [span for prose in PROSES for span in re.findall(r"`([^`]+)`", prose)]
+    spans += [target for prose in PROSES for target in re.findall(r"\]\(([^)\s#]+)", prose)]  # without the anchor
     return [word.split("(")[0].rstrip(".,;:)'\"").lstrip("'\"") for span in spans for word in span.split()]
 
 
@@ -50,16 +61,55 @@ def module_names() -> list[str]:
 
 
 def test_readme_names_paths_and_modules():
-    """Guards the extraction itself: the README names many paths, tests and modules."""
-    assert len(PYTHON_BLOCKS) >= 1
+    """Guards the extraction itself: the pages name many paths, tests and modules, and hold snippets."""
+    assert {name for name, _, _ in PYTHON_BLOCKS} >= {"README.md", "docs/models.md", "docs/convert.md"}
     assert "tests/test_config.py" in repository_paths() and "examples/train_seq2seq.py" in repository_paths()
     assert "hf_tfm.convert.upcycle.upcycle" in module_names()
+    assert len(TEXT.splitlines()) > 5 * len(TEXTS["README.md"].splitlines())  # the guides hold the detail
+
+
+def test_readme_is_a_front_page():
+    """README.md leads with the two commands and stays a page a reader takes in at once; the detail is in docs/."""
+    front = TEXTS["README.md"]
+    assert len(front.splitlines()) <= 160
+    commands = re.search(r"^```bash\n(.*?)^```", front, re.M | re.S).group(1).splitlines()
+    assert [line.split()[:2] for line in commands] == [["make", "run"], ["make", "test"]]
+    assert all(f"(docs/{page.name})" in front for page in PAGES[1:]), "a guide the front page does not link"
+
+
+def links() -> list[tuple[str, str]]:
+    """(file, link target) for every relative Markdown link of the linked documents."""
+    found = []
+    for document in LINKED:
+        prose = re.sub(r"^```.*?^```", "", document.read_text(), flags=re.M | re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", prose):
+            if not re.match(r"[a-z]+://", target):
+                found.append((document.relative_to(REPO).as_posix(), target))
+    return found
+
+
+def heading_anchors(text: str) -> set[str]:
+    """The anchors GitHub (and mkdocs) give a page's headings: lowercase, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"^```.*?^```", "", text, flags=re.M | re.S)
+    return {
+        re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        for heading in re.findall(r"^#+ (.*)$", text, re.M)
+    }
+
+
+@pytest.mark.parametrize("document, target", links())
+def test_readme_link_resolves(document, target):
+    file, _, anchor = target.partition("#")
+    path = (REPO / document).parent / file if file else REPO / document
+    assert path.exists(), f"{document} links {target}: no such file"
+    if anchor:
+        assert anchor in heading_anchors(path.read_text()), f"{document} links {target}: no such heading"
 
 
 @pytest.mark.parametrize("path", repository_paths())
 def test_readme_path_exists(path):
     file, _, test_name = path.partition("::")
-    assert (REPO / file).exists(), f"README.md names {file}, which does not exist"
+    assert (REPO / file).exists(), f"the pages name {file}, which does not exist"
     if test_name:
         assert re.search(rf"^def {re.escape(test_name)}\(", (REPO / file).read_text(), re.M), f"no {path}"
 
@@ -75,29 +125,29 @@ def test_readme_module_exists(name):
         except ModuleNotFoundError:
             continue
     else:
-        pytest.fail(f"README.md names {name}: no such module")
+        pytest.fail(f"the pages name {name}: no such module")
     target = importlib.import_module(module_name) if end < len(parts) else None
     for attribute in parts[end:]:
-        assert hasattr(target, attribute), f"README.md names {name}: {module_name} has no {attribute}"
+        assert hasattr(target, attribute), f"the pages name {name}: {module_name} has no {attribute}"
         target = getattr(target, attribute)
 
 
-@pytest.mark.parametrize("index", range(len(PYTHON_BLOCKS)))
-def test_readme_python_snippet_runs_as_written(index, tmp_path):
+@pytest.mark.parametrize("page, index, snippet", PYTHON_BLOCKS, ids=[f"{p}-{i + 1}" for p, i, _ in PYTHON_BLOCKS])
+def test_readme_python_snippet_runs_as_written(page, index, snippet, tmp_path):
     """From an empty folder, offline, with the installed hf_tfm (not the checkout on sys.path). A `print(...)` line
     whose comment shows the output must print it."""
-    snippet = PYTHON_BLOCKS[index]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules"), "PYTHONPATH": ""}
     result = subprocess.run(
         [sys.executable, "-c", snippet], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
     )
-    assert result.returncode == 0, f"README snippet {index + 1} fails:\n{result.stderr[-3000:]}"
+    assert result.returncode == 0, f"{page} snippet {index + 1} fails:\n{result.stderr[-3000:]}"
     for expected in re.findall(r"^print\(.*\)\s+#\s*(.+?)\s*$", snippet, re.M):
-        assert expected in result.stdout, f"README snippet {index + 1} prints {result.stdout!r}, not {expected!r}"
+        assert expected in result.stdout, f"{page} snippet {index + 1} prints {result.stdout!r}, not {expected!r}"
 
 
 def test_readme_documents_every_config_field():
-    """The config tables name every field an hf_tfm config adds to transformers' PreTrainedConfig."""
+    """The guides' config tables (docs/models.md, docs/moe.md) name every field an hf_tfm config adds to
+    transformers' PreTrainedConfig."""
     import dataclasses
 
     from transformers import PreTrainedConfig
@@ -106,4 +156,5 @@ def test_readme_documents_every_config_field():
 
     inherited = {field.name for field in dataclasses.fields(PreTrainedConfig)}
     fields = [field.name for field in dataclasses.fields(TfmEncoderDecoderConfig) if field.name not in inherited]
-    assert [name for name in fields if f"`{name}`" not in README] == []
+    tables = TEXTS["docs/models.md"] + TEXTS["docs/moe.md"]
+    assert [name for name in fields if f"`{name}`" not in tables] == []

@@ -114,7 +114,8 @@ class Family:
     (reference name -> hf_tfm name); `fixed` what the family always is in hf_tfm terms; `unread` the reference
     fields its models never read (with the reason), which the round-trip check does not compare (`our_unread`: the
     hf_tfm fields, on the way back); `weights` the state-dict layout; `summary` the hf_tfm options the family needs,
-    for README's table; `preset` the small member's reference config fields (`hf_tfm/convert/family_presets.py`);
+    for the converter table (docs/convert.md); `preset` the small member's reference config fields
+    (`hf_tfm/convert/family_presets.py`);
     `tiny` the reference config fields of the family's tiny test model (`tests/support/families.py`), every option
     its usual checkpoint uses switched on;
     `pair` the benchmark pairing (`benchmarks/pairs.py`: config `defaults`, and the `attention` and
@@ -143,7 +144,7 @@ class Family:
     classes: dict[str, str]
     config_class: str
     fields: dict[str, str]
-    summary: str = ""  # what README's table says the hf_tfm side uses (sliding window, MoE...)
+    summary: str = ""  # what the converter table says the hf_tfm side uses (sliding window, MoE...)
     fixed: dict = field(default_factory=dict)
     unread: dict[str, str] = field(default_factory=dict)
     our_unread: dict[str, str] = field(default_factory=dict)
