@@ -15,7 +15,7 @@ MODEL_TESTS := tests/test_compat.py tests/test_config.py tests/test_modeling.py 
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup run test lint test-lean test-min test-matrix test-vllm test-llama-cpp test-torch bench-gpu bench-gpu-inference bench-gpu-all
+.PHONY: setup run test lint docs browser test-lean test-min test-matrix test-vllm test-llama-cpp test-torch bench-gpu bench-gpu-inference bench-gpu-all
 
 $(BIN)/hf-tfm: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,8 +29,20 @@ setup: $(BIN)/hf-tfm
 run: setup
 	$(BIN)/hf-tfm demo --output-dir runs/demo $(DEMO_ARGS)
 
-test: setup
+test: setup browser
 	$(BIN)/python -m pytest -n 2 -q tests
+
+# The documentation site, strict (a broken link or reference fails): README as its home page, the guides in docs/,
+# the API reference from the docstrings. Open build/site/index.html.
+docs: setup
+	$(BIN)/mkdocs build --strict --site-dir build/site
+
+# The headless browser tests/test_docs_site.py opens the site in: Debian's chromium where apt can install it; where
+# it cannot, the set-up goes on and that test is skipped, saying why.
+browser:
+	@command -v chromium > /dev/null || (command -v apt-get > /dev/null && [ "$$(id -u)" = 0 ] && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium > /dev/null) || \
+		echo "chromium is not installed (needs apt-get as root): the documentation site's browser check is skipped"
 
 lint: setup
 	$(BIN)/ruff check .

@@ -36,6 +36,7 @@ def configs_folder() -> Path:
 
 
 def preset_names() -> list[str]:
+    """The presets' names, sorted (`configs/<name>/config.json`; the table is in docs/models.md)."""
     return sorted(entry.name for entry in configs_folder().iterdir() if (entry / "config.json").is_file())
 
 

@@ -25,7 +25,11 @@ PYTHON_BLOCKS = [
 ]
 PROSES = [re.sub(r"^```.*?^```", "", text, flags=re.M | re.S) for text in TEXTS.values()]  # each page's, apart
 # the Markdown files whose links must resolve: the pages, and the repository's other documents
-LINKED = [*PAGES, *(REPO / name for name in ("CONTRIBUTING.md", "CHANGELOG.md", "benchmarks/README.md"))]
+LINKED = [
+    *PAGES,
+    *(REPO / name for name in ("CONTRIBUTING.md", "CHANGELOG.md", "benchmarks/README.md", "benchmarks/NOTES.md")),
+    REPO / "configs" / "accelerate" / "README.md",
+]
 # the repository's own top-level folders and files: a word starting with one of them is a path in the repository
 TOP_LEVEL = {"hf_tfm", "hf_tfm_cli", "tests", "benchmarks", "examples", "docs", ".ci", "configs", "model_cards"}
 TOP_FILES = {"Makefile", "pyproject.toml", "README.md", "CONTRIBUTING.md", "CHANGELOG.md", "LICENSE"}

@@ -427,6 +427,9 @@ class TfmDecoderHead(TfmHead):
 
 
 class TfmDecoderForCausalLM(TfmDecoderHead, TfmGenerationMixin):
+    """A decoder with its LM head, like `LlamaForCausalLM` and `GPT2LMHeadModel`: next-token logits, the shifted
+    loss with `labels`, and `generate()`."""
+
     task_layer = "lm_head"
     output_class = MoeCausalLMOutputWithPast
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
@@ -562,6 +565,9 @@ class TfmEncoderHead(TfmHead):
 
 
 class TfmEncoderForMaskedLM(TfmEncoderHead):
+    """An encoder with BERT's masked-LM head (`BertForMaskedLM`): logits per token, the loss over the positions
+    `labels` scores."""
+
     task_layer = "lm_head"
     output_class = TfmMaskedLMOutput
     _tied_weights_keys = {"lm_head.decoder.weight": "model.embed_tokens.weight"}
@@ -602,6 +608,8 @@ class TfmEncoderForSequenceClassification(TfmSequenceClassification, TfmEncoderH
 
 
 class TfmEncoderForTokenClassification(TfmTokenClassification, TfmEncoderHead):
+    """A label per token from an encoder, like `BertForTokenClassification`."""
+
     task_layer = "classifier"  # BERT's name
 
 
@@ -645,6 +653,8 @@ class TfmEncoderForPreTraining(TfmEncoderHead):
 
 
 class TfmEncoderForQuestionAnswering(TfmQuestionAnswering, TfmEncoderHead):
+    """Extractive QA from an encoder, like `BertForQuestionAnswering`: start and end logits per token."""
+
     @can_return_tuple
     def forward(
         self,
@@ -680,6 +690,9 @@ def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_to
 
 
 class TfmEncoderDecoderForConditionalGeneration(TfmHead, TfmGenerationMixin):
+    """An encoder-decoder with its LM head, like `T5ForConditionalGeneration` and `BartForConditionalGeneration`:
+    `labels` are shifted right behind `decoder_start_token_id` for the decoder's inputs; `generate()` decodes."""
+
     config: TfmEncoderDecoderConfig
     task_layer = "lm_head"
     output_class = Seq2SeqMoEOutput

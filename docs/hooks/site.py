@@ -1,0 +1,71 @@
+"""mkdocs hooks: the site holds the guides in docs/ and, as pages of their own, the repository's documents they link
+(README.md as the home page, CONTRIBUTING.md, CHANGELOG.md, benchmarks' README, REPORT and NOTES, the launch files'
+README, with the report's charts and the license). Links are written for the repository (GitHub renders them as
+they are); here each is rewritten to where its target lands on the site.
+"""
+
+import posixpath
+import re
+from pathlib import Path
+
+from mkdocs.structure.files import File
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+# repository path -> site path of the documents outside docs/ that the site holds
+OUTSIDE = {
+    "README.md": "index.md",
+    "CONTRIBUTING.md": "CONTRIBUTING.md",
+    "CHANGELOG.md": "CHANGELOG.md",
+    "LICENSE": "LICENSE.txt",
+    "benchmarks/README.md": "benchmarks/README.md",
+    "benchmarks/REPORT.md": "benchmarks/REPORT.md",
+    "benchmarks/NOTES.md": "benchmarks/NOTES.md",
+    "configs/accelerate/README.md": "configs/accelerate/README.md",
+}
+LINK = re.compile(r"(\]\()([^)\s#]+)((?:#[^)\s]*)?\))")
+
+
+def charts() -> dict[str, str]:
+    """The report's charts, at the same place beside it."""
+    report = (REPOSITORY / "benchmarks" / "REPORT.md").read_text()
+    return {f"benchmarks/{name}": f"benchmarks/{name}" for name in re.findall(r"\]\((charts/[^)]+\.png)\)", report)}
+
+
+def on_files(files, config):
+    for repository_path, site_path in {**OUTSIDE, **charts()}.items():
+        source = REPOSITORY / repository_path
+        content = source.read_text() if site_path.endswith((".md", ".txt")) else source.read_bytes()
+        files.append(File.generated(config, site_path, content=content))
+    return files
+
+
+def repository_path(site_path: str) -> str:
+    """Where a site page's source lives in the repository."""
+    inverse = {site: repository for repository, site in {**OUTSIDE, **charts()}.items()}
+    return inverse.get(site_path, f"docs/{site_path}")
+
+
+def site_path(path: str) -> str | None:
+    """Where a repository file lands on the site; None for one the site does not hold."""
+    if path in OUTSIDE:
+        return OUTSIDE[path]
+    if path.startswith("docs/"):
+        return path.removeprefix("docs/")
+    return charts().get(path)
+
+
+def on_page_markdown(markdown, page, config, files):
+    here = repository_path(page.file.src_uri)
+
+    def rewrite(match: re.Match) -> str:
+        target = match.group(2)
+        if re.match(r"[a-z]+:", target):  # an address
+            return match.group(0)
+        path = posixpath.normpath(posixpath.join(posixpath.dirname(here), target))
+        landed = site_path(path)
+        if landed is None:  # a file the site does not hold: left as it is, for the strict build to name
+            return match.group(0)
+        relative = posixpath.relpath(landed, posixpath.dirname(page.file.src_uri) or ".")
+        return match.group(1) + relative + match.group(3)
+
+    return LINK.sub(rewrite, markdown)
