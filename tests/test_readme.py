@@ -162,3 +162,10 @@ def test_readme_documents_every_config_field():
     fields = [field.name for field in dataclasses.fields(TfmEncoderDecoderConfig) if field.name not in inherited]
     tables = TEXTS["docs/models.md"] + TEXTS["docs/moe.md"]
     assert [name for name in fields if f"`{name}`" not in tables] == []
+
+
+def test_the_backend_table_is_the_rules():
+    """docs/models.md's table of what each backend refuses is the one `python -m hf_tfm.tables` prints."""
+    from hf_tfm.tables import backends_table
+
+    assert backends_table() in TEXTS["docs/models.md"], "docs/models.md's table is stale: python -m hf_tfm.tables"

@@ -74,8 +74,8 @@ RULES = (
         everything_but(*BIAS_BACKENDS),
         "position_embedding_type",
         lambda config: config.position_embedding_type in ("alibi", "relative_bias"),
-        "it adds a bias to the attention scores, which this backend cannot take; use eager, sdpa or "
-        "flex_attention, or position_embedding_type='rope'",
+        "alibi and relative_bias add a bias to the attention scores, which this backend cannot take; use eager, "
+        "sdpa or flex_attention, or position_embedding_type='rope'",
     ),
     Rule(
         everything_but("eager", "sdpa"),
