@@ -166,16 +166,17 @@ def run_study(profile: dict, name: str, folder: Path) -> tuple[list[dict], list[
     compared = compare(base_spec(profile, study), list(models), profile["seeds"], folder)
     summary, runs = [], []
     for row in compared["models"]:
-        losses = row["metrics"]["loss"]["values"]
+        loss = row["metrics"]["loss"]  # compare's mean and range over the seeds
+        losses = loss["values"]
         summary.append(
             {
                 "study": name,
                 "model": models[row["label"]],
                 "seeds": len(losses),
-                "mean_loss": statistics.fmean(losses),
+                "mean_loss": loss["mean"],
                 "std_loss": statistics.stdev(losses) if len(losses) > 1 else 0.0,
-                "min_loss": min(losses),
-                "max_loss": max(losses),
+                "min_loss": loss["min"],
+                "max_loss": loss["max"],
                 "perplexity": row["metrics"]["perplexity"]["mean"],
                 "parameters": row["parameters"],
                 "active_parameters": row["active_parameters"],
@@ -183,9 +184,10 @@ def run_study(profile: dict, name: str, folder: Path) -> tuple[list[dict], list[
                 "peak_memory_bytes": row["peak_memory_bytes"],
             }
         )
-        for seed, loss, curve in zip(profile["seeds"], losses, row["curves"]):
-            runs.append({"study": name, "model": models[row["label"]], "seed": seed, "validation_loss": loss,
-                         "curve": curve})  # fmt: skip
+        for seed, value, curve in zip(profile["seeds"], losses, row["curves"]):
+            runs.append(
+                {"study": name, "model": models[row["label"]], "seed": seed, "validation_loss": value, "curve": curve}
+            )
     return summary, runs
 
 

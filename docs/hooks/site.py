@@ -23,6 +23,7 @@ OUTSIDE = {
     "configs/accelerate/README.md": "configs/accelerate/README.md",
 }
 LINK = re.compile(r"(\]\()([^)\s#]+)((?:#[^)\s]*)?\))")
+HELD: dict[str, str] = {}  # repository path -> site path of every file outside docs/ the site holds, set by on_files
 
 
 def charts() -> dict[str, str]:
@@ -32,7 +33,9 @@ def charts() -> dict[str, str]:
 
 
 def on_files(files, config):
-    for repository_path, site_path in {**OUTSIDE, **charts()}.items():
+    HELD.clear()
+    HELD.update({**OUTSIDE, **charts()})
+    for repository_path, site_path in HELD.items():
         source = REPOSITORY / repository_path
         content = source.read_text() if site_path.endswith((".md", ".txt")) else source.read_bytes()
         files.append(File.generated(config, site_path, content=content))
@@ -41,17 +44,15 @@ def on_files(files, config):
 
 def repository_path(site_path: str) -> str:
     """Where a site page's source lives in the repository."""
-    inverse = {site: repository for repository, site in {**OUTSIDE, **charts()}.items()}
+    inverse = {site: repository for repository, site in HELD.items()}
     return inverse.get(site_path, f"docs/{site_path}")
 
 
 def site_path(path: str) -> str | None:
     """Where a repository file lands on the site; None for one the site does not hold."""
-    if path in OUTSIDE:
-        return OUTSIDE[path]
-    if path.startswith("docs/"):
-        return path.removeprefix("docs/")
-    return charts().get(path)
+    if path in HELD:
+        return HELD[path]
+    return path.removeprefix("docs/") if path.startswith("docs/") else None
 
 
 def on_page_markdown(markdown, page, config, files):

@@ -252,7 +252,9 @@ def summary(entry: Entry, total: int, active: int, runs: list[dict], curves: lis
         for result in run["results"]:
             metrics.setdefault(result["metric"], []).append(result["value"])
     tokens = budget(base)["tokens"]
+    # every seed's, or none: a run read back from before peaks were recorded leaves the model's unmeasured
     peaks = [run["peak_memory"] for run in runs if run.get("peak_memory")]
+    peaks = peaks if len(peaks) == len(runs) else []
     return {
         "label": entry.label,
         "reference": entry.reference,
@@ -264,8 +266,8 @@ def summary(entry: Entry, total: int, active: int, runs: list[dict], curves: lis
         },
         "tokens_per_second": statistics.fmean(tokens / run["seconds"] for run in runs),  # whole run, evaluations in
         # the least over the seeds: the first run of a process also pays its one-time allocations
-        "peak_memory_bytes": min(peak["bytes"] for peak in peaks) if len(peaks) == len(runs) else None,
-        "peak_memory_measure": peaks[0]["measure"] if len(peaks) == len(runs) else None,
+        "peak_memory_bytes": min(peak["bytes"] for peak in peaks) if peaks else None,
+        "peak_memory_measure": peaks[0]["measure"] if peaks else None,
         "curves": curves,
     }
 
