@@ -45,6 +45,9 @@ def peak_memory(device: torch.device):
     elif device.type == "cpu" and STATUS.is_file() and resident_set_resettable():
         start = resident_set("VmRSS")
         yield measured
-        measured.update(bytes=resident_set("VmHWM") - start, measure="process resident set, high-water")
+        # at least 0 by definition: the kernel's resident-set counters are cached per thread, so a block that adds
+        # nothing can read a few pages below its start
+        added = max(0, resident_set("VmHWM") - start)
+        measured.update(bytes=added, measure="process resident set, high-water")
     else:
         yield measured
