@@ -23,6 +23,17 @@ PYTHON_BLOCKS = [
     for name, text in TEXTS.items()
     for index, block in enumerate(re.findall(r"^```python\n(.*?)^```", text, re.M | re.S))
 ]
+# (page, its n-th shell block, the block)
+SHELL_BLOCKS = [
+    (name, index, block)
+    for name, text in TEXTS.items()
+    for index, block in enumerate(re.findall(r"^```bash\n(.*?)^```", text, re.M | re.S))
+]
+# shell blocks the suite cannot run inside itself, each with the file that runs its commands instead
+RUN_ELSEWHERE = {
+    ("README.md", 0): ".ci/run",  # make test: CI runs it; make run: `hf-tfm demo`, test_main_job_smoke runs it
+    ("docs/serving.md", 0): "tests/support/vllm_serving.py",  # vLLM lives in its own venv (make test-vllm)
+}
 PROSES = [re.sub(r"^```.*?^```", "", text, flags=re.M | re.S) for text in TEXTS.values()]  # each page's, apart
 # the Markdown files whose links must resolve: the pages, and the repository's other documents
 LINKED = [
@@ -147,6 +158,63 @@ def test_readme_python_snippet_runs_as_written(page, index, snippet, tmp_path):
     assert result.returncode == 0, f"{page} snippet {index + 1} fails:\n{result.stderr[-3000:]}"
     for expected in re.findall(r"^print\(.*\)\s+#\s*(.+?)\s*$", snippet, re.M):
         assert expected in result.stdout, f"{page} snippet {index + 1} prints {result.stdout!r}, not {expected!r}"
+
+
+def shell_ids(blocks) -> list[str]:
+    return [f"{page}-{index + 1}" for page, index, _ in blocks]
+
+
+RUN_HERE = [block for block in SHELL_BLOCKS if block[:2] not in RUN_ELSEWHERE]
+
+
+@pytest.mark.parametrize("page, index, block", RUN_HERE, ids=shell_ids(RUN_HERE))
+def test_readme_shell_block_runs_as_written(page, index, block, tmp_path):
+    """In a folder laid out as the repository's root (its `examples`, `configs` and `benchmarks` linked in, since the
+    blocks are written for a clone), offline, with the installed `hf-tfm` and `python` first on PATH: every command
+    of the block succeeds (`set -euo pipefail`)."""
+    for folder in ("examples", "configs", "benchmarks"):
+        (tmp_path / folder).symlink_to(REPO / folder)
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "HF_MODULES_CACHE": str(tmp_path / "modules"),
+        "PYTHONPATH": "",
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "OMP_NUM_THREADS": "1",  # two processes share two cores: torch's spinning threads would slow both
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    result = subprocess.run(
+        ["bash", "-c", "set -euo pipefail\n" + block],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, (
+        f"{page} shell block {index + 1} fails:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
+    )
+
+
+ELSEWHERE = [block for block in SHELL_BLOCKS if block[:2] in RUN_ELSEWHERE]
+
+
+def test_every_block_not_run_here_exists():
+    assert sorted(RUN_ELSEWHERE) == sorted(block[:2] for block in ELSEWHERE)
+
+
+@pytest.mark.parametrize("page, index, block", ELSEWHERE, ids=shell_ids(ELSEWHERE))
+def test_readme_shell_block_not_run_here_runs_elsewhere(page, index, block):
+    """A block the suite cannot run inside itself (the set-up commands, a vLLM server): every option and `make`
+    target of the block appears in the file that runs it instead."""
+    runner = (REPO / RUN_ELSEWHERE[page, index]).read_text()
+    code = re.sub(r"#.*", "", block)
+    words = re.findall(r"(?<!\S)--[a-z-]+", code) + [f"make {target}" for target in re.findall(r"\bmake (\w+)", code)]
+    missing = [word for word in words if word not in runner and word != "make run"]
+    assert missing == [], f"{page} shell block {index + 1}: {RUN_ELSEWHERE[page, index]} does not run {missing}"
+    if "make run" in code:  # the main job (`hf-tfm demo`), which test_main_job_smoke runs at 1% of its steps
+        assert "hf-tfm demo" in (REPO / "Makefile").read_text()
+        assert "def test_main_job_smoke(" in (REPO / "tests" / "test_train.py").read_text()
 
 
 def test_readme_documents_every_config_field():

@@ -143,7 +143,7 @@ class TfmMaskedLMHead(nn.Module):
 def aligned_rows(table: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The head's weight or bias (a row per token) in the matmul's `dtype`, and in a 16-bit dtype with zero rows up to
     a multiple of 8: a [tokens, table] product then has 16-byte-aligned rows, which the GPU's tensor-core matmul
-    kernels need (GPT-2's 50257 tokens are not: unaligned kernels took 30 of a step's 108 ms on an H200, NOTES.md).
+    kernels need (GPT-2's 50257 tokens are not; benchmarks/NOTES.md measures what unaligned kernels cost).
     The zero rows' logits are never scored (the loss biases them to -inf, or slices capped logits short of them) and
     their gradients are dropped."""
     padding = -table.shape[0] % 8 if dtype.itemsize == 2 else 0
