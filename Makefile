@@ -15,7 +15,7 @@ MODEL_TESTS := tests/test_compat.py tests/test_config.py tests/test_modeling.py 
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup run test lint docs browser test-lean test-min test-matrix test-vllm test-llama-cpp test-torch bench-gpu bench-gpu-inference bench-gpu-all
+.PHONY: setup run test lint docs browser test-lean test-min test-matrix test-vllm test-llama-cpp test-torch bench-gpu bench-gpu-inference bench-gpu-nanogpt bench-gpu-all
 
 $(BIN)/hf-tfm: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -94,23 +94,30 @@ BENCH_GPU_ARGS := --train-only --pairs gpt2 llama bert t5 bart mixtral --compile
 bench-gpu:
 	PYTHONPATH=. PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 timeout 480 python3 -m benchmarks.speed --profile gpu $(BENCH_GPU_ARGS) $(BENCH_ARGS)
 
-# Second, where device time is left after bench-gpu: T5's forward (latency and memory, eager and compiled) and
-# T5's and GPT-2's generation (batch 1 and 64, dynamic and static cache), at most 6 minutes.
+# Last, where device time is left: GPT-2's generation (batch 1 and 64, dynamic and static cache; the static cache is
+# where generate() compiles the forward with CUDA graphs), then T5's forward (latency and memory, eager and compiled)
+# and generation, at most 6 minutes.
 # `make bench-gpu-inference BENCH_ARGS="--output $$OUT/gpu.json"` (into bench-gpu's file: each pair keeps both parts).
 # On an H200 (2026-11-27, the notes of benchmarks/results/gpu-2026-11-27-2.json) bench-gpu took about 227 s and these
-# rows 273 s once inductor's cache was warm; a first try at 240 s, cold, ended before T5's rows were written. Both fit
-# one 600 s device call, bench-gpu first: bench-gpu-all.
-BENCH_GPU_INFERENCE_ARGS := --inference-only --pairs t5 gpt2
+# rows 273 s once inductor's cache was warm; a first try at 240 s, cold, ended before T5's rows were written.
+BENCH_GPU_INFERENCE_ARGS := --inference-only --pairs gpt2 t5
 bench-gpu-inference:
 	PYTHONPATH=. PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 timeout 360 python3 -m benchmarks.speed --profile gpu $(BENCH_GPU_INFERENCE_ARGS) $(BENCH_ARGS)
 
-# Both in one device call with a 600 s limit (what the limit cuts off is the last pairs: each pair is written as it
-# ends), into one results file, $OUT/gpu.json ($OUT: the device's output folder, which make reads from the
-# environment); the inference rows join each pair's training rows. They run even when the training rows stopped at
-# their time limit. Commit the file as benchmarks/results/gpu-<date>.json.
+# GPT-2 124M in nanoGPT's setting (dropout 0, 50304 vocabulary rows, bf16 autocast, fused AdamW, 16 x 1024, compiled):
+# hf_tfm's model beside a nanoGPT-style model written in benchmarks/nanogpt_setting.py and GPT2LMHeadModel, in one
+# process: tokens/s, MFU, peak memory. Three compiles of a 124M model: about 2-3 minutes (not yet run on a GPU).
+bench-gpu-nanogpt:
+	PYTHONPATH=. PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 timeout 200 python3 -m benchmarks.nanogpt_setting --profile gpu $(BENCH_ARGS)
+
+# All three in one device call with a 600 s limit (what the limit cuts off is the last pairs: each pair is written as it
+# ends), into $OUT/gpu.json and $OUT/nanogpt.json ($OUT: the device's output folder, which make reads from the
+# environment); the inference rows join each pair's training rows. Each part runs even when the one before stopped at
+# its time limit. Commit the files as benchmarks/results/gpu-<date>.json and nanogpt-gpu-<date>.json.
 bench-gpu-all:
 	@test -n "$(OUT)" || { echo "bench-gpu-all writes into \$$OUT: set it to a folder"; exit 2; }
 	-$(MAKE) bench-gpu BENCH_ARGS="--output $(OUT)/gpu.json"
+	-$(MAKE) bench-gpu-nanogpt BENCH_ARGS="--output $(OUT)/nanogpt.json"
 	$(MAKE) bench-gpu-inference BENCH_ARGS="--output $(OUT)/gpu.json"
 
 # llama.cpp itself running hf_tfm's GGUF files (tests/support/llama_cpp_running.py), through llama-cpp-python in its own venv:

@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from benchmarks import chunked_loss, profile_gap, quality, report, speed, techniques
+from benchmarks import chunked_loss, nanogpt_setting, profile_gap, quality, report, speed, techniques
 from benchmarks.pairs import KINDS, PROFILES, build_pair, parameter_count, train_flops_per_token
 
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -260,7 +260,7 @@ def test_bench_gpu_runs_its_arguments_on_the_cpu(tmp_path):
             assert table["kernels"] > 0 and table["top"], (variant, side)
     # make bench-gpu-all: the inference rows join the same file and pair, beside the training rows
     recipe = makefile.split("\nbench-gpu-all:")[1].split("\n\n")[0]
-    assert recipe.count("--output $(OUT)/gpu.json") == 2
+    assert recipe.count("--output $(OUT)/gpu.json") == 2 and "bench-gpu-nanogpt" in recipe
     speed.main(["--profile", "smoke", "--inference-only", "--pairs", "gpt2", "--output", str(output)])
     pair = json.loads(output.read_text())["pairs"]["gpt2"]
     measures = [row["measure"] for row in pair["rows"]]
@@ -297,6 +297,28 @@ def test_bench_gpu_inference_runs_its_arguments_on_the_cpu(tmp_path, monkeypatch
     assert "generate batch 1" in measures
     assert not any(measure.startswith("train") for measure in measures)
     assert {row.get("variant") for row in pair["rows"] if row["measure"] == "forward latency"} == {"eager"}
+
+
+def test_nanogpt_setting_runs_on_the_cpu(tmp_path):
+    """`make bench-gpu-nanogpt` at the smoke shape on the CPU: the three models hold one function (the nanoGPT-style
+    model's weights copied from the reference, hf_tfm's converted), each trains compiled, and the record holds each
+    model's tokens/s, peak memory and the ratios the issue's targets read."""
+    makefile = (Path(__file__).parent.parent / "Makefile").read_text()
+    assert "python3 -m benchmarks.nanogpt_setting --profile gpu" in makefile.split("\nbench-gpu-nanogpt:")[1]
+    models = nanogpt_setting.build_models(nanogpt_setting.PROFILES["smoke"]["model"])
+    ids = torch.randint(0, 50257, (2, 16))
+    assert nanogpt_setting.largest_logit_difference(models, ids) < 1e-4
+    labels = ids.clone()
+    losses = [model.train()(input_ids=ids, labels=labels).loss for model in models.values()]
+    assert max(losses) - min(losses) < 1e-4, losses  # the same scored tokens: each token's successor
+    output = tmp_path / "nanogpt.json"
+    nanogpt_setting.main(["--profile", "smoke", "--output", str(output)])
+    record = json.loads(output.read_text())
+    assert set(record["models"]) == {"reference", "ours", "nanogpt_style"}
+    assert record["setting"]["vocabulary_rows"] == 50304 and record["max_logit_difference"] < 1e-4
+    for row in record["models"].values():
+        assert row["tokens_per_s"] > 0 and row["peak_memory_mib"] > 0 and row["mfu"] is None  # no MFU on a CPU
+    assert all(math.isfinite(ratio) and ratio > 0 for ratio in record["ratios"].values())
 
 
 def test_a_compiled_row_that_ran_eagerly_fails_loudly(monkeypatch):

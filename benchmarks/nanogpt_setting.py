@@ -1,0 +1,206 @@
+"""GPT-2 124M trained in nanoGPT's setting, compiled: hf_tfm's model, a minimal GPT written here in the style of
+nanoGPT's model, and transformers' `GPT2LMHeadModel`, side by side in one process on the same weights and batch.
+
+    python -m benchmarks.nanogpt_setting --profile gpu --output $OUT/nanogpt.json   # on an H100 / H200
+    python -m benchmarks.nanogpt_setting --profile smoke                            # the same code, tiny, on a CPU
+
+nanoGPT's setting: dropout 0, a vocabulary of 50304 rows (50257 tokens rounded up to a multiple of 64, as nanoGPT
+sets `vocab_size`), bf16 autocast over float32 weights, fused AdamW, 16 x 1024 tokens a step, every model through
+`torch.compile`. The three models compute one function (GPT-2's tanh GELU in all three; the largest logit difference
+is recorded), so the rows compare only how each runs it: training tokens/s (alternating medians, lowest and highest
+repeat too), MFU (nanoGPT's accounting, `train_flops_per_token`) and the training step's peak memory.
+
+`MiniGPT` is this repository's own code, written for this comparison: one block class with one fused q/k/v
+projection, `scaled_dot_product_attention(is_causal=True)`, the head tied to the token table, plain cross-entropy.
+"""
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from transformers import GPT2Config, GPT2LMHeadModel
+from transformers.modeling_outputs import CausalLMOutput
+
+from benchmarks.measure import alternating_medians, peak_bytes, ran_compiled, train_step_work, training_batch
+from benchmarks.pairs import train_flops_per_token
+from benchmarks.record import header, write
+from benchmarks.speed import peak_flops
+from hf_tfm.convert import to_tfm
+
+# the GPU shape is nanoGPT's GPT-2 124M run (block 1024, 12 x 768, 12 heads) at 16 sequences a step
+PROFILES = {
+    "gpu": dict(
+        device="cuda", model=dict(n_layer=12, n_head=12, n_embd=768), batch=16, length=1024, warmup=3, repeats=20
+    ),
+    "smoke": dict(device="cpu", model=dict(n_layer=2, n_head=4, n_embd=32), batch=2, length=16, warmup=1, repeats=3),
+}
+VOCABULARY_ROWS = 50304  # GPT-2's 50257 tokens rounded up to a multiple of 64, nanoGPT's choice
+
+
+@dataclass
+class MiniGPTConfig:
+    n_layer: int
+    n_head: int
+    n_embd: int
+    vocab_size: int
+    block_size: int
+
+
+class Block(nn.Module):
+    def __init__(self, config: MiniGPTConfig):
+        super().__init__()
+        self.n_head = config.n_head
+        self.ln_1 = nn.LayerNorm(config.n_embd)
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd)
+        self.ln_2 = nn.LayerNorm(config.n_embd)
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd)
+        self.mlp_proj = nn.Linear(4 * config.n_embd, config.n_embd)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, width = x.shape
+        q, k, v = self.c_attn(self.ln_1(x)).split(width, dim=2)
+        q, k, v = (t.view(batch, length, self.n_head, width // self.n_head).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.c_proj(y.transpose(1, 2).reshape(batch, length, width))
+        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+
+
+class MiniGPT(nn.Module):
+    """GPT-2 as nanoGPT writes it. `forward(input_ids, labels)` scores each token's successor, as transformers' causal
+    LMs do with `labels=input_ids`: the targets move one place left, the logits stay whole."""
+
+    def __init__(self, config: MiniGPTConfig):
+        super().__init__()
+        self.config = config
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.wpe = nn.Embedding(config.block_size, config.n_embd)
+        self.h = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.ln_f = nn.LayerNorm(config.n_embd)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> CausalLMOutput:
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        x = self.wte(input_ids) + self.wpe(positions)
+        for block in self.h:
+            x = block(x)
+        logits = self.lm_head(self.ln_f(x))
+        if labels is None:
+            return CausalLMOutput(logits=logits)
+        targets = F.pad(labels[:, 1:], (0, 1), value=-100)
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-100)
+        return CausalLMOutput(loss=loss, logits=logits)
+
+    @classmethod
+    def holding(cls, reference: GPT2LMHeadModel) -> "MiniGPT":
+        """A MiniGPT with `reference`'s weights (GPT-2's Conv1D layers hold their weights transposed)."""
+        config = reference.config
+        model = cls(MiniGPTConfig(config.n_layer, config.n_head, config.n_embd, config.vocab_size, config.n_positions))
+        source = reference.transformer
+        with torch.no_grad():
+            model.wte.weight.copy_(source.wte.weight)
+            model.wpe.weight.copy_(source.wpe.weight)
+            model.ln_f.load_state_dict(source.ln_f.state_dict())
+            for block, layer in zip(model.h, source.h):
+                block.ln_1.load_state_dict(layer.ln_1.state_dict())
+                block.ln_2.load_state_dict(layer.ln_2.state_dict())
+                pairs = [
+                    (block.c_attn, layer.attn.c_attn),
+                    (block.c_proj, layer.attn.c_proj),
+                    (block.c_fc, layer.mlp.c_fc),
+                    (block.mlp_proj, layer.mlp.c_proj),
+                ]
+                for linear, conv in pairs:
+                    linear.weight.copy_(conv.weight.t())
+                    linear.bias.copy_(conv.bias)
+        return model
+
+
+def build_models(shape: dict, seed: int = 0) -> dict[str, nn.Module]:
+    """The reference in nanoGPT's setting, hf_tfm's conversion of it and a MiniGPT holding the same weights."""
+    torch.manual_seed(seed)
+    config = GPT2Config(
+        vocab_size=VOCABULARY_ROWS, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, n_positions=1024, **shape
+    )
+    reference = GPT2LMHeadModel(config)
+    return {"reference": reference, "ours": to_tfm(reference), "nanogpt_style": MiniGPT.holding(reference)}
+
+
+def largest_logit_difference(models: dict, input_ids: torch.Tensor) -> float:
+    """How far hf_tfm's and MiniGPT's logits are from the reference's on the measured batch, in float32."""
+    with torch.inference_mode():
+        logits = {name: model(input_ids=input_ids).logits.float() for name, model in models.items()}
+    return max((logits[name] - logits["reference"]).abs().max().item() for name in ("ours", "nanogpt_style"))
+
+
+def run(profile_name: str, output: Path | None, command: str) -> dict:
+    profile = PROFILES[profile_name]
+    device = torch.device(profile["device"])
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    models = {name: model.to(device).train() for name, model in build_models(profile["model"]).items()}
+    inputs = training_batch("causal", 50257, profile["batch"], profile["length"], None, device)
+    difference = largest_logit_difference(models, inputs["input_ids"])
+    fused = {"fused": True} if device.type == "cuda" else {}
+    optimizers = {name: torch.optim.AdamW(model.parameters(), lr=1e-4, **fused) for name, model in models.items()}
+    torch._dynamo.reset()
+    work = {
+        name: train_step_work(torch.compile(model), inputs, optimizers[name], torch.bfloat16)
+        for name, model in models.items()
+    }
+    for name, call in work.items():  # compiles, outside the timed repeats
+        call()
+        if not ran_compiled(call, device):
+            raise RuntimeError(f"the compiled {name} model ran eagerly: dynamo did not compile it")
+    timed = alternating_medians(work, profile["warmup"], profile["repeats"], device)
+    tokens = inputs["input_ids"].numel()
+    flops = train_flops_per_token(models["reference"], profile["length"])  # one architecture: the same for all three
+    peak = peak_flops(device)
+    speed = {name: tokens / timed[name]["median_s"] for name in models}
+    rows = {
+        name: {
+            "tokens_per_s": speed[name],
+            "seconds": timed[name],
+            "mfu": speed[name] * flops / peak if peak else None,
+            "peak_memory_mib": peak_bytes(work[name], device) / 2**20,
+        }
+        for name in models
+    }
+    record = {
+        **header(profile_name, command, device),
+        "setting": {**profile, "vocabulary_rows": VOCABULARY_ROWS, "dropout": 0.0, "autocast": "bfloat16"},
+        "train_tokens_per_step": tokens,
+        "max_logit_difference": difference,
+        "models": rows,
+        "ratios": {
+            "ours_over_nanogpt_style_tokens_per_s": speed["ours"] / speed["nanogpt_style"],
+            "ours_over_reference_tokens_per_s": speed["ours"] / speed["reference"],
+        },
+    }
+    for name, row in rows.items():
+        mfu = f"{row['mfu']:.1%}" if row["mfu"] is not None else "-"
+        memory = row["peak_memory_mib"]
+        print(f"{name:14s} {row['tokens_per_s']:12,.0f} tokens/s  MFU {mfu:>6s}  peak {memory:9.1f} MiB")
+    print(f"max logit difference {difference:.3g}; ratios {record['ratios']}", flush=True)
+    write(record, f"nanogpt-{profile_name}", output)
+    return record
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="gpu")
+    parser.add_argument("--output", type=Path, help="default: benchmarks/results/nanogpt-<profile>-<date>.json")
+    args = parser.parse_args(argv)
+    if PROFILES[args.profile]["device"] == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"error: profile {args.profile!r} needs a CUDA device and none is visible")
+    run(args.profile, args.output, "python -m benchmarks.nanogpt_setting " + " ".join(argv or sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    main()
