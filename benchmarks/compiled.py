@@ -49,7 +49,9 @@ from benchmarks.trace import FusedAttention, autocast_policy
 
 def count_inductor_bytes() -> None:
     """Make inductor count the bytes of every graph it compiles (it does when its metrics log is on), without
-    printing that log."""
+    printing that log. Its caches are turned off: a graph that a process without the log compiled earlier (a timed
+    run at the same shape) comes back from the cache with no bytes counted."""
+    torch._inductor.config.force_disable_caches = True
     inductor_metrics_log.setLevel(logging.INFO)
     inductor_metrics_log.propagate = False
     if not inductor_metrics_log.handlers:
@@ -90,6 +92,19 @@ def compiled_step(model: torch.nn.Module, inputs: dict, autocast_dtype: torch.dt
     return {**counts, "loss": losses[0]}
 
 
+def counts_by_batch(model, batch_of, batches: tuple[int, int], profile_batch: float, autocast_dtype) -> dict:
+    """`model`'s compiled step at both batch sizes (`batch_of(size)` makes the inputs): the larger batch's counts,
+    the bytes of each, and the bytes on the line through them at `profile_batch` sequences."""
+    by_batch = {batch: compiled_step(model, batch_of(batch), autocast_dtype) for batch in batches}
+    (small, at_small), (large, at_large) = by_batch.items()
+    per_sequence = (at_large["gb"] - at_small["gb"]) / (large - small)
+    return {
+        **at_large,
+        "gb_by_batch": {batch: counts["gb"] for batch, counts in by_batch.items()},
+        "gb_at_profile_tokens": at_large["gb"] + per_sequence * (profile_batch - large),
+    }
+
+
 def compiled_pair(name: str, spec: dict, batches: tuple[int, int], length: int) -> dict:
     """Both sides' compiled step for the pair's configuration under the GPU profile's dtype policy (float32 weights
     under bf16 autocast, or bf16 weights where the profile trains that way), at two batch sizes. A step's bytes are
@@ -101,20 +116,14 @@ def compiled_pair(name: str, spec: dict, batches: tuple[int, int], length: int) 
     # an encoder-decoder's targets keep their share of the profile's length
     target_length = spec["target_length"] * length // spec["length"] if "target_length" in spec else None
     profile_batch = spec["batch"] * spec["length"] / length  # the profile's tokens, in sequences of `length`
-    sides = {}
-    for side, model in (("reference", reference), ("ours", ours)):
-        model = model.to(weights)
-        by_batch = {}
-        for batch in batches:
-            inputs = training_batch(KINDS[name].task, vocab, batch, length, target_length, "cpu")
-            by_batch[batch] = compiled_step(model, inputs, autocast_dtype)
-        (small, at_small), (large, at_large) = by_batch.items()
-        per_sequence = (at_large["gb"] - at_small["gb"]) / (large - small)
-        sides[side] = {
-            **at_large,
-            "gb_by_batch": {batch: counts["gb"] for batch, counts in by_batch.items()},
-            "gb_at_profile_tokens": at_large["gb"] + per_sequence * (profile_batch - large),
-        }
+
+    def batch_of(batch: int) -> dict:
+        return training_batch(KINDS[name].task, vocab, batch, length, target_length, "cpu")
+
+    sides = {
+        side: counts_by_batch(model.to(weights), batch_of, batches, profile_batch, autocast_dtype)
+        for side, model in (("reference", reference), ("ours", ours))
+    }
     return {
         "reference": KINDS[name].reference,
         "shape": {"config": spec["config"], "batches": list(batches), "length": length},

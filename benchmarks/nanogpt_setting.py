@@ -3,6 +3,7 @@ nanoGPT's model, and transformers' `GPT2LMHeadModel`, side by side in one proces
 
     python -m benchmarks.nanogpt_setting --profile gpu --output $OUT/nanogpt.json   # on an H100 / H200
     python -m benchmarks.nanogpt_setting --profile smoke                            # the same code, tiny, on a CPU
+    python -m benchmarks.nanogpt_setting --predict   # the GPU shape's compiled steps, as inductor counts them on a CPU
 
 nanoGPT's setting: dropout 0, a vocabulary of 50304 rows (50257 tokens rounded up to a multiple of 64, as nanoGPT
 sets `vocab_size`), bf16 autocast over float32 weights, fused AdamW, 16 x 1024 tokens a step, every model through
@@ -25,6 +26,7 @@ from torch.nn import functional as F
 from transformers import GPT2Config, GPT2LMHeadModel
 from transformers.modeling_outputs import CausalLMOutput
 
+from benchmarks.compiled import count_inductor_bytes, counts_by_batch
 from benchmarks.measure import alternating_medians, peak_bytes, ran_compiled, train_step_work, training_batch
 from benchmarks.pairs import train_flops_per_token
 from benchmarks.record import header, write
@@ -192,14 +194,57 @@ def run(profile_name: str, output: Path | None, command: str) -> dict:
     return record
 
 
+def predict(profile_name: str, batches: tuple[int, int], length: int, output: Path | None, command: str) -> dict:
+    """The compiled step of each model predicted on the CPU, as `benchmarks.compiled` predicts the pairs': inductor's
+    bytes and kernels at `batches` sequences of `length` tokens, and the bytes on the line through them at the
+    profile's token count; graphs and graph breaks."""
+    count_inductor_bytes()
+    profile = PROFILES[profile_name]
+    models = build_models(profile["model"])
+    profile_batch = profile["batch"] * profile["length"] / length
+
+    def batch_of(batch: int) -> dict:
+        return training_batch("causal", 50257, batch, length, None, "cpu")
+
+    sides = {
+        name: counts_by_batch(model, batch_of, batches, profile_batch, autocast_dtype=torch.bfloat16)
+        for name, model in models.items()
+    }
+    record = {
+        **header(f"nanogpt-compiled-{profile_name}", command, torch.device("cpu")),
+        "shape": {"model": profile["model"], "batches": list(batches), "length": length},
+        "profile_tokens": profile["batch"] * profile["length"],
+        "models": sides,
+    }
+    for name, counts in sides.items():
+        print(
+            f"{name:14s} GB {counts['gb']:8.3f} ({counts['gb_at_profile_tokens']:8.2f} at {record['profile_tokens']} "
+            f"tokens)  kernels {counts['kernels']:5d}  graphs {counts['graphs']}  breaks {counts['graph_breaks']}",
+            flush=True,
+        )
+    write(record, f"nanogpt-compiled-{profile_name}", output)
+    return record
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", choices=sorted(PROFILES), default="gpu")
     parser.add_argument("--output", type=Path, help="default: benchmarks/results/nanogpt-<profile>-<date>.json")
+    parser.add_argument(
+        "--predict",
+        action="store_true",
+        help="predict each compiled step on the CPU: inductor's bytes and kernels (benchmarks.compiled's method)",
+    )
+    parser.add_argument("--batches", type=int, nargs=2, default=[2, 4], help="with --predict (default: 2 4)")
+    parser.add_argument("--length", type=int, default=256, help="with --predict (default: 256)")
     args = parser.parse_args(argv)
+    command = "python -m benchmarks.nanogpt_setting " + " ".join(argv or sys.argv[1:])
+    if args.predict:
+        predict(args.profile, tuple(args.batches), args.length, args.output, command)
+        return
     if PROFILES[args.profile]["device"] == "cuda" and not torch.cuda.is_available():
         raise SystemExit(f"error: profile {args.profile!r} needs a CUDA device and none is visible")
-    run(args.profile, args.output, "python -m benchmarks.nanogpt_setting " + " ".join(argv or sys.argv[1:]))
+    run(args.profile, args.output, command)
 
 
 if __name__ == "__main__":
