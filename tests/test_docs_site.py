@@ -4,7 +4,9 @@ headless browser (Debian's chromium, which `make test`'s set-up installs where a
 
 import functools
 import http.server
+import inspect
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -33,6 +35,21 @@ def test_the_site_holds_readme_the_guides_and_the_api(site):
     api = (site / "api" / "models" / "index.html").read_text()
     assert 'id="hf_tfm.TfmDecoderForCausalLM"' in api and 'id="hf_tfm.TfmConfig"' in api
     assert (site / "benchmarks" / "REPORT" / "index.html").is_file()  # a repository document the guides link
+
+
+def test_the_config_reference_lists_every_field_with_its_type(site):
+    """TfmConfig's docstring, in transformers' `name (`type`, *optional*): description` form, renders as a list of
+    parameters (not one paragraph), each type in code and none left with its raw backticks."""
+    from hf_tfm import TfmConfig, TfmEncoderDecoderConfig
+
+    api = re.sub(r"\s+", " ", (site / "api" / "models" / "index.html").read_text())
+    assert "<b><code>vocab_size</code></b> (<code>int</code>)" in api
+    assert "<b><code>pad_vocab_size_to_multiple_of</code></b> (<code>int</code>, optional)" in api
+    assert "<code>`" not in api
+    docstrings = inspect.getdoc(TfmConfig) + inspect.getdoc(TfmEncoderDecoderConfig)  # indented as Python 3.13's
+    documented = re.findall(r"^ {4}(\w+) \(`", docstrings, re.M)
+    assert len(documented) > 90
+    assert [name for name in documented if f"<b><code>{name}</code></b>" not in api] == []
 
 
 def test_the_search_index_finds_a_config_field(site):

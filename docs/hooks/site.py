@@ -1,7 +1,8 @@
 """mkdocs hooks: the site holds the guides in docs/ and, as pages of their own, the repository's documents they link
 (README.md as the home page, CONTRIBUTING.md, CHANGELOG.md, benchmarks' README, REPORT and NOTES, the launch files'
 README, with the report's charts and the license). Links are written for the repository (GitHub renders them as
-they are); here each is rewritten to where its target lands on the site.
+they are); here each is rewritten to where its target lands on the site. The API reference's parameter types, which
+the docstrings write as transformers' do ("(`int`, *optional*)"), are shown as types in code.
 """
 
 import posixpath
@@ -70,3 +71,17 @@ def on_page_markdown(markdown, page, config, files):
         return match.group(1) + relative + match.group(3)
 
     return LINK.sub(rewrite, markdown)
+
+
+# A parameter's type as transformers' docstrings write it, "(`int`, *optional*)", shown by mkdocstrings as the raw
+# text in one code span: rendered as the type in code and "optional" as a word.
+DOCSTRING_TYPE = re.compile(r"<code>`([^`<]+)`(?: or `([^`<]+)`)?(, \*optional\*)?</code>")
+
+
+def docstring_type(match: re.Match) -> str:
+    types = " or ".join(f"<code>{name}</code>" for name in match.groups()[:2] if name)
+    return types + (", optional" if match.group(3) else "")
+
+
+def on_page_content(html, page, config, files):
+    return DOCSTRING_TYPE.sub(docstring_type, html)

@@ -53,15 +53,15 @@ class TfmConfig(PreTrainedConfig):
 
     Args:
         vocab_size (`int`): token ids the inputs index and the logits score.
-        pad_vocab_size_to_multiple_of (`int`, *optional*): the token table and the LM head hold `vocab_size` rounded
-            up to this multiple (64 suits GPU tensor cores); the logits are sliced back to `vocab_size` and the padding
+        pad_vocab_size_to_multiple_of (`int`, *optional*): the token table and the LM head hold `vocab_size` rounded up
+            to this multiple (64 suits GPU tensor cores); the logits are sliced back to `vocab_size` and the padding
             rows are never read. None, 0 or 1: no padding.
         hidden_size (`int`): width of the residual stream.
         num_hidden_layers (`int`): number of Transformer blocks a forward runs.
         layer_sharing (`list[int]`, *optional*): cross-layer weight sharing (ALBERT): layer i runs the weights of
-            distinct block `layer_sharing[i]`, the blocks numbered in order of first use (`[0, 0, 0, 0]`: one block
-            run four times). `layers` holds the distinct blocks, so they are trained as one and saved once. Encoders
-            only; None: every layer its own.
+            distinct block `layer_sharing[i]`, the blocks numbered in order of first use (`[0, 0, 0, 0]`: one block run
+            four times). `layers` holds the distinct blocks, so they are trained as one and saved once. Encoders only;
+            None: every layer its own.
         num_attention_heads (`int`): query heads per attention layer.
         num_key_value_heads (`int`, *optional*): key/value heads (MHA by default, fewer for GQA, 1 for MQA); must
             divide `num_attention_heads`.
@@ -69,7 +69,8 @@ class TfmConfig(PreTrainedConfig):
         intermediate_size (`int`, *optional*): feed-forward width; `4 * hidden_size` by default.
         hidden_act (`str`): an activation of `transformers.activations.ACT2FN` (`gelu`, `gelu_new`, `relu`, `silu`...).
         ffn_type (`str`): `"mlp"` (up, act, down) or `"glu"` (act(gate) * up, down: SwiGLU, GeGLU).
-        mlp_bias (`bool`), attention_bias (`bool`): biases on the feed-forward and on the q/k/v projections.
+        mlp_bias (`bool`): biases on the feed-forward's projections.
+        attention_bias (`bool`): biases on the q/k/v projections.
         attention_out_bias (`bool`, *optional*): a bias on the attention output; `attention_bias` by default.
         fused_qkv_proj (`bool`): self-attention holds q, k and v as one `qkv_proj` (rows stacked q, k, v: GPT-2's
             `c_attn`, Phi-3's `qkv_proj`): one matmul where three run at every decode step, the same function.
@@ -82,14 +83,15 @@ class TfmConfig(PreTrainedConfig):
             padding position -1 (RoBERTa, with `position_offset = pad_token_id + 1`).
         position_ids_from_attention_mask (`bool`): without `position_ids`, count positions over the tokens a 2D
             `attention_mask` marks real and give padding position -1 (OPT, with `position_offset = 2`).
-        relative_attention_num_buckets (`int`), relative_attention_max_distance (`int`): T5's relative-bias buckets;
-            for disentangled attention, DeBERTa's `position_buckets` (the relative-position table holds twice as many
-            rows: distances each way) and `max_relative_positions` (the distance the log buckets reach).
-        pos_att_type (`list[str]`, *optional*): disentangled attention's position terms (DeBERTa's names):
-            `"c2p"` (each query against the embedding of its distance to each key) and `"p2c"` (each key against
-            the embedding of the query's distance to it); None: both.
-        share_att_key (`bool`): disentangled attention projects the relative-position embeddings with the layer's
-            own key and query projections (DeBERTa-v3), else with its own `pos_key_proj` and `pos_query_proj`.
+        relative_attention_num_buckets (`int`): T5's relative-bias buckets; for disentangled attention, DeBERTa's
+            `position_buckets` (the relative-position table holds twice as many rows: distances each way).
+        relative_attention_max_distance (`int`): the distance T5's log-spaced buckets reach; for disentangled
+            attention, DeBERTa's `max_relative_positions`.
+        pos_att_type (`list[str]`, *optional*): disentangled attention's position terms (DeBERTa's names): `"c2p"`
+            (each query against the embedding of its distance to each key) and `"p2c"` (each key against the embedding
+            of the query's distance to it); None: both.
+        share_att_key (`bool`): disentangled attention projects the relative-position embeddings with the layer's own
+            key and query projections (DeBERTa-v3), else with its own `pos_key_proj` and `pos_query_proj`.
         relative_embeddings_norm (`bool`): a LayerNorm on the relative-position table before the layers read it
             (DeBERTa's `norm_rel_ebd="layer_norm"`).
         rope_parameters (`dict`, *optional*): transformers' RoPE dict (`rope_type`: default, linear, dynamic, yarn,
@@ -98,10 +100,10 @@ class TfmConfig(PreTrainedConfig):
         nope_layers (`list[int]`, *optional*): layers without position encoding in a RoPE model (SmolLM3).
         layer_types (`list[str]`, *optional*): each layer's `"full_attention"` or `"sliding_attention"`; by default
             every layer is sliding when `sliding_window` is set (Mistral), else full.
-        sliding_window (`int`, *optional*): a causal query sees itself and the `sliding_window - 1` tokens before it,
-            a bidirectional one the tokens at most `sliding_window` away.
-        qk_norm (`str`): `"none"`, `"per_head"` (a `head_dim` norm on each query and key head, Qwen3) or
-            `"projection"` (a norm over the whole query and key projections, OLMo 2).
+        sliding_window (`int`, *optional*): a causal query sees itself and the `sliding_window - 1` tokens before it, a
+            bidirectional one the tokens at most `sliding_window` away.
+        qk_norm (`str`): `"none"`, `"per_head"` (a `head_dim` norm on each query and key head, Qwen3) or `"projection"`
+            (a norm over the whole query and key projections, OLMo 2).
         attn_logit_softcapping (`float`, *optional*): scores become `cap * tanh(scores / cap)` (Gemma 2).
         final_logit_softcapping (`float`, *optional*): the same capping on the LM-head logits.
         attention_sinks (`bool`): a learned sink logit per head joins each query's softmax (GPT-OSS).
@@ -110,33 +112,38 @@ class TfmConfig(PreTrainedConfig):
             features shared by every head; query and key heads are `qk_nope_head_dim` + `head_dim` wide, value heads
             `v_head_dim`. None: standard attention.
         q_lora_rank (`int`, *optional*): latent attention's normed query bottleneck; None projects queries directly.
-        qk_nope_head_dim (`int`), v_head_dim (`int`): latent attention's per-head widths.
+        qk_nope_head_dim (`int`): latent attention's per-head width of the query and key features without RoPE.
+        v_head_dim (`int`): latent attention's per-head width of the values.
         rope_interleave (`bool`): latent attention's rotary features come in interleaved pairs (DeepSeek).
         query_pre_attn_scalar (`float`, *optional*): attention scale `query_pre_attn_scalar ** -0.5` (Gemma 2).
         attention_multiplier (`float`, *optional*): the attention scale itself (T5: 1.0); `head_dim ** -0.5` by
             default.
         norm_type (`str`): `"layernorm"` or `"rmsnorm"`.
         rmsnorm_unit_offset (`bool`): RMSNorm scales by `1 + weight`, the weight starting at 0 (Gemma).
-        norm_position (`str`): each sublayer's norm: `"pre"` (`x + f(norm(x))`: GPT-2, Llama), `"post"`
-            (`norm(x + f(x))`: BERT, BART), `"sandwich"` (`x + norm2(f(norm1(x)))`: Gemma 2) or `"output"`
-            (`x + norm(f(x))`: OLMo 2).
+        norm_position (`str`): each sublayer's norm: `"pre"` (`x + f(norm(x))`: GPT-2, Llama), `"post"` (`norm(x +
+            f(x))`: BERT, BART), `"sandwich"` (`x + norm2(f(norm1(x)))`: Gemma 2) or `"output"` (`x + norm(f(x))`: OLMo
+            2).
         parallel_residual (`bool`): `x + attn(norm1(x)) + mlp(norm2(x))` (GPT-NeoX); pre-norm only.
         first_layer_attn_norm (`bool`): False drops the first layer's attention-input norm (ModernBERT).
-        layer_norm_eps (`float`): epsilon of every norm. norm_bias (`bool`): LayerNorm's bias.
-        final_norm (`bool`): a norm after the last block. embedding_norm (`bool`): one after the embeddings (BERT).
-        embedding_dropout (`float`), hidden_dropout (`float`), attention_dropout (`float`): dropout probabilities.
+        layer_norm_eps (`float`): epsilon of every norm.
+        norm_bias (`bool`): LayerNorm's bias.
+        final_norm (`bool`): a norm after the last block.
+        embedding_norm (`bool`): a norm after the embeddings (BERT).
+        embedding_dropout (`float`): dropout probability on the embeddings.
+        hidden_dropout (`float`): dropout probability on each sublayer's output.
+        attention_dropout (`float`): dropout probability on the attention weights.
         ffn_dropout (`float`, *optional*): dropout on the feed-forward's output; `hidden_dropout` by default (ALBERT
             drops out only the attention's).
         scale_embeddings (`bool`): token embeddings times `sqrt(hidden_size)` (original Transformer, Gemma).
-        embedding_size (`int`, *optional*): factorised embeddings (ALBERT, ELECTRA): the token, position and
-            token-type tables and the embedding norm are this wide, a linear layer (`embed_proj`, there whenever
-            the field is set, even at `hidden_size` as in ALBERT) maps them to `hidden_size`, and a masked-LM head
-            maps back to this width before its tied vocabulary projection. Encoders only; None: the tables are
-            `hidden_size` wide and feed the blocks directly.
+        embedding_size (`int`, *optional*): factorised embeddings (ALBERT, ELECTRA): the token, position and token-type
+            tables and the embedding norm are this wide, a linear layer (`embed_proj`, there whenever the field is set,
+            even at `hidden_size` as in ALBERT) maps them to `hidden_size`, and a masked-LM head maps back to this
+            width before its tied vocabulary projection. Encoders only; None: the tables are `hidden_size` wide and
+            feed the blocks directly.
         word_embed_proj_dim (`int`, *optional*): a decoder's token table and LM head this wide (OPT's name, OPT-350m):
             the looked-up tokens projected to `hidden_size` before the positions are added (`project_in`), the final
-            hidden states projected back after the final norm (`project_out`), both without bias. None: the token
-            table is as wide as the other embeddings.
+            hidden states projected back after the final norm (`project_out`), both without bias. None: the token table
+            is as wide as the other embeddings.
         type_vocab_size (`int`): token types (segment embeddings); 0: none.
         tie_word_embeddings (`bool`): the LM head is the token table.
         freeze_pad_embedding (`bool`): the token table's `pad_token_id` row gets no gradient (`nn.Embedding`'s
@@ -154,57 +161,61 @@ class TfmConfig(PreTrainedConfig):
             dtype: Gemma), `"router_in_float32"` (experts scored in float32: DeepSeek-V3),
             `"router_weights_in_model_dtype"` (top-k weights cast to the model's dtype: Qwen-MoE, GPT-OSS),
             `"router_scores_in_model_dtype"` (the router's probabilities cast to the model's dtype before the experts
-            are chosen: Switch Transformer), `"scale_queries_as_projected"` (queries scaled as they are projected,
-            the scores unscaled: OPT), `"rope_as_complex"` (interleaved rotary pairs rotate as complex numbers in
-            float32 and stay interleaved: DeepSeek-V2).
-
-        > Mixture of Experts (every paradigm; `num_experts=0` keeps every layer dense)
-
-        num_experts (`int`): routed experts per MoE layer. num_experts_per_tok (`int`): top-k.
+            are chosen: Switch Transformer), `"scale_queries_as_projected"` (queries scaled as they are projected, the
+            scores unscaled: OPT), `"rope_as_complex"` (interleaved rotary pairs rotate as complex numbers in float32
+            and stay interleaved: DeepSeek-V2).
+        num_experts (`int`): routed experts per MoE layer (every paradigm); 0 keeps every layer dense.
+        num_experts_per_tok (`int`): top-k.
         moe_intermediate_size (`int`, *optional*): one expert's width (`intermediate_size` by default).
         moe_ffn_type (`str`): the experts' feed-forward, whatever `ffn_type` the dense layers use: `"glu"` (gated,
             `hidden_act` on the gate: Mixtral) or `"mlp"` (up, `hidden_act`, down: Switch Transformer).
-        decoder_sparse_step (`int`): layer i is MoE when `(i + 1) % N == 0`. mlp_only_layers (`list[int]`): kept
-            dense. moe_layers (`list[int]`, *optional*): the exact MoE layers, overriding both.
+        decoder_sparse_step (`int`): layer i is MoE when `(i + 1) % N == 0`.
+        mlp_only_layers (`list[int]`): kept dense.
+        moe_layers (`list[int]`, *optional*): the exact MoE layers, overriding `decoder_sparse_step` and
+            `mlp_only_layers`.
         shared_expert_intermediate_size (`int`): an always-on expert of this width; 0: none.
         shared_expert_gate (`bool`): the shared expert scaled by a learned sigmoid gate (Qwen2-MoE).
-        scoring_func (`str`): `"softmax"` (Mixtral), `"sigmoid"` (DeepSeek-V3) or `"top_k_softmax"` (GPT-OSS: the
-            top-k logits' own softmax).
+        scoring_func (`str`): `"softmax"` (Mixtral), `"sigmoid"` (DeepSeek-V3) or `"top_k_softmax"` (GPT-OSS: the top-k
+            logits' own softmax).
         norm_topk_prob (`bool`): the top-k weights renormalised to sum to 1.
-        router_jitter_noise (`float`): multiplicative noise on an MoE layer's input while training (the router's
-            and the experts', as Mixtral's).
+        router_jitter_noise (`float`): multiplicative noise on an MoE layer's input while training (the router's and
+            the experts', as Mixtral's).
         router_aux_loss_coef (`float`): the load-balancing loss's weight; 0.001 with MoE layers by default, 0.0
-            without. router_z_loss_coef (`float`): the router z-loss's weight (ST-MoE).
+            without.
+        router_z_loss_coef (`float`): the router z-loss's weight (ST-MoE).
         router_bias_update_rate (`float`): auxiliary-loss-free balancing (DeepSeek-V3): a per-expert choice bias moved
             by this rate against each expert's load after every optimizer step.
         capacity_factor (`float`, *optional*): each expert takes at most `ceil(factor * tokens * top_k / experts)`
-            tokens per forward, the rest dropped; None: dropless. expert_capacity (`int`, *optional*): each expert
-            takes at most this many tokens of each sequence, the rest dropped (Switch Transformer); a dropped token's
-            expert output is 0, so the residual carries it past the layer.
-        router_loss_style (`str`): how the router losses average: `"mixtral"` (the load-balancing loss over every
-            real token of every MoE layer at once, the z-loss a mean per layer, summed) or `"switch"` (Switch
-            Transformer: the load-balancing loss per sequence over the MoE layers' tokens joined, then averaged over
-            the sequences; the z-loss one mean over those tokens; padding counted).
+            tokens per forward, the rest dropped; None: dropless.
+        expert_capacity (`int`, *optional*): each expert takes at most this many tokens of each sequence, the rest
+            dropped (Switch Transformer); a dropped token's expert output is 0, so the residual carries it past the
+            layer.
+        router_loss_style (`str`): how the router losses average: `"mixtral"` (the load-balancing loss over every real
+            token of every MoE layer at once, the z-loss a mean per layer, summed) or `"switch"` (Switch Transformer:
+            the load-balancing loss per sequence over the MoE layers' tokens joined, then averaged over the sequences;
+            the z-loss one mean over those tokens; padding counted).
         router_aux_loss_scope (`str`): whose tokens the router losses count under data parallelism: `"local"` (each
             rank's, as transformers' MoE models compute them) or `"global"` (expert loads, router probabilities and
             token counts summed over the data-parallel ranks first, so N ranks train as one process on the global
             batch; needs router_loss_style="mixtral").
         output_router_logits (`bool`): return the router logits and aux loss even without labels.
-        router_bias (`bool`), expert_mlp_bias (`bool`): biases on the router and the experts (GPT-OSS).
-        swiglu_limit (`float`, *optional*), swiglu_alpha (`float`): GPT-OSS's clamped SwiGLU in the experts.
+        router_bias (`bool`): a bias on the router (GPT-OSS).
+        expert_mlp_bias (`bool`): biases on the experts' projections (GPT-OSS).
+        swiglu_limit (`float`, *optional*): GPT-OSS's clamped SwiGLU in the experts: the clamp.
+        swiglu_alpha (`float`): GPT-OSS's clamped SwiGLU in the experts: the sigmoid's scale.
         router_choice_bias (`bool`): a saved per-expert bias that only chooses experts (`e_score_correction_bias`).
-        num_expert_groups (`int`), topk_expert_groups (`int`): group-limited routing (DeepSeek-V2, V3): each token's
-            experts come from its `topk_expert_groups` best groups. expert_group_score (`str`): a group's score, the
-            sum of its two best choice scores (`"top2_sum"`: DeepSeek-V3) or its best one (`"max"`: DeepSeek-V2).
+        num_expert_groups (`int`): group-limited routing (DeepSeek-V2, V3): the experts split into this many groups.
+        topk_expert_groups (`int`): group-limited routing: each token's experts come from its this many best groups.
+        expert_group_score (`str`): a group's score, the sum of its two best choice scores (`"top2_sum"`: DeepSeek-V3)
+            or its best one (`"max"`: DeepSeek-V2).
         routed_scaling_factor (`float`): the routed experts' weights times this (DeepSeek-V3: 2.5).
-
-        > Run-time policy (never changes what the model computes)
-
-        loss_chunk_size (`int` or `None`): language-model heads training with labels project this many tokens at a
-            time and return the loss without logits (`modeling_tfm_lm_head.py`); None sizes the chunks by the
-            layers' activations; 0 computes the full logits, as transformers does (always so in eval mode).
-        check_input_values (`bool`): read input values to name a bad one (a token id outside the vocabulary, a
-            position past the table) on forwards that start a sequence or feed several tokens; False skips them.
+        loss_chunk_size (`int` or `None`): run-time policy, never changes what the model computes: language-model heads
+            training with labels project this many tokens at a time and return the loss without logits
+            (`modeling_tfm_lm_head.py`); None sizes the chunks by the layers' activations; 0 computes the full logits,
+            as transformers does (always so in eval mode).
+        check_input_values (`bool`): run-time policy, never changes what the model computes: read input values to name
+            a bad one (a token id outside the vocabulary, a position past the table) on forwards that start a sequence
+            or feed several tokens; False skips them.
     """
 
     model_type = "tfm"
