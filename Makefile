@@ -106,9 +106,10 @@ bench-gpu-inference:
 
 # GPT-2 124M in nanoGPT's setting (dropout 0, 50304 vocabulary rows, bf16 autocast, fused AdamW, 16 x 1024, compiled):
 # hf_tfm's model beside a nanoGPT-style model written in benchmarks/nanogpt_setting.py and GPT2LMHeadModel, in one
-# process: tokens/s, MFU, peak memory. Three compiles of a 124M model: about 2-3 minutes (not yet run on a GPU).
+# process: tokens/s, MFU, peak memory. Three compiles of a 124M model: about 2-3 minutes (not yet run on a GPU); the
+# record is written after each stage, so a cut-off run keeps its compile times and logit check.
 bench-gpu-nanogpt:
-	PYTHONPATH=. PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 timeout 200 python3 -m benchmarks.nanogpt_setting --profile gpu $(BENCH_ARGS)
+	PYTHONPATH=. PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 timeout 240 python3 -m benchmarks.nanogpt_setting --profile gpu $(BENCH_ARGS)
 
 # All three in one device call with a 600 s limit (what the limit cuts off is the last pairs: each pair is written as it
 # ends), into $OUT/gpu.json and $OUT/nanogpt.json ($OUT: the device's output folder, which make reads from the

@@ -17,6 +17,7 @@ projection, `scaled_dot_product_attention(is_causal=True)`, the head tied to the
 
 import argparse
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -141,6 +142,9 @@ def largest_logit_difference(models: dict, input_ids: torch.Tensor) -> float:
 
 
 def run(profile_name: str, output: Path | None, command: str) -> dict:
+    """Times the three models' compiled training steps. The record is written after each stage (the logit check, each
+    model's compile, the timed steps), so a run stopped at its time limit keeps what it measured; a model that fails
+    to compile is an error line of the record, and the others are still timed."""
     profile = PROFILES[profile_name]
     device = torch.device(profile["device"])
     if device.type == "cuda":
@@ -148,49 +152,57 @@ def run(profile_name: str, output: Path | None, command: str) -> dict:
         torch.backends.cudnn.allow_tf32 = True
     models = {name: model.to(device).train() for name, model in build_models(profile["model"]).items()}
     inputs = training_batch("causal", 50257, profile["batch"], profile["length"], None, device)
-    difference = largest_logit_difference(models, inputs["input_ids"])
-    fused = {"fused": True} if device.type == "cuda" else {}
-    optimizers = {name: torch.optim.AdamW(model.parameters(), lr=1e-4, **fused) for name, model in models.items()}
-    torch._dynamo.reset()
-    work = {
-        name: train_step_work(torch.compile(model), inputs, optimizers[name], torch.bfloat16)
-        for name, model in models.items()
+    record = {
+        **header(profile_name, command, device),
+        "setting": {**profile, "vocabulary_rows": VOCABULARY_ROWS, "dropout": 0.0, "autocast": "bfloat16"},
+        "train_tokens_per_step": inputs["input_ids"].numel(),
+        "max_logit_difference": largest_logit_difference(models, inputs["input_ids"][:2]),
+        "compile_seconds": {},
+        "errors": {},
     }
-    for name, call in work.items():  # compiles, outside the timed repeats
-        call()
-        if not ran_compiled(call, device):
-            raise RuntimeError(f"the compiled {name} model ran eagerly: dynamo did not compile it")
+    path = write(record, f"nanogpt-{profile_name}", output)
+    fused = {"fused": True} if device.type == "cuda" else {}
+    torch._dynamo.reset()
+    work = {}
+    for name, model in models.items():
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, **fused)
+        call = train_step_work(torch.compile(model), inputs, optimizer, torch.bfloat16)
+        start = time.perf_counter()
+        try:
+            call()  # compiles, outside the timed repeats
+            if not ran_compiled(call, device):
+                raise RuntimeError("dynamo did not compile it: the step ran eagerly")
+            work[name] = call
+        except Exception as error:  # a model that cannot compile is a result, not the end of the run
+            record["errors"][name] = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
+        record["compile_seconds"][name] = round(time.perf_counter() - start, 1)
+        write(record, f"nanogpt-{profile_name}", path)
     timed = alternating_medians(work, profile["warmup"], profile["repeats"], device)
-    tokens = inputs["input_ids"].numel()
     flops = train_flops_per_token(models["reference"], profile["length"])  # one architecture: the same for all three
     peak = peak_flops(device)
-    speed = {name: tokens / timed[name]["median_s"] for name in models}
-    rows = {
+    speed = {name: record["train_tokens_per_step"] / timed[name]["median_s"] for name in work}
+    record["models"] = {
         name: {
             "tokens_per_s": speed[name],
             "seconds": timed[name],
             "mfu": speed[name] * flops / peak if peak else None,
             "peak_memory_mib": peak_bytes(work[name], device) / 2**20,
         }
-        for name in models
+        for name in work
     }
-    record = {
-        **header(profile_name, command, device),
-        "setting": {**profile, "vocabulary_rows": VOCABULARY_ROWS, "dropout": 0.0, "autocast": "bfloat16"},
-        "train_tokens_per_step": tokens,
-        "max_logit_difference": difference,
-        "models": rows,
-        "ratios": {
-            "ours_over_nanogpt_style_tokens_per_s": speed["ours"] / speed["nanogpt_style"],
-            "ours_over_reference_tokens_per_s": speed["ours"] / speed["reference"],
-        },
+    record["ratios"] = {
+        f"ours_over_{name}_tokens_per_s": speed["ours"] / speed[name]
+        for name in ("nanogpt_style", "reference")
+        if "ours" in speed and name in speed
     }
-    for name, row in rows.items():
+    for name, row in record["models"].items():
         mfu = f"{row['mfu']:.1%}" if row["mfu"] is not None else "-"
         memory = row["peak_memory_mib"]
         print(f"{name:14s} {row['tokens_per_s']:12,.0f} tokens/s  MFU {mfu:>6s}  peak {memory:9.1f} MiB")
-    print(f"max logit difference {difference:.3g}; ratios {record['ratios']}", flush=True)
-    write(record, f"nanogpt-{profile_name}", output)
+    for name, error in record["errors"].items():
+        print(f"{name:14s} error: {error}")
+    print(f"max logit difference {record['max_logit_difference']:.3g}; ratios {record['ratios']}", flush=True)
+    write(record, f"nanogpt-{profile_name}", path)
     return record
 
 

@@ -314,10 +314,12 @@ def test_nanogpt_setting_runs_on_the_cpu(tmp_path):
     output = tmp_path / "nanogpt.json"
     nanogpt_setting.main(["--profile", "smoke", "--output", str(output)])
     record = json.loads(output.read_text())
+    assert record["errors"] == {} and set(record["compile_seconds"]) == {"reference", "ours", "nanogpt_style"}
     assert set(record["models"]) == {"reference", "ours", "nanogpt_style"}
     assert record["setting"]["vocabulary_rows"] == 50304 and record["max_logit_difference"] < 1e-4
     for row in record["models"].values():
         assert row["tokens_per_s"] > 0 and row["peak_memory_mib"] > 0 and row["mfu"] is None  # no MFU on a CPU
+    assert set(record["ratios"]) == {"ours_over_nanogpt_style_tokens_per_s", "ours_over_reference_tokens_per_s"}
     assert all(math.isfinite(ratio) and ratio > 0 for ratio in record["ratios"].values())
     # the CPU's prediction of the same compiled steps, at the shape the timed run just compiled: inductor's caches
     # would hand those graphs back uncounted, so every batch must count bytes
