@@ -160,10 +160,12 @@ def test_cli_train_evaluate_generate(tmp_path, capsys):
             *common,
         ]
     )
-    assert "| causal-lm |" in capsys.readouterr().out
+    # the summary and the run record name the variant as compare does, not the config it varies
+    assert f"| causal-lm | {config}:num_experts=4 |" in capsys.readouterr().out
     assert [step for step, _ in logged(output / "log.csv", "router/layers.1/max_load")] == [2, 4]
     assert (output / "expert_load.png").read_bytes()[:4] == b"\x89PNG"
     record = json.loads((output / "model" / "hf_tfm_run.json").read_text())
+    assert record["model"] == f"{config}:num_experts=4"
     trained = {r["metric"]: r["value"] for r in record["results"]}
 
     main(["evaluate", str(output / "model")])

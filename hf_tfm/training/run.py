@@ -210,6 +210,16 @@ def fresh_config(spec: RunSpec, config, tokenizer, labels: list[str] | None):
         raise ValueError(f"{given}: {config_problem(error)}") from error
 
 
+def model_label(spec: RunSpec) -> str:
+    """The model a run trained, as `hf-tfm compare` names a variant: `NAME:field=value,...` when `--set` changed
+    fields of the preset or config (the summary and the card must not show a variant as the model it varies)."""
+    if not spec.config_overrides:
+        return spec.model
+    overrides = spec.config_overrides
+    shown = {key: value if isinstance(value, str) else json.dumps(value) for key, value in overrides.items()}
+    return spec.model + ":" + ",".join(f"{key}={value}" for key, value in shown.items())
+
+
 def check_overrides(spec: RunSpec, config, pretrained: bool) -> None:
     """`--set` may only name a field of the model's config class (a misspelled one would be kept and ignored), and
     only for a fresh model."""
@@ -408,7 +418,7 @@ def record(
     training["packing"] = spec.packing
     return {
         "task": spec.task,
-        "model": spec.model,
+        "model": model_label(spec),
         "dataset": spec.data or EMBEDDED_NAME,
         "data": data_settings(spec),  # what `hf-tfm evaluate` reads to score the same validation split
         "training": training,
