@@ -49,9 +49,7 @@ from benchmarks.trace import FusedAttention, autocast_policy
 
 def count_inductor_bytes() -> None:
     """Make inductor count the bytes of every graph it compiles (it does when its metrics log is on), without
-    printing that log. Its caches are turned off: a graph that a process without the log compiled earlier (a timed
-    run at the same shape) comes back from the cache with no bytes counted."""
-    torch._inductor.config.force_disable_caches = True
+    printing that log."""
     inductor_metrics_log.setLevel(logging.INFO)
     inductor_metrics_log.propagate = False
     if not inductor_metrics_log.handlers:
@@ -60,12 +58,15 @@ def count_inductor_bytes() -> None:
 
 def inductor_counts(step) -> dict:
     """Run `step` (a callable that compiles and runs) from a fresh compiler state: inductor's bytes and kernels over
-    every graph it compiled, the graphs and the graph breaks."""
+    every graph it compiled, the graphs and the graph breaks. Inductor's caches are off for the step: a graph that a
+    process without the metrics log compiled earlier (a timed run at the same shape) would come back from the cache
+    with no bytes counted."""
     torch._dynamo.reset()
     inductor_metrics.reset()
     counters.clear()
     start = time.perf_counter()
-    step()
+    with torch._inductor.config.patch(force_disable_caches=True):
+        step()
     return {
         "gb": inductor_metrics.num_bytes_accessed / 1e9,
         "kernels": inductor_metrics.generated_kernel_count,

@@ -17,18 +17,19 @@ REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]  # what a user reads, front page first
 TEXTS = {page.relative_to(REPO).as_posix(): page.read_text() for page in PAGES}
 TEXT = "\n".join(TEXTS.values())  # every page, for what any of them names
-# (page, its n-th snippet, the snippet)
-PYTHON_BLOCKS = [
-    (name, index, block)
-    for name, text in TEXTS.items()
-    for index, block in enumerate(re.findall(r"^```python\n(.*?)^```", text, re.M | re.S))
-]
-# (page, its n-th shell block, the block)
-SHELL_BLOCKS = [
-    (name, index, block)
-    for name, text in TEXTS.items()
-    for index, block in enumerate(re.findall(r"^```bash\n(.*?)^```", text, re.M | re.S))
-]
+
+
+def code_blocks(language: str) -> list[tuple[str, int, str]]:
+    """(page, its n-th block of `language`, the block) for every page."""
+    return [
+        (name, index, block)
+        for name, text in TEXTS.items()
+        for index, block in enumerate(re.findall(rf"^```{language}\n(.*?)^```", text, re.M | re.S))
+    ]
+
+
+PYTHON_BLOCKS = code_blocks("python")
+SHELL_BLOCKS = code_blocks("bash")
 # shell blocks the suite cannot run inside itself, each with the file that runs its commands instead
 RUN_ELSEWHERE = {
     ("README.md", 0): ".ci/run",  # make test: CI runs it; make run: `hf-tfm demo`, test_main_job_smoke runs it
@@ -147,13 +148,23 @@ def test_readme_module_exists(name):
         target = getattr(target, attribute)
 
 
+def user_env(tmp_path: Path) -> dict:
+    """A first-time user's environment: offline, the installed hf_tfm (not the checkout on sys.path), a module cache
+    of the test's own."""
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules"), "PYTHONPATH": ""}
+
+
 @pytest.mark.parametrize("page, index, snippet", PYTHON_BLOCKS, ids=[f"{p}-{i + 1}" for p, i, _ in PYTHON_BLOCKS])
 def test_readme_python_snippet_runs_as_written(page, index, snippet, tmp_path):
     """From an empty folder, offline, with the installed hf_tfm (not the checkout on sys.path). A `print(...)` line
     whose comment shows the output must print it."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules"), "PYTHONPATH": ""}
     result = subprocess.run(
-        [sys.executable, "-c", snippet], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", snippet],
+        cwd=tmp_path,
+        env=user_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, f"{page} snippet {index + 1} fails:\n{result.stderr[-3000:]}"
     for expected in re.findall(r"^print\(.*\)\s+#\s*(.+?)\s*$", snippet, re.M):
@@ -175,10 +186,7 @@ def test_readme_shell_block_runs_as_written(page, index, block, tmp_path):
     for folder in ("examples", "configs", "benchmarks"):
         (tmp_path / folder).symlink_to(REPO / folder)
     env = {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
-        "HF_MODULES_CACHE": str(tmp_path / "modules"),
-        "PYTHONPATH": "",
+        **user_env(tmp_path),
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
         "OMP_NUM_THREADS": "1",  # two processes share two cores: torch's spinning threads would slow both
         "TOKENIZERS_PARALLELISM": "false",
