@@ -12,7 +12,12 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import pytest
 import torch
 
-from hf_tfm import TfmDecoderConfig, TfmDecoderForCausalLM
+from hf_tfm import (
+    TfmDecoderConfig,
+    TfmDecoderForCausalLM,
+    TfmEncoderDecoderConfig,
+    TfmEncoderDecoderForConditionalGeneration,
+)
 from hf_tfm.convert.record import TINY_VOCAB
 
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
@@ -40,6 +45,14 @@ def tiny_config(config_class=TfmDecoderConfig, **overrides):
 def tiny_model(seed: int = 0, **overrides) -> TfmDecoderForCausalLM:
     torch.manual_seed(seed)
     return TfmDecoderForCausalLM(tiny_config(**overrides)).eval()
+
+
+def seq2seq(seed: int = 0, **overrides) -> TfmEncoderDecoderForConditionalGeneration:
+    """A 2-layer encoder, 3-layer decoder model; a wide init so that greedy decoding does not just repeat a token."""
+    fields = dict(decoder_layers=3, initializer_range=0.5, bos_token_id=1, decoder_start_token_id=1)
+    torch.manual_seed(seed)
+    config = tiny_config(TfmEncoderDecoderConfig, **{**fields, **overrides})
+    return TfmEncoderDecoderForConditionalGeneration(config).eval()
 
 
 def padded_inputs(model) -> dict:

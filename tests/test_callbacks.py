@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 from conftest import tiny_model
-from test_training import ListDataset, training_args
+from support.trainer import ListDataset, training_args
 from transformers import Trainer
 
 from hf_tfm.training.callbacks import RouterStatsCallback

@@ -8,6 +8,7 @@ import torch
 from conftest import tiny_config, tiny_model
 from huggingface_hub import ModelCard, ModelCardData
 from support.hub_server import metadata_errors
+from support.run_record import RECORD
 
 from hf_tfm import (
     TfmDecoderConfig,
@@ -28,18 +29,6 @@ from hf_tfm.hub.card import (
     write_card_from_run,
     write_model_card,
 )
-
-RECORD = {
-    "task": "causal-lm",
-    "dataset": "python-stdlib-docstrings",
-    "training": {"max_steps": 600, "learning_rate": 0.003, "per_device_train_batch_size": 16, "seed": 0},
-    "results": [
-        {"split": "validation", "metric": "loss", "value": 4.88},
-        {"split": "validation", "metric": "perplexity", "value": 131.63},
-    ],
-    "baselines": [{"name": "uniform over the vocabulary", "metric": "perplexity", "value": 292.0}],
-    "description": "600 optimizer steps of `Trainer`.",
-}
 
 
 def check_metadata(card: ModelCard) -> dict:

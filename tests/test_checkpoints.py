@@ -457,7 +457,7 @@ def test_save_pretrained_leaves_a_card_of_the_model(tmp_path):
 
 
 def test_save_pretrained_keeps_a_richer_card_and_survives_a_failing_one(tmp_path, monkeypatch, caplog):
-    from test_card import RECORD
+    from support.run_record import RECORD
 
     from hf_tfm.hub import card as card_code
 

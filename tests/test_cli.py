@@ -11,7 +11,7 @@ import torch
 import transformers
 from conftest import VOCAB, assert_same_state_dict, perturb
 from support.families import skip_where_the_reference_is_not_its_family
-from test_minilm import minilm_dir
+from support.minilm import minilm_dir
 from transformers import (
     AutoConfig,
     AutoModel,

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch._dynamo
 from conftest import VOCAB, tiny_config
-from test_train import PARADIGM_FOR_TASK, tiny_config_file
+from support.runs import PARADIGM_FOR_TASK, tiny_config_file
 from torch._dynamo.utils import counters
 from transformers import CompileConfig
 

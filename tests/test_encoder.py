@@ -10,8 +10,8 @@ import torch.nn.functional as F
 import transformers
 from conftest import VOCAB, assert_same_state_dict, perturb, tiny_config
 from support.families import tiny_reference
-from test_minilm import minilm_dir
-from test_save_load import _run_without_hf_tfm
+from support.minilm import minilm_dir
+from support.processes import run_without_hf_tfm
 from transformers import AutoTokenizer, BertForMaskedLM, BertModel, pipeline
 
 from hf_tfm import (
@@ -428,7 +428,7 @@ def test_masked_lm_loads_with_trust_remote_code_without_package(tmp_path):
         with torch.no_grad():
             expected[position] = model(**batch).logits
     torch.save({"expected": expected, "batch": batch}, tmp_path / "expected.pt")
-    result = _run_without_hf_tfm(
+    result = run_without_hf_tfm(
         """
         import torch
         from transformers import AutoModelForMaskedLM

@@ -4,26 +4,18 @@ scheme."""
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import POSITION_TYPES, VOCAB, tiny_config
+from conftest import POSITION_TYPES, VOCAB, seq2seq
 from safetensors import safe_open
-from test_save_load import _run_without_hf_tfm
+from support.processes import run_without_hf_tfm
 from transformers import AutoModelForSeq2SeqLM
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.models.bart.modeling_bart import shift_tokens_right
 
-from hf_tfm import TfmEncoderDecoderConfig, TfmEncoderDecoderForConditionalGeneration
+from hf_tfm import TfmEncoderDecoderForConditionalGeneration
 
 ATOL = 1e-4
 PAD, START = 0, 1
 GREEDY = dict(do_sample=False, max_new_tokens=6, min_new_tokens=6)  # min_new_tokens: no early EOS, fixed shapes
-
-
-def seq2seq(seed: int = 0, **overrides) -> TfmEncoderDecoderForConditionalGeneration:
-    """A 2-layer encoder, 3-layer decoder model; a wide init so that greedy decoding does not just repeat a token."""
-    fields = dict(decoder_layers=3, initializer_range=0.5, bos_token_id=START, decoder_start_token_id=START)
-    torch.manual_seed(seed)
-    config = tiny_config(TfmEncoderDecoderConfig, **{**fields, **overrides})
-    return TfmEncoderDecoderForConditionalGeneration(config).eval()
 
 
 def encoder_batch(seed: int = 2):
@@ -204,7 +196,7 @@ def test_trust_remote_code_without_package(tmp_path):
         expected[name] = {"logits": logits(model, decoder_input_ids=decoder_input_ids), "tokens": tokens}
     inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "decoder_input_ids": decoder_input_ids}
     torch.save({"expected": expected, "inputs": inputs, "greedy": GREEDY}, tmp_path / "expected.pt")
-    result = _run_without_hf_tfm(
+    result = run_without_hf_tfm(
         """
         import torch
         from transformers import AutoModelForSeq2SeqLM

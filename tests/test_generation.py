@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import POSITION_TYPES, VOCAB, require_flex_attention, tiny_model
+from conftest import POSITION_TYPES, VOCAB, require_flex_attention, seq2seq, tiny_model
 from torch._dynamo.utils import counters
 from transformers import CompileConfig
 from transformers.cache_utils import DynamicCache
@@ -203,8 +203,6 @@ PADDED_SOURCES = [(p, "right") for p in POSITION_TYPES] + [
 def test_padded_source_generate_encoder_decoder(position, side, cache):
     """An encoder-decoder generating for a padded batch of sources gives each row's tokens and step logits of that
     source generated alone, with either cache."""
-    from test_encoder_decoder import seq2seq
-
     model = seq2seq(position_embedding_type=position)
     input_ids, attention_mask, _ = padded_batch()
     if side == "right":

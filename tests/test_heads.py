@@ -12,7 +12,7 @@ import pytest
 import torch
 import transformers
 from conftest import VOCAB, assert_same_state_dict, perturb, tiny_config
-from test_minilm import minilm_dir
+from support.minilm import minilm_dir
 from transformers import (
     AutoModel,
     AutoModelForCausalLM,

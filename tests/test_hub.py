@@ -17,7 +17,7 @@ from conftest import perturb, tiny_config
 from huggingface_hub import HfApi, ModelCard, hf_hub_download
 from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
 from support.hub_server import fast_client_retries, hub_server  # noqa: F401  (hub_server: the fixture)
-from test_card import RECORD as RUN_RECORD
+from support.run_record import RECORD as RUN_RECORD
 from transformers import AutoModelForCausalLM
 
 import hf_tfm

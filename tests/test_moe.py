@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from conftest import VOCAB, assert_same_state_dict, perturb, tiny_config, tiny_model
 from safetensors.torch import load_file
 from support.families import tiny_reference
-from test_save_load import _run_without_hf_tfm
-from test_training import ListDataset, accumulation_run
+from support.processes import run_without_hf_tfm
+from support.trainer import ListDataset, accumulation_run
 from transformers import (
     AutoModelForCausalLM,
     AutoModelForMaskedLM,
@@ -881,7 +881,7 @@ def test_trust_remote_code_moe_without_package(tmp_path):
         with torch.no_grad():
             expected[experts] = model(input_ids, attention_mask=attention_mask).logits
     torch.save({"expected": expected, "input": input_ids, "mask": attention_mask}, tmp_path / "expected.pt")
-    result = _run_without_hf_tfm(
+    result = run_without_hf_tfm(
         """
         import torch
         from transformers import AutoModelForCausalLM

@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import VOCAB, require_flex_attention, tiny_config
 from datasets import Dataset
-from test_train import tiny_config_file, tiny_spec
+from support.runs import tiny_config_file, tiny_spec
 from transformers import AttentionInterface, DataCollatorWithFlattening, default_data_collator
 from transformers.cache_utils import DynamicCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward

@@ -23,7 +23,7 @@ from peft import (
 )
 from peft.tuners.lora import LoraLayer
 from safetensors import safe_open
-from test_training import ListDataset, logged_losses, training_args
+from support.trainer import ListDataset, logged_losses, training_args
 from transformers import Trainer
 
 from hf_tfm import (

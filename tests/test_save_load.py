@@ -2,13 +2,11 @@
 
 import json
 import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
 from conftest import POSITION_TYPES, tiny_model
+from support.processes import run_without_hf_tfm
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from hf_tfm import TfmDecoderForCausalLM, TfmDecoderForSequenceClassification, TfmDecoderModel
@@ -66,20 +64,6 @@ def test_saved_folder_is_complete(tmp_path):
     assert type(classifier) is TfmDecoderForSequenceClassification
 
 
-def _run_without_hf_tfm(script: str, tmp_path) -> subprocess.CompletedProcess:
-    """Run `script` in a fresh interpreter where `import hf_tfm` fails, with an empty remote-code cache."""
-    prelude = "import sys\nsys.modules['hf_tfm'] = None  # as if the package were not installed\n"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules"), "PYTHONPATH": ""}
-    return subprocess.run(
-        [sys.executable, "-c", prelude + textwrap.dedent(script)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-
-
 def test_trust_remote_code_without_package(tmp_path):
     """A saved folder loads with only torch + transformers: identical logits and greedy tokens for every variant."""
     expected = {}
@@ -89,7 +73,7 @@ def test_trust_remote_code_without_package(tmp_path):
         tokens = model.generate(INPUT, attention_mask=MASK, max_new_tokens=5, do_sample=False)
         expected[name] = {"logits": _logits(model), "tokens": tokens}
     torch.save({"expected": expected, "input": INPUT, "mask": MASK}, tmp_path / "expected.pt")
-    result = _run_without_hf_tfm(
+    result = run_without_hf_tfm(
         """
         import torch
         from transformers import AutoModelForCausalLM
@@ -119,7 +103,7 @@ def test_trust_remote_code_without_package(tmp_path):
 def test_without_trust_remote_code_refuses(tmp_path):
     """Without the package and without trust_remote_code, transformers refuses to execute the folder's code."""
     tiny_model().save_pretrained(tmp_path / "model")
-    result = _run_without_hf_tfm(
+    result = run_without_hf_tfm(
         """
         from transformers import AutoModelForCausalLM
         try:

@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 import torch
-from test_minilm import SENTENCES, minilm_dir
+from support.minilm import SENTENCES, minilm_dir
 from transformers import AutoTokenizer, BertModel
 
 from hf_tfm.convert import to_tfm

@@ -12,8 +12,8 @@ import math
 import pytest
 import torch
 from conftest import tiny_config
+from support.trainer import ListDataset, logged_losses, training_args
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from test_training import ListDataset, logged_losses, training_args
 from transformers import Trainer, TrainingArguments
 
 from hf_tfm import (

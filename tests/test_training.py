@@ -3,41 +3,11 @@
 import pytest
 import torch
 from conftest import tiny_config, tiny_model
-from torch.utils.data import Dataset
-from transformers import Trainer, TrainingArguments
+from support.trainer import ListDataset, accumulation_run, logged_losses, training_args
+from transformers import Trainer
 
 from hf_tfm import TfmEncoderConfig, TfmEncoderForSequenceClassification, TfmEncoderForTokenClassification
 from hf_tfm.training.callbacks import RouterBiasCallback
-
-
-class ListDataset(Dataset):
-    def __init__(self, rows):
-        self.rows = rows
-
-    def __len__(self):
-        return len(self.rows)
-
-    def __getitem__(self, i):
-        return self.rows[i]
-
-
-def training_args(tmp_path, **overrides) -> TrainingArguments:
-    fields = dict(
-        output_dir=str(tmp_path),
-        report_to=[],
-        disable_tqdm=True,
-        use_cpu=True,
-        save_strategy="no",
-        logging_steps=1,
-        seed=0,
-        dataloader_num_workers=0,
-    )
-    fields.update(overrides)
-    return TrainingArguments(**fields)
-
-
-def logged_losses(trainer) -> list[float]:
-    return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
 
 
 def test_trainer_lowers_loss(tmp_path):
@@ -50,22 +20,6 @@ def test_trainer_lowers_loss(tmp_path):
     losses = logged_losses(trainer)
     assert len(losses) == 30
     assert losses[-1] < 0.5 * losses[0], losses
-
-
-def accumulation_run(tmp_path, data, batch_size, accumulation, make_model=lambda: tiny_model(seed=1)):
-    args = training_args(
-        tmp_path / f"bs{batch_size}",
-        per_device_train_batch_size=batch_size,
-        gradient_accumulation_steps=accumulation,
-        max_steps=1,
-        optim="sgd",
-        learning_rate=0.5,
-        max_grad_norm=0.0,  # no clipping: compare raw gradients
-        train_sampling_strategy="sequential",
-    )
-    trainer = Trainer(model=make_model().train(), args=args, train_dataset=data)
-    trainer.train()
-    return trainer.model, logged_losses(trainer)
 
 
 def test_gradient_accumulation_matches_full_batch(tmp_path):

@@ -10,6 +10,7 @@ CPU run needs is set (steps, batch, lengths, the CPU, no reporting); everything 
 import pytest
 import torch
 from conftest import perturb
+from support.trainer import logged_losses
 
 trl = pytest.importorskip("trl")
 datasets = pytest.importorskip("datasets")
@@ -79,13 +80,13 @@ def common(tmp_path, name: str) -> dict:
     )
 
 
-def logged_losses(trainer) -> list[float]:
+def trained_losses(trainer) -> list[float]:
     trainer.train()
-    return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    return logged_losses(trainer)
 
 
 def run_both(kind: str, build, folder=None) -> dict:
-    return {side: logged_losses(build(model)) for side, model in pair(kind, folder).items()}
+    return {side: trained_losses(build(model)) for side, model in pair(kind, folder).items()}
 
 
 def assert_same_losses(losses: dict) -> None:

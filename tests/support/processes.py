@@ -3,6 +3,8 @@
 import os
 import signal
 import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,3 +38,17 @@ def launch_workers(worker: Path, out: Path, processes: int = 2, timeout: float =
     run = run_process_group([*command, str(worker), str(out)], cwd=REPO, env={**environment, **env}, timeout=timeout)
     assert run.returncode == 0, f"{' '.join(command)} {worker} {out}\n{run.stdout[-3000:]}\n{run.stderr[-8000:]}"
     return json.loads((Path(out) / "results.json").read_text())
+
+
+def run_without_hf_tfm(script: str, tmp_path) -> subprocess.CompletedProcess:
+    """Run `script` in a fresh interpreter where `import hf_tfm` fails, with an empty remote-code cache."""
+    prelude = "import sys\nsys.modules['hf_tfm'] = None  # as if the package were not installed\n"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules"), "PYTHONPATH": ""}
+    return subprocess.run(
+        [sys.executable, "-c", prelude + textwrap.dedent(script)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
