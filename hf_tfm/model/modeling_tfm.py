@@ -26,9 +26,11 @@ from transformers.masking_utils import (
 )
 from transformers.modeling_outputs import (
     BaseModelOutput,
+    CausalLMOutputWithPast,
     MaskedLMOutput,
     MoeCausalLMOutputWithPast,
     QuestionAnsweringModelOutput,
+    Seq2SeqLMOutput,
     Seq2SeqMoEModelOutput,
     Seq2SeqMoEOutput,
     SequenceClassifierOutput,
@@ -205,8 +207,8 @@ class TfmEncoderDecoderModel(TfmPreTrainedModel):
 
 
 def with_router_outputs(output_class: type[ModelOutput], name: str) -> type[ModelOutput]:
-    """transformers' `output_class` plus the MoE fields every hf_tfm head reports (None for dense models): the
-    load-balancing loss (already included in `loss`, reported apart) and each MoE layer's router logits."""
+    """transformers' `output_class` plus the MoE fields an hf_tfm head of an MoE model reports: the load-balancing
+    loss (already included in `loss`, reported apart) and each MoE layer's router logits."""
     added = {"aux_loss": torch.FloatTensor | None, "router_logits": tuple[torch.FloatTensor, ...] | None}
     # named and placed in this module from the start: ModelOutput registers each subclass as a pytree node by name
     namespace = {"__module__": __name__, "__qualname__": name, "__annotations__": added, **dict.fromkeys(added)}
@@ -252,7 +254,8 @@ class TfmHead(TfmPreTrainedModel):
     token-classification one drops Trainer's num_items_in_batch."""
 
     task_layer: str
-    output_class: type[ModelOutput]
+    output_class: type[ModelOutput]  # transformers' output for the task, as a dense model returns it
+    moe_output_class: type[ModelOutput]  # the same with the router fields (aux_loss, router_logits): an MoE model's
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -264,6 +267,8 @@ class TfmHead(TfmPreTrainedModel):
         super().__init__(config)
         self.model = self.build_body(config)
         setattr(self, self.task_layer, self.build_task_layer(config))
+        if config.num_experts > 0:  # as Mixtral's heads answer where Llama's answer without the router fields
+            self.output_class = self.moe_output_class
         self.post_init()
 
     def run(self, inputs: dict, targets: dict, **kwargs) -> ModelOutput:
@@ -337,7 +342,8 @@ class TfmHead(TfmPreTrainedModel):
 class TfmTokenClassification:
     """A label per token (NER, part of speech): dropout, then a linear layer on every token's final hidden state."""
 
-    output_class = TfmTokenClassifierOutput
+    output_class = TokenClassifierOutput
+    moe_output_class = TfmTokenClassifierOutput
 
     def build_task_layer(self, config):
         self.num_labels = config.num_labels
@@ -358,7 +364,8 @@ class TfmQuestionAnswering:
     names (`start_positions`, `end_positions`) in the signature."""
 
     task_layer = "qa_outputs"
-    output_class = TfmQuestionAnsweringOutput
+    output_class = QuestionAnsweringModelOutput
+    moe_output_class = TfmQuestionAnsweringOutput
 
     def build_task_layer(self, config):
         return nn.Linear(config.output_width(), 2)
@@ -431,7 +438,8 @@ class TfmDecoderForCausalLM(TfmDecoderHead, TfmGenerationMixin):
     loss with `labels`, and `generate()`."""
 
     task_layer = "lm_head"
-    output_class = MoeCausalLMOutputWithPast
+    output_class = CausalLMOutputWithPast
+    moe_output_class = MoeCausalLMOutputWithPast
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
     # the vocabulary sharded as the token table is (tied, they are one tensor), the logits gathered: Llama's plans
     _tp_plan = {"lm_head": "colwise_gather_output"}
@@ -457,7 +465,7 @@ class TfmDecoderForCausalLM(TfmDecoderHead, TfmGenerationMixin):
         use_cache: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
         **kwargs: Unpack[TransformersKwargs],
-    ) -> MoeCausalLMOutputWithPast:
+    ) -> CausalLMOutputWithPast | MoeCausalLMOutputWithPast:
         inputs = dict(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -479,7 +487,8 @@ class TfmDecoderForSequenceClassification(TfmSequenceClassification, TfmDecoderH
     """Classifies from the last non-padding token, like `LlamaForSequenceClassification`."""
 
     task_layer = "score"
-    output_class = TfmSequenceClassifierOutputWithPast
+    output_class = SequenceClassifierOutputWithPast
+    moe_output_class = TfmSequenceClassifierOutputWithPast
 
     def build_task_layer(self, config):
         self.num_labels = config.num_labels
@@ -569,7 +578,8 @@ class TfmEncoderForMaskedLM(TfmEncoderHead):
     `labels` scores."""
 
     task_layer = "lm_head"
-    output_class = TfmMaskedLMOutput
+    output_class = MaskedLMOutput
+    moe_output_class = TfmMaskedLMOutput
     _tied_weights_keys = {"lm_head.decoder.weight": "model.embed_tokens.weight"}
     _tp_plan = {"lm_head.decoder": "colwise_gather_output"}  # as TfmDecoderForCausalLM's lm_head
 
@@ -594,7 +604,8 @@ class TfmEncoderForSequenceClassification(TfmSequenceClassification, TfmEncoderH
     """Classifies from the pooled first token (BERT's pooler), or the first token without a pooler."""
 
     task_layer = "classifier"
-    output_class = TfmSequenceClassifierOutput
+    output_class = SequenceClassifierOutput
+    moe_output_class = TfmSequenceClassifierOutput
     add_pooling_layer = True
 
     def build_task_layer(self, config):
@@ -632,7 +643,8 @@ class TfmEncoderForPreTraining(TfmEncoderHead):
     attention mask marks real, as ELECTRA scores them."""
 
     task_layer = "discriminator_predictions"  # ELECTRA's name
-    output_class = TfmPreTrainingOutput
+    output_class = TokenClassifierOutput
+    moe_output_class = TfmPreTrainingOutput
 
     def build_task_layer(self, config):
         return TfmReplacedTokenHead(config)
@@ -695,7 +707,8 @@ class TfmEncoderDecoderForConditionalGeneration(TfmHead, TfmGenerationMixin):
 
     config: TfmEncoderDecoderConfig
     task_layer = "lm_head"
-    output_class = Seq2SeqMoEOutput
+    output_class = Seq2SeqLMOutput
+    moe_output_class = Seq2SeqMoEOutput
     _tied_weights_keys = {"lm_head.weight": "model.shared.weight"}
     _tp_plan = {"lm_head": "colwise_gather_output"}  # as TfmDecoderForCausalLM's
 
@@ -735,7 +748,7 @@ class TfmEncoderDecoderForConditionalGeneration(TfmHead, TfmGenerationMixin):
         use_cache: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
         **kwargs: Unpack[TransformersKwargs],
-    ) -> Seq2SeqMoEOutput:
+    ) -> Seq2SeqLMOutput | Seq2SeqMoEOutput:
         if labels is not None and decoder_input_ids is None and decoder_inputs_embeds is None:
             decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
         inputs = dict(

@@ -13,10 +13,14 @@ from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.generation import GenerationMixin
 from transformers.masking_utils import create_bidirectional_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_outputs import BaseModelOutputWithPoolingAndCrossAttentions
+from transformers.modeling_outputs import (
+    BaseModelOutputWithPast,
+    BaseModelOutputWithPoolingAndCrossAttentions,
+    MoeModelOutputWithPast,
+)
 from transformers.modeling_utils import PreTrainedModel
 from transformers.processing_utils import Unpack
-from transformers.utils import TransformersKwargs
+from transformers.utils import ModelOutput, TransformersKwargs
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs, maybe_install_capturing_hooks
 
@@ -51,9 +55,18 @@ from .modeling_tfm_positions import (
 
 @dataclass
 class TfmModelOutput(BaseModelOutputWithPoolingAndCrossAttentions):
-    """A stack's output, plus each MoE layer's router logits when `output_router_logits` asks for them."""
+    """An encoder's or an encoder-decoder's decoder's output (BERT's fields), plus each MoE layer's router logits when
+    `output_router_logits` asks for them."""
 
     router_logits: tuple[torch.FloatTensor, ...] | None = None
+
+
+def stack_output_class(config: TfmConfig, is_causal: bool, cross_attention: bool) -> type[ModelOutput]:
+    """What a stack returns: a decoder-only stack what Llama's body returns (Mixtral's, with MoE layers), any other
+    BERT's fields and the router logits."""
+    if not is_causal or cross_attention:
+        return TfmModelOutput
+    return MoeModelOutputWithPast if config.num_experts > 0 else BaseModelOutputWithPast
 
 
 # ---------------------------------------------------------------------------------------------------------- blocks
@@ -369,6 +382,7 @@ class TfmStack(TfmPreTrainedModel):
         )
         self.norm = make_norm(config) if config.final_norm else Absent()
         self.pooler = TfmPooler(config) if pooler else None
+        self.output_class = stack_output_class(config, self.is_causal, cross_attention)
         self.gradient_checkpointing = False
         self.input_rules = InputRules(config, prefix="decoder_" if cross_attention else "")
         self.post_init()
@@ -410,7 +424,7 @@ class TfmStack(TfmPreTrainedModel):
         encoder_attention_mask: torch.Tensor | None = None,
         use_cache: bool | None = None,
         **kwargs: Unpack[TransformersKwargs],
-    ) -> TfmModelOutput:
+    ) -> BaseModelOutputWithPast | MoeModelOutputWithPast | TfmModelOutput:  # clients read the fields from it
         past_length = cache.get_seq_length() if cache is not None else 0
         self.input_rules.check(
             input_ids, inputs_embeds, attention_mask, position_ids, token_type_ids, past_length, self.training
@@ -456,11 +470,10 @@ class TfmStack(TfmPreTrainedModel):
                 **kwargs,
             )
         hidden_states = self.project_out(self.norm(hidden_states))
-        return TfmModelOutput(
-            last_hidden_state=hidden_states,
-            pooler_output=self.pooler(hidden_states) if self.pooler is not None else None,
-            **{CACHE_NAME: cache},
-        )
+        outputs = self.output_class(last_hidden_state=hidden_states, **{CACHE_NAME: cache})
+        if self.pooler is not None:  # BERT's sentence vector (an item: ModelOutput's fields set later must be)
+            outputs["pooler_output"] = self.pooler(hidden_states)
+        return outputs
 
     def packed_sequence_ids(
         self, position_ids, attention_mask, cache, input_ids, inputs_embeds
