@@ -1,16 +1,21 @@
 """Where a speed gap comes from: one batch-1 decode step (the CPU profile's worst rows) of each causal pair,
 taken apart by the profilers.
 
-    python -m benchmarks.profile_gap      # writes benchmarks/results/profile-cpu-<date>.json
+    python -m benchmarks.profile_gap                  # writes benchmarks/results/profile-cpu-<date>.json
+    python -m benchmarks.profile_gap --profile smoke  # the tests' tiny shapes: profile-smoke-<date>.json
 
 Per model: median step time (alternating, like benchmarks.speed), Python function calls per step (cProfile),
 aten operators per step, the same two counts per decode step of a whole `generate()` loop (`generate_step_counts`,
-what tests/test_step_budget.py holds to budgets), and from one torch.profiler run the step time and the CPU time
-inside top-level operators. Their difference is the time outside operators: Python module calls, output
+what tests/test_step_budget.py holds to budgets), the time per token of that loop (`generate_token_us`, both caches),
+and from one torch.profiler run the step time and the CPU time inside top-level operators. At the smoke shapes a
+step is host time almost entirely, as a GPU's batch-1 decoding of a small model is: the CPU's ratio there predicts the
+host's share of the GPU's decoding rows. Their difference is the time outside operators: Python module calls, output
 dataclasses, mask and cache bookkeeping (inflated, like the operator time, by the profiler itself).
 """
 
+import argparse
 import cProfile
+import functools
 import pstats
 import time
 from pathlib import Path
@@ -26,6 +31,7 @@ from benchmarks.record import header, write
 from hf_tfm.compat import CACHE_NAME
 
 PROMPT, STEPS = 16, 200  # the speed profile's prompt length; steps per measurement
+GENERATE_REPEATS = 11  # alternating generate() runs per length (generate_token_us)
 
 
 def decode_step(model, cache, token, position):
@@ -91,6 +97,29 @@ def generate_step_counts(model, cache_implementation: str = "dynamic", steps: in
     return {"python_calls": (more_calls - calls) / steps, "aten_ops": (more_operators - operators) / steps}
 
 
+def generate_token_us(models: dict, cache_implementation: str) -> dict[str, float]:
+    """Microseconds per token of a batch-1 greedy `generate()` loop, each model's: a run of 40 new tokens minus a run
+    of 8, over 32, medians of `GENERATE_REPEATS` alternating runs (the prompt and the per-call set-up cancel)."""
+    prompt = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    options = dict(do_sample=False, num_beams=1, cache_implementation=cache_implementation)
+
+    def run(model, new_tokens: int):
+        model.generation_config.eos_token_id = None  # every run decodes all its tokens
+        with torch.no_grad():
+            model.generate(
+                prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                **options,
+            )  # fmt: skip
+
+    work = {
+        f"{key}-{tokens}": functools.partial(run, model, tokens)
+        for key, model in models.items()
+        for tokens in (8, 40)
+    }
+    timed = alternating_medians(work, warmup=2, repeats=GENERATE_REPEATS, device=torch.device("cpu"))
+    return {key: (timed[f"{key}-40"]["median_s"] - timed[f"{key}-8"]["median_s"]) / 32 * 1e6 for key in models}
+
+
 def python_calls(step) -> float:
     profiler = cProfile.Profile()
     profiler.enable()
@@ -132,6 +161,8 @@ def profile_pair(name: str, profile_name: str) -> dict:
             "overhead_us": profiled - inside,
         }
     row["time_ratio"] = row["ours"]["step_us"] / row["reference"]["step_us"]
+    models = {"reference": reference, "ours": ours}
+    row["generate_token_us"] = {cache: generate_token_us(models, cache) for cache in ("dynamic", "static")}
     # the regression guard's counts (tests/test_step_budget.py), here at this profile's shapes
     row["generate_step"] = {
         cache: {"reference": generate_step_counts(reference, cache), "ours": generate_step_counts(ours, cache)}
@@ -143,7 +174,7 @@ def profile_pair(name: str, profile_name: str) -> dict:
 def main(profile_name: str = "cpu", output: Path | None = None) -> dict:
     rows = [profile_pair(name, profile_name) for name, kind in KINDS.items() if kind.task == "causal"]
     record = {
-        **header(profile_name, "python -m benchmarks.profile_gap", torch.device("cpu")),
+        **header(profile_name, f"python -m benchmarks.profile_gap --profile {profile_name}", torch.device("cpu")),
         "prompt_length": PROMPT,
         "steps": STEPS,
         "rows": rows,
@@ -157,9 +188,16 @@ def main(profile_name: str = "cpu", output: Path | None = None) -> dict:
             f"aten ops {ref['aten_ops']:5.0f} -> "
             f"{ours['aten_ops']:5.0f}  overhead us {ref['overhead_us']:6.0f} -> {ours['overhead_us']:6.0f}"
         )
+        for cache, times in row["generate_token_us"].items():
+            print(
+                f"{'':8s} generate() {cache:7s} us per token {times['reference']:6.0f} -> {times['ours']:6.0f} "
+                f"(ratio {times['ours'] / times['reference']:.3f})"
+            )
     write(record, f"profile-{profile_name}", output)
     return record
 
 
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--profile", default="cpu", choices=["smoke", "cpu"])
+    main(parser.parse_args().profile)

@@ -140,11 +140,13 @@ def test_report_reads_the_results(tmp_path, speed_record):
 
 def test_profile_gap_takes_apart_each_causal_pair(tmp_path, monkeypatch):
     monkeypatch.setattr(profile_gap, "STEPS", 3)
+    monkeypatch.setattr(profile_gap, "GENERATE_REPEATS", 1)
     record = profile_gap.main("smoke", tmp_path / "profile-cpu-2026-01-01.json")
     assert [row["pair"] for row in record["rows"]] == [n for n, kind in KINDS.items() if kind.task == "causal"]
     for row in record["rows"]:
         for side in ("reference", "ours"):
             assert row[side]["python_calls"] > 0 and row[side]["aten_ops"] > 0 and row[side]["operator_us"] > 0
+            assert all(times[side] > 0 for times in row["generate_token_us"].values())
     assert "## Where the batch-1 decoding gap comes from (CPU)" in report.gap_section(record, tmp_path / "x.json")[0]
 
 
