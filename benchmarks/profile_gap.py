@@ -112,9 +112,7 @@ def generate_token_us(models: dict, cache_implementation: str) -> dict[str, floa
             )  # fmt: skip
 
     work = {
-        f"{key}-{tokens}": functools.partial(run, model, tokens)
-        for key, model in models.items()
-        for tokens in (8, 40)
+        f"{key}-{tokens}": functools.partial(run, model, tokens) for key, model in models.items() for tokens in (8, 40)
     }
     timed = alternating_medians(work, warmup=2, repeats=GENERATE_REPEATS, device=torch.device("cpu"))
     return {key: (timed[f"{key}-40"]["median_s"] - timed[f"{key}-8"]["median_s"]) / 32 * 1e6 for key in models}
