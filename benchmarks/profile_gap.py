@@ -3,14 +3,18 @@ taken apart by the profilers.
 
     python -m benchmarks.profile_gap                  # writes benchmarks/results/profile-cpu-<date>.json
     python -m benchmarks.profile_gap --profile smoke  # the tests' tiny shapes: profile-smoke-<date>.json
+    python -m benchmarks.profile_gap --profile smoke --gpu-depth  # and the GPU profile's layer count
 
 Per model: median step time (alternating, like benchmarks.speed), Python function calls per step (cProfile),
 aten operators per step, the same two counts per decode step of a whole `generate()` loop (`generate_step_counts`,
 what tests/test_step_budget.py holds to budgets), the time per token of that loop (`generate_token_us`, both caches),
-and from one torch.profiler run the step time and the CPU time inside top-level operators. At the smoke shapes a
-step is host time almost entirely, as a GPU's batch-1 decoding of a small model is: the CPU's ratio there predicts the
-host's share of the GPU's decoding rows. Their difference is the time outside operators: Python module calls, output
-dataclasses, mask and cache bookkeeping (inflated, like the operator time, by the profiler itself).
+and from one torch.profiler run the step time and the CPU time inside top-level operators. Their difference is the
+time outside operators: Python module calls, output dataclasses, mask and cache bookkeeping (inflated, like the
+operator time, by the profiler itself).
+
+At the smoke shapes a step is host time almost entirely, as a GPU's batch-1 decoding of a small model is: the CPU's
+ratio there predicts the host's share of the GPU's decoding rows. `--gpu-depth` gives each tiny model the GPU
+profile's number of layers (GPT-2 124M's 12), so that the per-layer frames count as often as they do on the GPU.
 """
 
 import argparse
@@ -141,13 +145,23 @@ def operator_time(step) -> tuple[float, float, float]:
     return len(every) / STEPS, sum(e.cpu_time_total for e in top) / STEPS, profiled
 
 
-def profile_pair(name: str, profile_name: str) -> dict:
-    spec = PROFILES[profile_name]["pairs"][name]
-    reference, ours = build_pair(name, spec["config"])
+def at_gpu_depth(name: str, config: dict) -> dict:
+    """`config` with the number of layers of the pair's GPU profile (under the reference config's own name for it)."""
+    kind = KINDS[name]
+    gpu = kind.config_class(**kind.defaults, **PROFILES["gpu"]["pairs"][name]["config"])
+    depth = kind.config_class.attribute_map.get("num_hidden_layers", "num_hidden_layers")
+    # a per-layer list would not fit the new depth: the family's default pattern of layer types follows it
+    fields = {key: value for key, value in config.items() if key != "layer_types"}
+    return {**fields, depth: gpu.num_hidden_layers}
+
+
+def profile_pair(name: str, profile_name: str, gpu_depth: bool = False) -> dict:
+    config = PROFILES[profile_name]["pairs"][name]["config"]
+    reference, ours = build_pair(name, at_gpu_depth(name, config) if gpu_depth else config)
     vocab = reference.config.vocab_size
     steps = {"reference": prefilled(reference, vocab), "ours": prefilled(ours, vocab)}
     timed = alternating_medians(steps, warmup=20, repeats=STEPS, device=torch.device("cpu"))
-    row = {"pair": name, "reference_class": KINDS[name].reference}
+    row = {"pair": name, "reference_class": KINDS[name].reference, "layers": reference.config.num_hidden_layers}
     for key, step in steps.items():
         operators, inside, profiled = operator_time(step)
         row[key] = {
@@ -169,10 +183,11 @@ def profile_pair(name: str, profile_name: str) -> dict:
     return row
 
 
-def main(profile_name: str = "cpu", output: Path | None = None) -> dict:
-    rows = [profile_pair(name, profile_name) for name, kind in KINDS.items() if kind.task == "causal"]
+def main(profile_name: str = "cpu", output: Path | None = None, gpu_depth: bool = False) -> dict:
+    rows = [profile_pair(name, profile_name, gpu_depth) for name, kind in KINDS.items() if kind.task == "causal"]
+    options = f"--profile {profile_name}" + (" --gpu-depth" if gpu_depth else "")
     record = {
-        **header(profile_name, f"python -m benchmarks.profile_gap --profile {profile_name}", torch.device("cpu")),
+        **header(profile_name, f"python -m benchmarks.profile_gap {options}", torch.device("cpu")),
         "prompt_length": PROMPT,
         "steps": STEPS,
         "rows": rows,
@@ -180,7 +195,7 @@ def main(profile_name: str = "cpu", output: Path | None = None) -> dict:
     for row in rows:
         ref, ours = row["reference"], row["ours"]
         print(
-            f"{row['pair']:8s} step us {ref['step_us']:7.0f} -> {ours['step_us']:7.0f} "
+            f"{row['pair']:8s} ({row['layers']} layers) step us {ref['step_us']:7.0f} -> {ours['step_us']:7.0f} "
             f"(ratio {row['time_ratio']:.3f})  "
             f"python calls {ref['python_calls']:6.0f} -> {ours['python_calls']:6.0f}  "
             f"aten ops {ref['aten_ops']:5.0f} -> "
@@ -191,11 +206,13 @@ def main(profile_name: str = "cpu", output: Path | None = None) -> dict:
                 f"{'':8s} generate() {cache:7s} us per token {times['reference']:6.0f} -> {times['ours']:6.0f} "
                 f"(ratio {times['ours'] / times['reference']:.3f})"
             )
-    write(record, f"profile-{profile_name}", output)
+    write(record, f"profile-{profile_name}" + ("-gpu-depth" if gpu_depth else ""), output)
     return record
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--profile", default="cpu", choices=["smoke", "cpu"])
-    main(parser.parse_args().profile)
+    parser.add_argument("--gpu-depth", action="store_true", help="the GPU profile's number of layers")
+    arguments = parser.parse_args()
+    main(arguments.profile, gpu_depth=arguments.gpu_depth)

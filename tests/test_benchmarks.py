@@ -150,6 +150,16 @@ def test_profile_gap_takes_apart_each_causal_pair(tmp_path, monkeypatch):
     assert "## Where the batch-1 decoding gap comes from (CPU)" in report.gap_section(record, tmp_path / "x.json")[0]
 
 
+@pytest.mark.parametrize("name", [name for name, kind in KINDS.items() if kind.task == "causal"])
+def test_gpu_depth_gives_the_tiny_pair_the_gpu_profiles_layers(name):
+    """`profile_gap --gpu-depth`: the smoke pair, as many layers as the GPU profile's (GPT-2 124M's 12), both sides."""
+    kind = KINDS[name]
+    expected = kind.config_class(**kind.defaults, **PROFILES["gpu"]["pairs"][name]["config"]).num_hidden_layers
+    reference, ours = build_pair(name, profile_gap.at_gpu_depth(name, PROFILES["smoke"]["pairs"][name]["config"]))
+    assert reference.config.num_hidden_layers == ours.config.num_hidden_layers == expected
+    assert reference.config.hidden_size == PROFILES["smoke"]["pairs"][name]["config"].get("hidden_size", 32)
+
+
 def test_techniques_measures_every_chunked_loss_variant_and_reports_it(tmp_path):
     """benchmarks/techniques.py at toy shapes: for each pair, the default, plain and swept loss_chunk_size each get a
     train-step row and a peak-memory row against the reference, and each trains the reference's function."""
