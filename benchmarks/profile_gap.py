@@ -19,7 +19,6 @@ profile's number of layers (GPT-2 124M's 12), so that the per-layer frames count
 
 import argparse
 import cProfile
-import functools
 import pstats
 import time
 from pathlib import Path
@@ -29,13 +28,14 @@ from torch.profiler import ProfilerActivity, profile
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import DynamicCache
 
-from benchmarks.measure import alternating_medians
+from benchmarks.measure import alternating_medians, generate_work
 from benchmarks.pairs import KINDS, PROFILES, build_pair
 from benchmarks.record import header, write
 from hf_tfm.compat import CACHE_NAME
 
 PROMPT, STEPS = 16, 200  # the speed profile's prompt length; steps per measurement
 GENERATE_REPEATS = 11  # alternating generate() runs per length (generate_token_us)
+GENERATE_PROMPT = torch.tensor([[5, 6, 7, 8, 9, 10]])  # the batch-1 prompt generate() continues in both measures
 
 
 def decode_step(model, cache, token, position):
@@ -76,7 +76,7 @@ def generate_step_counts(model, cache_implementation: str = "dynamic", steps: in
     whole loop included (input preparation, the model, logits processing): a run of `2 * steps` new tokens minus a run
     of `steps`, divided by `steps`, so the prompt and the per-call set-up cancel. Counts do not depend on machine load:
     tests compare them (tests/test_step_budget.py)."""
-    prompt = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    prompt = GENERATE_PROMPT
     model.generation_config.eos_token_id = None  # every run decodes all its tokens
 
     def counts(new_tokens: int) -> tuple[int, int]:
@@ -102,21 +102,13 @@ def generate_step_counts(model, cache_implementation: str = "dynamic", steps: in
 
 
 def generate_token_us(models: dict, cache_implementation: str) -> dict[str, float]:
-    """Microseconds per token of a batch-1 greedy `generate()` loop, each model's: a run of 40 new tokens minus a run
-    of 8, over 32, medians of `GENERATE_REPEATS` alternating runs (the prompt and the per-call set-up cancel)."""
-    prompt = torch.tensor([[5, 6, 7, 8, 9, 10]])
-    options = dict(do_sample=False, num_beams=1, cache_implementation=cache_implementation)
-
-    def run(model, new_tokens: int):
-        model.generation_config.eos_token_id = None  # every run decodes all its tokens
-        with torch.no_grad():
-            model.generate(
-                prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                **options,
-            )  # fmt: skip
-
+    """Microseconds per token of a batch-1 greedy `generate()` loop, each model's (benchmarks.speed's generation work):
+    a run of 40 new tokens minus a run of 8, over 32, medians of `GENERATE_REPEATS` alternating runs (the prompt and
+    the per-call set-up cancel)."""
     work = {
-        f"{key}-{tokens}": functools.partial(run, model, tokens) for key, model in models.items() for tokens in (8, 40)
+        f"{key}-{tokens}": generate_work(model, GENERATE_PROMPT, tokens, cache_implementation, outputs=[])
+        for key, model in models.items()
+        for tokens in (8, 40)
     }
     timed = alternating_medians(work, warmup=2, repeats=GENERATE_REPEATS, device=torch.device("cpu"))
     return {key: (timed[f"{key}-40"]["median_s"] - timed[f"{key}-8"]["median_s"]) / 32 * 1e6 for key in models}
