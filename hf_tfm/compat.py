@@ -113,6 +113,40 @@ def _probe_rope_dict() -> str | None:
     return None
 
 
+def _probe_torch_linear_cross_entropy() -> str | None:
+    """hf_tfm's chunked loss stays while torch's own chunked `linear_cross_entropy` hands its vocabulary matmul the
+    weights' dtype under autocast (a float32 matmul where Trainer's `bf16=True` asks for bf16)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    if not hasattr(torch.nn.functional, "linear_cross_entropy"):
+        return None
+
+    class OperandDtypes(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.dtypes = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.overloadpacket.__name__
+            if name in ("mm", "addmm") or "linear_cross_entropy" in name:
+                self.dtypes |= {arg.dtype for arg in args if isinstance(arg, torch.Tensor) and arg.is_floating_point()}
+            return func(*args, **(kwargs or {}))
+
+    hidden, weight = torch.randn(16, 8, requires_grad=True), torch.randn(32, 8, requires_grad=True)
+    seen = OperandDtypes()
+    with seen, torch.autocast("cpu", dtype=torch.bfloat16):
+        torch.nn.functional.linear_cross_entropy(
+            hidden, weight, torch.arange(16), options=torch.nn.LinearCrossEntropyOptions()
+        ).backward()
+    if torch.bfloat16 in seen.dtypes:
+        return (
+            "torch's chunked linear_cross_entropy now follows autocast: measure it against hf_tfm's chunked loss "
+            "(python -m benchmarks.linear_cross_entropy), which it may replace"
+        )
+    return None
+
+
 MODEL_ROWS = [  # the decisions of the model bundle (hf_tfm/model/compat.py) and the internals it touches
     Row(
         "cache argument",
@@ -176,6 +210,16 @@ MODEL_ROWS = [  # the decisions of the model bundle (hf_tfm/model/compat.py) and
         "5.17 (later releases complete nested dicts themselves)",
         "transformers' own conversion once the lower bound completes nested dicts",
         _probe_rope_dict,
+    ),
+    Row(
+        "torch.nn.functional.linear_cross_entropy (not used)",
+        "the LM head trains with its own chunked loss (modeling_tfm_lm_head.ChunkedLinearCrossEntropy), not torch's: "
+        "torch's chunked operator runs outside autocast (a float32 vocabulary matmul under bf16 autocast), sums "
+        "a bf16 loss in bf16 on the CPU, and has no soft cap, input scale, bias after the matmul or padded rows "
+        "(benchmarks/linear_cross_entropy.py measures it)",
+        "torch 2.13+ (the first with it)",
+        "torch's operator where it follows autocast and matches the reference's rounding",
+        _probe_torch_linear_cross_entropy,
     ),
 ]
 

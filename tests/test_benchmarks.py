@@ -10,7 +10,16 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from benchmarks import chunked_loss, nanogpt_setting, profile_gap, quality, report, speed, techniques
+from benchmarks import (
+    chunked_loss,
+    linear_cross_entropy,
+    nanogpt_setting,
+    profile_gap,
+    quality,
+    report,
+    speed,
+    techniques,
+)
 from benchmarks.pairs import KINDS, PROFILES, build_pair, parameter_count, train_flops_per_token
 
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -190,6 +199,25 @@ def test_techniques_measures_every_chunked_loss_variant_and_reports_it(tmp_path)
     empty = tmp_path / "empty"
     empty.mkdir()
     assert "## Beyond parity: cpu profile\n\nNot measured yet" in report.build(empty, tmp_path / "EMPTY.md")
+
+
+def test_linear_cross_entropy_compares_the_three_losses_under_each_dtype_policy(tmp_path):
+    """benchmarks/linear_cross_entropy.py at a toy shape: the reference's, hf_tfm's and torch's loss under each dtype
+    policy, each step timed, its peak and its difference from float64 measured; hf_tfm's chunked loss hands its
+    vocabulary matmul the dtypes the reference's gets (autocast's under autocast)."""
+    output = tmp_path / "linear-cross-entropy-smoke.json"
+    record = linear_cross_entropy.main(["--profile", "smoke", "--output", str(output)])
+    assert json.loads(output.read_text()) == json.loads(json.dumps(record))
+    assert set(record["policies"]) == set(linear_cross_entropy.POLICIES)
+    for policy, row in record["policies"].items():
+        assert set(row) == {"reference", "hf_tfm", "torch"}, policy
+        for name, measured in row.items():
+            assert measured["time_ratio"] > 0 and measured["peak_bytes"] > 0, (policy, name)
+            assert all(math.isfinite(value) for value in measured["largest_difference_from_float64"].values())
+        assert row["hf_tfm"]["vocabulary_matmul_dtypes"] == row["reference"]["vocabulary_matmul_dtypes"], policy
+    assert record["policies"]["float32 weights, bf16 autocast"]["reference"]["vocabulary_matmul_dtypes"] == [
+        "bfloat16/bfloat16"
+    ]
 
 
 def test_the_report_reads_the_newest_file_of_a_kind(tmp_path):

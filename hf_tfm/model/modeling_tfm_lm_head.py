@@ -6,7 +6,9 @@ scale, BART's bias after the matmul, the padded rows sliced off, Gemma 2's soft 
 with labels, the loss projects a chunk of tokens at a time and takes each chunk's gradients while its logits exist
 (`linear_cross_entropy`: Liger-Kernel's fused linear cross-entropy in plain PyTorch), so the `[tokens, vocab]` float32
 logits and their gradient are never held whole; otherwise it is transformers' loss over the logits. Same loss and
-gradients either way, to rounding.
+gradients either way, to rounding. Not torch's own `linear_cross_entropy`: its chunked operator ignores autocast (a
+float32 vocabulary matmul under bf16 autocast) and knows none of the options above (hf_tfm's compat table, row
+"torch.nn.functional.linear_cross_entropy").
 """
 
 import math
