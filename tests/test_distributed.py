@@ -43,7 +43,13 @@ from support.processes import run_process_group
 from transformers import AutoModelForCausalLM
 
 import hf_tfm  # noqa: F401  (registers the tfm model types)
-from hf_tfm.model.modeling_tfm_stack import TfmBlock, TfmPreTrainedModel
+from hf_tfm import (
+    TfmDecoderConfig,
+    TfmDecoderForCausalLM,
+    TfmEncoderDecoderConfig,
+    TfmEncoderDecoderForConditionalGeneration,
+)
+from hf_tfm.model.modeling_tfm_stack import TfmBlock
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIGS = REPO / "configs" / "accelerate"
@@ -139,7 +145,6 @@ FSDP_CONFIG = {
     "fsdp_version": 2,
     "fsdp_reshard_after_forward": True,  # FSDP2's FULL_SHARD
     "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
-    "fsdp_transformer_layer_cls_to_wrap": "TfmBlock",
     "fsdp_state_dict_type": "SHARDED_STATE_DICT",
     "fsdp_offload_params": False,
 }
@@ -175,7 +180,7 @@ def test_config_loads_with_accelerate_and_launches_as_intended(name):
 def test_fsdp_config_fully_shards_our_blocks_with_sharded_checkpoints(monkeypatch):
     config = load_config_from_file(str(CONFIGS / "fsdp.yaml"))
     assert {key: config.fsdp_config[key] for key in FSDP_CONFIG} == FSDP_CONFIG
-    assert TfmBlock.__name__ in TfmPreTrainedModel._no_split_modules
+    assert "fsdp_transformer_layer_cls_to_wrap" not in config.fsdp_config  # the model names its block class
     # the plugin that the launched processes build from the launcher's environment, applied to one of our models
     from accelerate.utils import FullyShardedDataParallelPlugin
     from accelerate.utils.launch import prepare_multi_gpu_env
@@ -186,8 +191,45 @@ def test_fsdp_config_fully_shards_our_blocks_with_sharded_checkpoints(monkeypatc
     plugin = FullyShardedDataParallelPlugin()
     assert plugin.fsdp_version == 2 and plugin.reshard_after_forward is True
     assert "SHARDED_STATE_DICT" in str(plugin.state_dict_type)
-    plugin.set_auto_wrap_policy(tiny_model())  # raises if no module of the model is called TfmBlock
+    plugin.set_auto_wrap_policy(tiny_model())  # raises if no module of the model is of a class it names
     assert plugin.auto_wrap_policy.keywords["transformer_layer_cls"] == {TfmBlock}
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"norm_position": "pre"},
+        {"norm_position": "sandwich"},
+        {"norm_position": "post"},
+        {"parallel_residual": True},
+        {"is_encoder_decoder": True, "norm_position": "post"},
+    ],
+    ids=["pre", "sandwich", "post", "parallel", "encoder-decoder"],
+)
+def test_fsdp_wraps_the_block_class_a_model_is_built_of(fields, monkeypatch):
+    """accelerate's transformer-based wrap policy (fsdp.yaml's, and Trainer's `fsdp="full_shard auto_wrap"` without
+    class names) looks up every class name in the model's `_no_split_modules` and refuses one the model lacks: each
+    model names the one block class it holds, for every placement and paradigm."""
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    for key, value in {"ACCELERATE_USE_FSDP": "true", "FSDP_AUTO_WRAP_POLICY": "TRANSFORMER_BASED_WRAP"}.items():
+        monkeypatch.setenv(key, value)
+    encoder_decoder = fields.pop("is_encoder_decoder", False)
+    config_class, model_class = (
+        (TfmEncoderDecoderConfig, TfmEncoderDecoderForConditionalGeneration)
+        if encoder_decoder
+        else (TfmDecoderConfig, TfmDecoderForCausalLM)
+    )
+    model = model_class(
+        config_class(
+            vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, **fields
+        )
+    )
+    blocks = {type(module) for module in model.modules() if isinstance(module, TfmBlock)}
+    assert len(blocks) == 1 and model._no_split_modules == {block.__name__ for block in blocks}
+    plugin = FullyShardedDataParallelPlugin()
+    plugin.set_auto_wrap_policy(model)
+    assert plugin.auto_wrap_policy.keywords["transformer_layer_cls"] == blocks
 
 
 @pytest.mark.parametrize("stage", [2, 3])

@@ -216,7 +216,7 @@ class TfmPreTrainedModel(TfmLoadingMixin, TfmParallelMixin, PreTrainedModel):
     config: TfmConfig
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
-    _no_split_modules = ["TfmBlock", "TfmPostNormBlock", "TfmParallelBlock"]
+    _no_split_modules = ["TfmBlock", "TfmPostNormBlock", "TfmParallelBlock"]  # a model lists its own (post_init)
     _skip_keys_device_placement = CACHE_NAMES
     _supports_flash_attn = True
     _supports_sdpa = True
@@ -241,6 +241,9 @@ class TfmPreTrainedModel(TfmLoadingMixin, TfmParallelMixin, PreTrainedModel):
         # get_correct_attn_implementation (a kernel from the Hub) is asked here
         if refusal := backend_refusal(self.config, self.config._attn_implementation):
             raise ValueError(refusal)
+        # the model names the one block class it is built of: accelerate's FSDP wrap policy (the default of Trainer's
+        # and accelerate's transformer-based wrapping) looks up every name listed and refuses one the model lacks
+        self._no_split_modules = [block_class(self.config).__name__]
         super().post_init()
 
     def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
