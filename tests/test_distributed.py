@@ -208,8 +208,8 @@ def test_fsdp_config_fully_shards_our_blocks_with_sharded_checkpoints(monkeypatc
 )
 def test_fsdp_wraps_the_block_class_a_model_is_built_of(fields, monkeypatch):
     """accelerate's transformer-based wrap policy (fsdp.yaml's, and Trainer's `fsdp="full_shard auto_wrap"` without
-    class names) looks up every class name in the model's `_no_split_modules` and refuses one the model lacks: each
-    model names the one block class it holds, for every placement and paradigm."""
+    class names) and PEFT's look up every class name in the model's `_no_split_modules` and refuse one the model
+    lacks: each model names the one block class it holds, for every placement and paradigm."""
     from accelerate.utils import FullyShardedDataParallelPlugin
 
     for key, value in {"ACCELERATE_USE_FSDP": "true", "FSDP_AUTO_WRAP_POLICY": "TRANSFORMER_BASED_WRAP"}.items():
@@ -230,6 +230,12 @@ def test_fsdp_wraps_the_block_class_a_model_is_built_of(fields, monkeypatch):
     plugin = FullyShardedDataParallelPlugin()
     plugin.set_auto_wrap_policy(model)
     assert plugin.auto_wrap_policy.keywords["transformer_layer_cls"] == blocks
+    # PEFT's policy for a LoRA model under FSDP reads the same list
+    from peft import LoraConfig, get_peft_model
+    from peft.utils.other import fsdp_auto_wrap_policy
+
+    peft_policy = fsdp_auto_wrap_policy(get_peft_model(model, LoraConfig(target_modules=["q_proj", "v_proj"])))
+    assert blocks <= peft_policy.keywords["policies"][1].keywords["transformer_layer_cls"]
 
 
 @pytest.mark.parametrize("stage", [2, 3])
