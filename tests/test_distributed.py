@@ -226,7 +226,7 @@ def test_fsdp_wraps_the_block_class_a_model_is_built_of(fields, monkeypatch):
         )
     )
     blocks = {type(module) for module in model.modules() if isinstance(module, TfmBlock)}
-    assert len(blocks) == 1 and model._no_split_modules == {block.__name__ for block in blocks}
+    assert len(blocks) == 1 and set(model._no_split_modules) == {block.__name__ for block in blocks}
     plugin = FullyShardedDataParallelPlugin()
     plugin.set_auto_wrap_policy(model)
     assert plugin.auto_wrap_policy.keywords["transformer_layer_cls"] == blocks
