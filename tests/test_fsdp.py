@@ -62,8 +62,9 @@ def test_trainer_trains_a_model_that_transformers_sharded_at_load_time(results):
     trainer = results["trainer"]
     if "skipped" in trainer:
         pytest.skip(trainer["skipped"])
-    # from_pretrained(..., distributed_config=DistributedConfig(fsdp_size=2)) applies base_model_fsdp_plan
-    assert trainer["sharding"]["units"] == ["", "model.layers.0", "model.layers.1", "model.norm"]
+    # from_pretrained(..., distributed_config=DistributedConfig(fsdp_size=2)) applies the model's fsdp_plan, Llama's:
+    # a unit per block, and the final norm with the tied token table (the LM head) as one unit kept gathered
+    assert trainer["sharding"]["units"] == ["", "model.embed_tokens", "model.layers.0", "model.layers.1", "model.norm"]
     assert trainer["sharding"]["placements"] == ["(Shard(dim=0),)"]
     assert trainer["sharding"]["tied"]
     assert trainer["is_distributed_loading_by_transformers"]  # Trainer leaves it to FSDP, no DDP wrapper

@@ -426,6 +426,29 @@ def test_every_rule_names_a_module_of_the_model(model_class, config_class, field
         assert model.model.encoder.tp_plan == {} and "model.decoder.layers.*.cross_attn.q_proj" in model.tp_plan
 
 
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_a_causal_lms_fsdp_plan_is_llamas(tied):
+    """transformers' FSDP2 (`DistributedConfig(fsdp_size=N)`) shards by the model's `fsdp_plan`: a Llama-converted
+    model's is Llama's, the final norm and the LM head (or the tied token table) kept gathered for the backward,
+    where the head would otherwise be held by the root unit, gathered through the whole step."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from hf_tfm.convert import to_tfm
+
+    reference = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=128,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            tie_word_embeddings=tied,
+        )
+    )
+    assert to_tfm(reference).fsdp_plan == reference.fsdp_plan
+
+
 def test_a_models_plans_follow_its_configs_fields_and_keep_assigned_rules():
     """The base model computes its plans from the config as it is built (a field changed before then counts); a rule
     assigned to the config, as transformers' own configs carry theirs, stays on top; none is written to

@@ -444,6 +444,9 @@ class TfmDecoderForCausalLM(TfmDecoderHead, TfmGenerationMixin):
     # the vocabulary sharded as the token table is (tied, they are one tensor), the logits gathered: Llama's plans
     _tp_plan = {"lm_head": "colwise_gather_output"}
     _pp_plan = {"lm_head": (["hidden_states"], ["logits"])}
+    # FSDP2 (transformers' DistributedConfig) keeps the head gathered after the forward, grouped with the final norm
+    # (with the tied token table when tied): the backward needs it at once, as Llama's plan says
+    _fsdp_plan = {"lm_head": "keep_full_weight"}
 
     def build_task_layer(self, config):
         return TfmLMHead(config)
