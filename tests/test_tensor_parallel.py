@@ -21,12 +21,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.families import tiny_reference
 from support.processes import run_process_group
 from transformers.distributed import DistributedConfig
 from transformers.distributed.tensor_parallel import ALL_PARALLEL_STYLES
 
 from hf_tfm import TfmDecoderConfig, TfmEncoderConfig, TfmEncoderDecoderConfig
 from hf_tfm.compat import TOKEN_DISPATCH
+from hf_tfm.convert import to_tfm
 from hf_tfm.model.capabilities import (
     check_parallel_layout,
     expert_parallel_plan,
@@ -431,21 +433,7 @@ def test_a_causal_lms_fsdp_plan_is_llamas(tied):
     """transformers' FSDP2 (`DistributedConfig(fsdp_size=N)`) shards by the model's `fsdp_plan`: a Llama-converted
     model's is Llama's, the final norm and the LM head (or the tied token table) kept gathered for the backward,
     where the head would otherwise be held by the root unit, gathered through the whole step."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from hf_tfm.convert import to_tfm
-
-    reference = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=128,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            tie_word_embeddings=tied,
-        )
-    )
+    reference = tiny_reference("llama", tie_word_embeddings=tied)
     assert to_tfm(reference).fsdp_plan == reference.fsdp_plan
 
 
