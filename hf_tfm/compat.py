@@ -217,7 +217,7 @@ MODEL_ROWS = [  # the decisions of the model bundle (hf_tfm/model/compat.py) and
         "torch's chunked operator runs outside autocast (a float32 vocabulary matmul under bf16 autocast), sums "
         "a bf16 loss in bf16 on the CPU, and has no soft cap, input scale, bias after the matmul or padded rows "
         "(benchmarks/linear_cross_entropy.py measures it)",
-        "torch 2.13+ (the first with it)",
+        "torch 2.13 and later (hf_tfm's lower bound; 2.13 has the operator)",
         "torch's operator where it follows autocast and matches the reference's rounding",
         _probe_torch_linear_cross_entropy,
     ),
