@@ -273,3 +273,31 @@ def test_a_t5_decode_step_adds_the_bias_without_a_mask(monkeypatch):
     assert decoder_steps == [(1, False)] * 3
     ours(input_ids=source, decoder_input_ids=torch.randint(3, VOCAB, (1, 4)))
     assert merged[-1] == (4, True)
+
+
+@pytest.mark.parametrize("v1_1", [False, True], ids=["v1.0", "v1.1"])
+def test_a_float16_load_keeps_t5s_feed_forward_output_in_float32(tmp_path, v1_1):
+    """T5 keeps `wo` in float32 when loaded in float16 (`_keep_in_fp32_modules`), where its output overflows float16;
+    a converted T5 keeps its `down_proj` so (`numerics` "ffn_output_in_float32"): the reference's logits and tokens
+    bit for bit, where a float16 `down_proj` gives inf."""
+    reference = t5(v1_1)
+    with torch.no_grad():  # feed-forward outputs past float16's range, as large T5 checkpoints have them
+        for stack in (reference.encoder, reference.decoder):
+            for block in stack.block:
+                block.layer[-1].DenseReluDense.wo.weight.mul_(2e5)
+    ours = to_tfm(reference)
+    assert "ffn_output_in_float32" in ours.config.numerics
+    reference.save_pretrained(tmp_path / "reference")
+    ours.save_pretrained(tmp_path / "ours")
+    reference = type(reference).from_pretrained(tmp_path / "reference", dtype=torch.float16).eval()
+    ours = type(ours).from_pretrained(tmp_path / "ours", dtype=torch.float16).eval()
+    kept = {name for name, parameter in ours.named_parameters() if parameter.dtype == torch.float32}
+    assert kept and all(name.endswith("mlp.down_proj.weight") for name in kept)
+    input_ids, attention_mask = source_batch()
+    decoder_input_ids = input_ids[:, :5]
+    with torch.no_grad():
+        expected = reference(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids)
+        got = ours(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids)
+        assert torch.isfinite(expected.logits).all() and torch.equal(got.logits, expected.logits)
+        ours.get_submodule("model.encoder.layers.0.mlp.down_proj").half()  # the float16 layer overflows
+        assert not torch.isfinite(ours(input_ids=input_ids, decoder_input_ids=decoder_input_ids).logits).all()

@@ -267,6 +267,8 @@ NUMERICS_READ = {
     "router_scores_in_model_dtype": lambda fields: fields["num_experts"] > 0,
     "scale_queries_as_projected": lambda fields: True,
     "rope_as_complex": lambda fields: fields["position_embedding_type"] == "rope",
+    # what a float16 load keeps in float32: an hf_tfm model saved without it converts to T5, which keeps it
+    "ffn_output_in_float32": lambda fields: False,
 }
 
 

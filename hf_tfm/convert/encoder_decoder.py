@@ -147,7 +147,7 @@ T5 = Family(
     },
     config_class="T5Config",
     fields=T5_FIELDS,
-    fixed=T5_ARCHITECTURE,
+    fixed={**T5_ARCHITECTURE, "numerics": ["ffn_output_in_float32"]},  # T5's `_keep_in_fp32_modules = ["wo"]`
     unread={
         **T5_UNREAD_INIT,
         "classifier_dropout": "read only by T5's classification heads",

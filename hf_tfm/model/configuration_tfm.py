@@ -163,7 +163,9 @@ class TfmConfig(PreTrainedConfig):
             `"router_scores_in_model_dtype"` (the router's probabilities cast to the model's dtype before the experts
             are chosen: Switch Transformer), `"scale_queries_as_projected"` (queries scaled as they are projected, the
             scores unscaled: OPT), `"rope_as_complex"` (interleaved rotary pairs rotate as complex numbers in float32
-            and stay interleaved: DeepSeek-V2).
+            and stay interleaved: DeepSeek-V2), `"ffn_output_in_float32"` (a float16 load keeps each feed-forward's
+            output projection in float32, its input cast to it, and the RMSNorms cast to their weight's dtype: T5's
+            `wo`, which float16 would overflow).
         num_experts (`int`): routed experts per MoE layer (every paradigm); 0 keeps every layer dense.
         num_experts_per_tok (`int`): top-k.
         moe_intermediate_size (`int`, *optional*): one expert's width (`intermediate_size` by default).

@@ -48,6 +48,7 @@ NUMERICS = (
     "router_scores_in_model_dtype",
     "scale_queries_as_projected",
     "rope_as_complex",
+    "ffn_output_in_float32",
 )
 POSITIVE = (
     "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "max_position_embeddings",
@@ -198,6 +199,10 @@ RULES = (
          "kv_lora_rank)"),
     Rule("numerics", lambda c: "rope_as_complex" in c.numerics and not c.rope_interleave,
          "rope_as_complex rotates interleaved pairs, but rope_interleave=False"),
+    Rule("numerics", lambda c: "ffn_output_in_float32" in c.numerics and (
+        c.norm_type != "rmsnorm" or c.rmsnorm_unit_offset or "rmsnorm_scale_in_float32" in c.numerics),
+         "ffn_output_in_float32 casts T5's RMSNorm to its weight's dtype (norm_type='rmsnorm', no unit offset, not "
+         "rmsnorm_scale_in_float32)"),
     Rule("embedding_size", lambda c: c.factorised_embeddings() and (c.is_decoder or c.is_encoder_decoder),
          "{value} is set: factorised embeddings are built for encoders (ALBERT, ELECTRA); a language-model head "
          "would need a projection back to the tied table"),

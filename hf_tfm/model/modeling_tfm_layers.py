@@ -66,6 +66,15 @@ class TfmRMSNormScaledInFloat32(TfmRMSNorm):
         return (self.weight * self.normalized(hidden_states)).to(hidden_states.dtype)
 
 
+class TfmRMSNormInWeightDtype(TfmRMSNorm):
+    """T5's RMSNorm: the normalised states cast to the weight's dtype, not the input's (`numerics`
+    "ffn_output_in_float32": after a feed-forward kept in float32, the residual stream is float32 in a float16 model,
+    and the sublayer after the norm runs in float16)."""
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.weight * self.normalized(hidden_states).to(self.weight.dtype)
+
+
 class TfmUnitOffsetRMSNorm(TfmRMSNorm):
     """Gemma's RMSNorm: scaled by `1 + weight` in float32, then cast; the weight starts at 0."""
 
@@ -86,6 +95,8 @@ def make_norm(config: TfmConfig, width: int | None = None) -> nn.Module:
         return TfmUnitOffsetRMSNorm(width, eps=config.layer_norm_eps)
     if "rmsnorm_scale_in_float32" in config.numerics:
         return TfmRMSNormScaledInFloat32(width, eps=config.layer_norm_eps)
+    if "ffn_output_in_float32" in config.numerics:
+        return TfmRMSNormInWeightDtype(width, eps=config.layer_norm_eps)
     return TfmRMSNorm(width, eps=config.layer_norm_eps)
 
 
@@ -171,13 +182,29 @@ def joint_projections(hidden_states: torch.Tensor, layers: list[nn.Linear]) -> l
 # ---------------------------------------------------------------------------------------------------- feed-forward
 
 
+class TfmLinearInWeightDtype(nn.Linear):
+    """A linear layer that casts its input to its weight's dtype: T5's feed-forward output (`wo`), which a float16
+    load keeps in float32 (`numerics` "ffn_output_in_float32"), where float16 would overflow."""
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if not torch.is_autocast_enabled(hidden_states.device.type):  # under autocast, autocast picks the dtype
+            hidden_states = hidden_states.to(self.weight.dtype)
+        return super().forward(hidden_states)
+
+
+def make_ffn_output(config: TfmConfig, inner: int) -> nn.Linear:
+    """A feed-forward's output projection (`down_proj`), from its inner width back to `hidden_size`."""
+    linear = TfmLinearInWeightDtype if "ffn_output_in_float32" in config.numerics else nn.Linear
+    return linear(inner, config.hidden_size, bias=config.mlp_bias)
+
+
 class TfmMLP(nn.Module):
     """`down(act(up(x)))`: GPT-2's and BERT's feed-forward."""
 
     def __init__(self, config: TfmConfig):
         super().__init__()
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+        self.down_proj = make_ffn_output(config, config.intermediate_size)
         self.act_fn = ACT2FN[config.hidden_act]
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -192,7 +219,7 @@ class TfmGLU(nn.Module):
         inner = intermediate_size or config.intermediate_size
         self.gate_proj = nn.Linear(config.hidden_size, inner, bias=config.mlp_bias)
         self.up_proj = nn.Linear(config.hidden_size, inner, bias=config.mlp_bias)
-        self.down_proj = nn.Linear(inner, config.hidden_size, bias=config.mlp_bias)
+        self.down_proj = make_ffn_output(config, inner)
         self.act_fn = ACT2FN[config.hidden_act]
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:

@@ -244,6 +244,8 @@ class TfmPreTrainedModel(TfmLoadingMixin, TfmParallelMixin, PreTrainedModel):
         # the model names the one block class it is built of: accelerate's FSDP wrap policy (the default of Trainer's
         # and accelerate's transformer-based wrapping) looks up every name listed and refuses one the model lacks
         self._no_split_modules = [block_class(self.config).__name__]
+        if "ffn_output_in_float32" in self.config.numerics:  # what a float16 load keeps in float32, as T5's `wo`
+            self._keep_in_fp32_modules = ["mlp.down_proj"]
         super().post_init()
 
     def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
