@@ -119,9 +119,6 @@ def _probe_torch_linear_cross_entropy() -> str | None:
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    if not hasattr(torch.nn.functional, "linear_cross_entropy"):
-        return None
-
     class OperandDtypes(TorchDispatchMode):
         def __init__(self):
             super().__init__()

@@ -31,6 +31,7 @@ holds.
 import json
 import os
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -38,17 +39,11 @@ import torch
 from accelerate.commands.config.config_args import ClusterConfig, load_config_from_file
 from accelerate.commands.launch import _validate_launch_command, launch_command_parser
 from accelerate.utils import DistributedType
-from conftest import tiny_model
+from conftest import seq2seq, tiny_model
 from support.processes import run_process_group
 from transformers import AutoModelForCausalLM
 
 import hf_tfm  # noqa: F401  (registers the tfm model types)
-from hf_tfm import (
-    TfmDecoderConfig,
-    TfmDecoderForCausalLM,
-    TfmEncoderDecoderConfig,
-    TfmEncoderDecoderForConditionalGeneration,
-)
 from hf_tfm.model.modeling_tfm_stack import TfmBlock
 
 REPO = Path(__file__).resolve().parent.parent
@@ -196,17 +191,17 @@ def test_fsdp_config_fully_shards_our_blocks_with_sharded_checkpoints(monkeypatc
 
 
 @pytest.mark.parametrize(
-    "fields",
+    "build",
     [
-        {"norm_position": "pre"},
-        {"norm_position": "sandwich"},
-        {"norm_position": "post"},
-        {"parallel_residual": True},
-        {"is_encoder_decoder": True, "norm_position": "post"},
+        partial(tiny_model, norm_position="pre"),
+        partial(tiny_model, norm_position="sandwich"),
+        partial(tiny_model, norm_position="post"),
+        partial(tiny_model, parallel_residual=True),
+        partial(seq2seq, norm_position="post"),
     ],
     ids=["pre", "sandwich", "post", "parallel", "encoder-decoder"],
 )
-def test_fsdp_wraps_the_block_class_a_model_is_built_of(fields, monkeypatch):
+def test_fsdp_wraps_the_block_class_a_model_is_built_of(build, monkeypatch):
     """accelerate's transformer-based wrap policy (fsdp.yaml's, and Trainer's `fsdp="full_shard auto_wrap"` without
     class names) and PEFT's look up every class name in the model's `_no_split_modules` and refuse one the model
     lacks: each model names the one block class it holds, for every placement and paradigm."""
@@ -214,17 +209,7 @@ def test_fsdp_wraps_the_block_class_a_model_is_built_of(fields, monkeypatch):
 
     for key, value in {"ACCELERATE_USE_FSDP": "true", "FSDP_AUTO_WRAP_POLICY": "TRANSFORMER_BASED_WRAP"}.items():
         monkeypatch.setenv(key, value)
-    encoder_decoder = fields.pop("is_encoder_decoder", False)
-    config_class, model_class = (
-        (TfmEncoderDecoderConfig, TfmEncoderDecoderForConditionalGeneration)
-        if encoder_decoder
-        else (TfmDecoderConfig, TfmDecoderForCausalLM)
-    )
-    model = model_class(
-        config_class(
-            vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, **fields
-        )
-    )
+    model = build()
     blocks = {type(module) for module in model.modules() if isinstance(module, TfmBlock)}
     assert len(blocks) == 1 and set(model._no_split_modules) == {block.__name__ for block in blocks}
     plugin = FullyShardedDataParallelPlugin()

@@ -278,8 +278,8 @@ def test_a_t5_decode_step_adds_the_bias_without_a_mask(monkeypatch):
 @pytest.mark.parametrize("v1_1", [False, True], ids=["v1.0", "v1.1"])
 def test_a_float16_load_keeps_t5s_feed_forward_output_in_float32(tmp_path, v1_1):
     """T5 keeps `wo` in float32 when loaded in float16 (`_keep_in_fp32_modules`), where its output overflows float16;
-    a converted T5 keeps its `down_proj` so (`numerics` "ffn_output_in_float32"): the reference's logits and tokens
-    bit for bit, where a float16 `down_proj` gives inf."""
+    a converted T5 keeps its `down_proj` so (`numerics` "ffn_output_in_float32"): the reference's logits bit for bit,
+    where a float16 `down_proj` gives inf."""
     reference = t5(v1_1)
     with torch.no_grad():  # feed-forward outputs past float16's range, as large T5 checkpoints have them
         for stack in (reference.encoder, reference.decoder):
