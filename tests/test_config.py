@@ -139,6 +139,24 @@ def test_config_save_load_round_trip(tmp_path, overrides):
     assert reloaded == original
 
 
+
+def test_a_whole_number_takes_a_numeric_fields_place(tmp_path):
+    """`hidden_dropout=0` (an int, as a hand-written config.json says it) is taken as transformers' configs take their
+    dropouts, and a config.json with integers loads to the same model as one with floats."""
+    written = dict(embedding_dropout=0, hidden_dropout=0, attention_dropout=0, initializer_range=1, layer_norm_eps=1)
+    config = tiny_config(**written)
+    assert {field: getattr(config, field) for field in written} == written
+    config.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert {field: saved[field] for field in written} == written
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tmp_path))
+    torch.manual_seed(0)
+    as_floats = AutoModelForCausalLM.from_config(tiny_config(**{field: float(value) for field, value in written.items()}))
+    ids = torch.randint(0, VOCAB, (2, 6))
+    torch.testing.assert_close(model(ids).logits, as_floats(ids).logits, rtol=0, atol=0)
+
+
 ROPE_SCALINGS = {
     "default": {"rope_type": "default"},
     "linear": {"rope_type": "linear", "factor": 2.0},

@@ -5,6 +5,8 @@ ways; the same greedy and beam tokens (decoders with the dynamic and the static 
 bit for bit. A family's own test file (`test_convert_<family>.py`) holds only what is particular to it: its options'
 variants, the fields it cannot express, released configs, its own numerics."""
 
+import dataclasses
+import typing
 from functools import partial
 
 import pytest
@@ -13,7 +15,7 @@ from conftest import VOCAB, assert_same_state_dict
 from support.families import tiny_reference
 from support.parity_harness import ATOL, assert_converts_exactly, assert_gradients_match, source_batch
 
-from hf_tfm.convert import from_tfm, to_tfm
+from hf_tfm.convert import config_from_tfm, config_to_tfm, from_tfm, to_tfm
 from hf_tfm.convert.families import FAMILIES
 from hf_tfm.model.capabilities import backend_refusal
 
@@ -103,6 +105,37 @@ def test_the_round_trip_restores_the_state_dict(name):
     assert_same_state_dict(back.state_dict(), expected)
     tied = [tied_head(model) for model in (reference, back)]
     assert tied[0] == tied[1]
+
+
+
+def whole_numbers(config_class, config) -> dict:
+    """The fields of `config` that hold a whole-number float and that `config_class` types as taking an int too (a
+    dropout of 0, as a hand-written config.json says it), as ints."""
+    return {
+        field.name: int(getattr(config, field.name))
+        for field in dataclasses.fields(config_class)
+        if {float, int} <= set(typing.get_args(field.type))
+        and isinstance(getattr(config, field.name, None), float)
+        and getattr(config, field.name).is_integer()
+    }
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_whole_numbers_convert_both_ways(name):
+    """A reference config with its dropouts written as integers (GPT-2's `attn_pdrop=0`) converts, and an hf_tfm config
+    whose numeric fields hold integers converts back to a reference class that takes floats alone (Mixtral's
+    `router_jitter_noise`, Gemma 2's soft caps): the same config either way."""
+    reference = tiny_reference(name).config
+    theirs_class = type(reference)
+    integers = whole_numbers(theirs_class, reference)
+    theirs = theirs_class(**{**reference.to_diff_dict(), **integers})
+    assert config_to_tfm(theirs).to_dict() == config_to_tfm(reference).to_dict()
+    ours = config_to_tfm(reference)
+    ours_class = type(ours)
+    integers = whole_numbers(ours_class, ours)
+    assert integers  # every hf_tfm config has a numeric field (a norm epsilon or a dropout of 0)
+    with_integers = ours_class(**{**ours.to_diff_dict(), **integers})
+    assert config_from_tfm(with_integers, name).to_dict() == config_from_tfm(ours, name).to_dict()
 
 
 # the token tables, and the position tables a family learns (RoBERTa reads a padding row in its own)

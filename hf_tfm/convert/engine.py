@@ -10,7 +10,10 @@ alternating gate/up rows, kept copies), inverted for the way back by mapping the
 `load_exact` refuses any missing or unexpected tensor.
 """
 
+import dataclasses
 import re
+import types
+import typing
 
 import torch
 import transformers
@@ -67,7 +70,21 @@ def _to_tfm_config(record: Family, config, **options) -> TfmConfig:
 def _from_tfm_config(record: Family, config: TfmConfig):
     require_paradigm(config, PARADIGM_CONFIGS[record.paradigm], record.config_class)
     computed = record.from_tfm(config) if record.from_tfm else {}
-    return getattr(transformers, record.config_class)(**renamed_fields(config, inverted(record.fields)), **computed)
+    config_class = getattr(transformers, record.config_class)
+    fields = renamed_fields(config, inverted(record.fields))
+    return config_class(**as_declared(config_class, fields), **as_declared(config_class, computed))
+
+
+def as_declared(config_class: type, fields: dict) -> dict:
+    """`fields` with an integer given for a field `config_class` types as a float alone written as a float:
+    hf_tfm's numeric fields take both (as transformers' dropouts do, since a config.json may say 0), some
+    references' strict fields refuse an int (Mixtral's `router_jitter_noise`, Gemma 2's soft caps)."""
+    floats_only = {
+        field.name
+        for field in dataclasses.fields(config_class)
+        if set(typing.get_args(field.type) or (field.type,)) - {types.NoneType} == {float}
+    }
+    return {name: float(value) if name in floats_only and type(value) is int else value for name, value in fields.items()}
 
 
 def config_to_tfm(config, **options) -> TfmConfig:
