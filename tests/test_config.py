@@ -139,7 +139,6 @@ def test_config_save_load_round_trip(tmp_path, overrides):
     assert reloaded == original
 
 
-
 def test_a_whole_number_takes_a_numeric_fields_place(tmp_path):
     """`hidden_dropout=0` (an int, as a hand-written config.json says it) is taken as transformers' configs take their
     dropouts, and a config.json with integers loads to the same model as one with floats."""
@@ -152,7 +151,9 @@ def test_a_whole_number_takes_a_numeric_fields_place(tmp_path):
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tmp_path))
     torch.manual_seed(0)
-    as_floats = AutoModelForCausalLM.from_config(tiny_config(**{field: float(value) for field, value in written.items()}))
+    as_floats = AutoModelForCausalLM.from_config(
+        tiny_config(**{field: float(value) for field, value in written.items()})
+    )
     ids = torch.randint(0, VOCAB, (2, 6))
     torch.testing.assert_close(model(ids).logits, as_floats(ids).logits, rtol=0, atol=0)
 

@@ -107,7 +107,6 @@ def test_the_round_trip_restores_the_state_dict(name):
     assert tied[0] == tied[1]
 
 
-
 def whole_numbers(config_class, config) -> dict:
     """The fields of `config` that hold a whole-number float and that `config_class` types as taking an int too (a
     dropout of 0, as a hand-written config.json says it), as ints."""

@@ -84,7 +84,9 @@ def as_declared(config_class: type, fields: dict) -> dict:
         for field in dataclasses.fields(config_class)
         if set(typing.get_args(field.type) or (field.type,)) - {types.NoneType} == {float}
     }
-    return {name: float(value) if name in floats_only and type(value) is int else value for name, value in fields.items()}
+    return {
+        name: float(value) if name in floats_only and type(value) is int else value for name, value in fields.items()
+    }
 
 
 def config_to_tfm(config, **options) -> TfmConfig:
