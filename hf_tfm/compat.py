@@ -80,11 +80,13 @@ def _probe_cache_field() -> str | None:
 
 
 def _probe_experts() -> str | None:
-    for name in ("_can_set_experts_implementation", "get_correct_experts_implementation"):
+    for name in ("_can_set_experts_implementation", "get_correct_experts_implementation", "_grouped_mm_can_dispatch"):
         if not hasattr(PreTrainedModel, name):
             return f"PreTrainedModel.{name} is gone: hf_tfm's experts backend choice is no longer asked"
     if not isinstance(inspect.getattr_static(PreTrainedModel, "_can_set_experts_implementation"), classmethod):
         return "PreTrainedModel._can_set_experts_implementation is no longer a classmethod"
+    if "_grouped_mm_can_dispatch" not in inspect.getsource(PreTrainedModel.get_correct_experts_implementation):
+        return "get_correct_experts_implementation no longer asks _grouped_mm_can_dispatch"
     return None
 
 
@@ -173,7 +175,9 @@ MODEL_ROWS = [  # the decisions of the model bundle (hf_tfm/model/compat.py) and
     Row(
         "PreTrainedModel._can_set_experts_implementation",
         "a classmethod answering True for every hf_tfm class (any config can have experts): transformers' own greps "
-        "the class's file for the experts decorator, which hf_tfm's heads do not hold",
+        "the class's file for the experts decorator, which hf_tfm's heads do not hold; and _grouped_mm_can_dispatch, "
+        "which refuses expert widths torch's grouped matmul cannot run (capabilities.grouped_mm_refusal), so the "
+        "default backend is eager for them and a request by name names the field",
         "all",
         "a public flag for 'this class can have experts'",
         _probe_experts,

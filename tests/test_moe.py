@@ -17,6 +17,7 @@ from transformers import (
     AutoModelForCausalLM,
     AutoModelForMaskedLM,
     AutoModelForSeq2SeqLM,
+    MixtralConfig,
     MixtralForCausalLM,
 )
 from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
@@ -286,6 +287,30 @@ def test_set_experts_implementation_switches_code_path(monkeypatch):
         with torch.no_grad():
             model(input_ids)
         assert calls == [expected] * 2, (requested, calls)
+
+
+def test_expert_widths_grouped_mm_cannot_run_default_to_eager_and_are_named_when_asked():
+    """torch's grouped matmul needs 16-byte rows (widths a multiple of 8 in bf16). Experts 36 wide default to eager, as
+    transformers falls back where grouped_mm cannot run, and train in bf16, where a Mixtral of that width fails
+    ("strides should be multiple of 16 bytes"); asking for grouped_mm by name is refused, naming the field."""
+    model = moe_model(moe_intermediate_size=36).to(torch.bfloat16).train()
+    assert model.config._experts_implementation == "eager"
+    input_ids, _, _, labels = padded_batch()
+    model(input_ids=input_ids, labels=labels).loss.backward()
+    with pytest.raises(
+        ValueError, match=r"moe_intermediate_size=36 cannot run with experts_implementation='grouped_mm'"
+    ):
+        model.set_experts_implementation("grouped_mm")
+    model.set_experts_implementation("batched_mm")
+    model(input_ids=input_ids, labels=labels).loss.backward()
+    assert moe_model(moe_intermediate_size=40).config._experts_implementation == "grouped_mm"
+    config = MixtralConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=36, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+    )  # fmt: skip
+    reference = MixtralForCausalLM(config).to(torch.bfloat16)
+    with pytest.raises(RuntimeError, match="strides should be multiple of 16 bytes"):
+        reference(input_ids=input_ids, labels=labels)
 
 
 @pytest.mark.parametrize("experts", ["grouped_mm", "batched_mm"])

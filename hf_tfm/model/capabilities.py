@@ -182,6 +182,23 @@ def backend_refusal(config, implementation: str | None) -> str | None:
     return None
 
 
+def grouped_mm_refusal(config) -> str | None:
+    """Why torch's grouped matmul (`experts_implementation="grouped_mm"`, transformers' default) cannot run the experts
+    of `config`, naming the field: it needs rows of a multiple of 16 bytes, so widths a multiple of 8 in a 16-bit
+    dtype (a float32 model cast to bf16 later too). None when it can, or without experts."""
+    if not config.has_moe_layers():
+        return None
+    for field in ("hidden_size", "moe_intermediate_size"):
+        width = getattr(config, field)
+        if width % 8:
+            return (
+                f"{field}={width} cannot run with experts_implementation='grouped_mm': torch's grouped matmul needs "
+                "rows of a multiple of 16 bytes (widths a multiple of 8 in bf16); use 'batched_mm' or 'eager', or a "
+                "width that is a multiple of 8"
+            )
+    return None
+
+
 # ---------------------------------------------------------------------------------------------- parallel plans
 
 

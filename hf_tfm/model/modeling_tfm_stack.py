@@ -24,7 +24,7 @@ from transformers.utils import ModelOutput, TransformersKwargs
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs, maybe_install_capturing_hooks
 
-from .capabilities import TfmParallelMixin, backend_refusal
+from .capabilities import TfmParallelMixin, backend_refusal, grouped_mm_refusal
 from .compat import CACHE_NAME, CACHE_NAMES, accepts_legacy_cache_argument
 from .configuration_tfm import TfmConfig, round_up_to_multiple
 from .configuration_tfm_rules import check_config
@@ -235,6 +235,13 @@ class TfmPreTrainedModel(TfmLoadingMixin, TfmParallelMixin, PreTrainedModel):
         # every hf_tfm class can hold experts (any config may have MoE layers); transformers' own answer greps the
         # class's file for the experts decorator, which lives in modeling_tfm_moe.py, and would say no
         return True
+
+    def _grouped_mm_can_dispatch(self) -> bool:
+        # asked when transformers picks the experts backend: a refusal makes its default eager (as where grouped_mm
+        # cannot run at all) and is raised, naming the field, when grouped_mm is asked for by name
+        if refusal := grouped_mm_refusal(self.config):
+            raise ValueError(refusal)
+        return super()._grouped_mm_can_dispatch()
 
     def post_init(self):
         # a backend set by name at build or load time that transformers does not route through
