@@ -19,6 +19,7 @@ from typing import Any
 
 from transformers import masking_utils
 from transformers.distributed import DistributedConfig
+from transformers.generation import GenerationMixin
 from transformers.modeling_utils import PreTrainedModel
 from transformers.utils.deprecation import deprecate_kwarg
 
@@ -43,6 +44,7 @@ __all__ = [
     "checkpointing_argument",
     "fold_layer_numbers",
     "gpt_oss_declares_swiglu",
+    "phi3_recomputes_longrope_cache",
     "switch_routes_as_switch",
     "load_trainer_checkpoint",
     "slice_logits_to_keep",
@@ -154,6 +156,14 @@ MODEL_ROWS = [  # the decisions of the model bundle (hf_tfm/model/compat.py) and
         "5.17-5.23 pass `past_key_values`; 5.24+ `cache` (the old name is removed in 5.40)",
         "forwards take `cache` only once the lower bound reaches 5.24",
         _probe_cache_field,
+    ),
+    Row(
+        "GenerationMixin.prepare_inputs_for_generation",
+        "TfmGenerationMixin overrides it for LongRoPE (the step that crosses the pretraining length drops the cache "
+        "and passes next_sequence_length=None, the whole sequence), as Phi-3 does",
+        "all",
+        "nothing: the override is transformers' documented way for a model to prepare its own inputs",
+        lambda: has_parameters(GenerationMixin.prepare_inputs_for_generation, "input_ids", "next_sequence_length"),
     ),
     Row(
         "slice_logits_to_keep",
@@ -282,6 +292,30 @@ def switch_routes_as_switch() -> bool:
     return tuple(logits.shape) == (1, 2, 2) and dispatch[0].tolist() == [[1, 0], [0, 0]]
 
 
+@functools.cache
+def phi3_recomputes_longrope_cache() -> bool:
+    """Whether the installed Phi-3 feeds the whole sequence, without a cache, to the generation step on which LongRoPE
+    turns to its long factors, as hf_tfm does: asked of its `prepare_inputs_for_generation` with two cached tokens
+    and a third past a pretraining length of two (5.17-5.19 drop the cache there but feed the new token alone)."""
+    import torch
+    from transformers import Phi3Config, Phi3ForCausalLM
+    from transformers.cache_utils import DynamicCache
+
+    rope = dict(rope_type="longrope", rope_theta=10000.0, short_factor=[1.0], long_factor=[2.0])
+    config = Phi3Config(
+        vocab_size=8, hidden_size=4, intermediate_size=4, num_hidden_layers=1, num_attention_heads=2,
+        max_position_embeddings=4, original_max_position_embeddings=2, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        rope_parameters=rope,
+    )  # fmt: skip
+    cache = DynamicCache()
+    cache.update(torch.zeros(1, 2, 2, 2), torch.zeros(1, 2, 2, 2), 0)
+    input_ids = torch.zeros(1, 3, dtype=torch.long)
+    inputs = Phi3ForCausalLM(config).prepare_inputs_for_generation(
+        input_ids, next_sequence_length=1, **{CACHE_NAME: cache}
+    )
+    return inputs["input_ids"].shape[1] == 3 and inputs.get(CACHE_NAME) is None
+
+
 def _probe_trainer_checkpoint() -> str | None:
     from transformers import Trainer
 
@@ -323,6 +357,15 @@ TABLE = [
         "5.17: its router returns max probabilities as logits and applies no capacity; 5.18+ route correctly",
         "nothing once the lower bound routes correctly",
         lambda: None if isinstance(switch_routes_as_switch(), bool) else "no answer",
+    ),
+    Row(
+        "Phi-3's LongRoPE generation",
+        "phi3_recomputes_longrope_cache: whether the installed Phi-3 computes every position again on the step that "
+        "crosses LongRoPE's pretraining length, as hf_tfm does (TfmGenerationMixin.prepare_inputs_for_generation); "
+        "the Phi-3 parity test of that step runs only where it does",
+        "5.17-5.19: Phi-3 drops the cache there but feeds the new token alone; 5.20+ the whole sequence",
+        "nothing once the lower bound reaches 5.20",
+        lambda: None if isinstance(phi3_recomputes_longrope_cache(), bool) else "no answer",
     ),
     Row(
         "Trainer._load_from_checkpoint",

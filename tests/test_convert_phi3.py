@@ -11,14 +11,16 @@ from peft import LoraConfig, get_peft_model
 from support.families import tiny_reference, tiny_reference_config
 from support.parity_harness import (
     LLAMA_SHAPED,
+    PAD,
     WINDOW,
     assert_converts_exactly,
     assert_decoding_matches,
-    assert_generate_matches,
     assert_option_matters,
     assert_round_trip,
+    padded_batch,
 )
 
+from hf_tfm.compat import phi3_recomputes_longrope_cache
 from hf_tfm.convert import config_from_tfm, config_to_tfm, from_tfm, to_tfm
 
 PARTIAL = dict(rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5))
@@ -87,13 +89,28 @@ def test_phi3_static_cache_generation_past_the_window():
     assert_decoding_matches(ref, ours, "static")
 
 
-@pytest.mark.xfail(strict=True, reason="hf_tfm keeps the cache when LongRoPE switches to its long factors")
-def test_longrope_generation_across_the_original_length():
-    """Phi-3's `prepare_inputs_for_generation` drops the cache when the sequence first outgrows
-    original_max_position_embeddings and recomputes every position with the long factors; hf_tfm keeps the keys it
-    cached with the short ones, so generation that crosses that length differs."""
+@pytest.mark.parametrize("cache_implementation", [None, "static"])
+def test_longrope_generation_across_the_original_length(cache_implementation):
+    """The step on which the sequence first outgrows original_max_position_embeddings drops the keys cached with the
+    short factors and computes every position again with the long ones, as Phi-3's `prepare_inputs_for_generation`
+    does: hf_tfm's tokens and scores are those of generating without a cache (each step computes every position with
+    the factors of its length), and Phi-3's where the installed release recomputes that step whole (5.20+; 5.17-5.19
+    feed it the new token alone: `phi3_recomputes_longrope_cache`)."""
     ref = phi3(**longrope(10))
-    assert_generate_matches(ref, to_tfm(ref), num_beams=1, max_new_tokens=6)
+    ours = to_tfm(ref)
+    input_ids, attention_mask, _ = padded_batch(9)  # 9 tokens, 6 new: the third new one crosses 10
+    kwargs = dict(
+        input_ids=input_ids, attention_mask=attention_mask, pad_token_id=PAD, do_sample=False, max_new_tokens=6,
+        min_new_tokens=6, output_scores=True, return_dict_in_generate=True, cache_implementation=cache_implementation,
+    )  # fmt: skip
+    cached = ours.generate(**kwargs)
+    uncached = ours.generate(**{**kwargs, "use_cache": False, "cache_implementation": None})
+    assert torch.equal(cached.sequences, uncached.sequences)
+    torch.testing.assert_close(cached.scores, uncached.scores)  # two matmul shapes: within float32 rounding
+    if phi3_recomputes_longrope_cache():
+        expected = ref.generate(**kwargs)
+        assert torch.equal(cached.sequences, expected.sequences)
+        assert all(torch.equal(mine, theirs) for mine, theirs in zip(cached.scores, expected.scores, strict=True))
 
 
 @pytest.mark.parametrize(

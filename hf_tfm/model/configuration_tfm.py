@@ -439,6 +439,13 @@ class TfmConfig(PreTrainedConfig):
         """The RoPE dict of one layer type: the one dict, or its entry when they are nested per layer type."""
         return self.rope_parameters[layer_type] if self.nested_rope() else self.rope_parameters
 
+    def longrope_switch_length(self) -> int | None:
+        """The length past which LongRoPE turns from its short factors to its long ones (its pretraining length,
+        `original_max_position_embeddings`), or None for every other RoPE."""
+        if self.nested_rope() or (self.rope_parameters or {}).get("rope_type") != "longrope":
+            return None
+        return self.rope_parameters["original_max_position_embeddings"]
+
 
 @strict
 class TfmDecoderConfig(TfmConfig):

@@ -341,6 +341,16 @@ class TfmGenerationMixin(GenerationMixin):
             cache = cache.self_attention_cache
         return stack.build_masks(inputs_embeds, attention_mask, cache)
 
+    def prepare_inputs_for_generation(self, input_ids, *args, **kwargs):
+        """transformers' preparation, with Phi-3's LongRoPE rule: the step on which the sequence first outgrows the
+        pretraining length drops the keys cached with the short factors and computes every position again with the
+        long ones, so that no step attends to keys rotated by the other set."""
+        switch, cache = self.config.longrope_switch_length(), kwargs.get(CACHE_NAME)
+        if switch is not None and cache is not None and 0 < cache.get_seq_length() <= switch < input_ids.shape[1]:
+            kwargs[CACHE_NAME] = None
+            kwargs["next_sequence_length"] = None  # the whole sequence, not the new token alone
+        return super().prepare_inputs_for_generation(input_ids, *args, **kwargs)
+
 
 # ------------------------------------------------------------------------------------------------------ the stack
 
