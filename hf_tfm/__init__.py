@@ -1,8 +1,9 @@
 """hf_tfm: Transformer models (encoder-only, decoder-only, encoder-decoder) native to the Hugging Face ecosystem.
 
 Importing the package registers every model type with the transformers Auto classes, and marks the classes for
-`register_for_auto_class` so that `save_pretrained` writes `auto_map` and copies the model bundle; it changes nothing
-else of transformers.
+`register_for_auto_class` so that `save_pretrained` writes `auto_map` and copies the model bundle; the bundle names
+each head class in transformers' table of its task (where Trainer and model cards look a task up by class name); it
+changes nothing else of transformers.
 
 Where things live: `model/` is the model bundle, what ships next to every checkpoint as remote code (the config and its
 rules, the layers, the stack, the heads, what each backend can run, what each release needs). Not remote code:

@@ -27,6 +27,7 @@ from .model.compat import (  # the model bundle's decisions, under the one name 
     CACHE_NAME,
     CACHE_NAMES,
     MASK_CACHE_ARGUMENT,
+    TASK_NAME_TABLES,
     TOKEN_DISPATCH,
     accepts_legacy_cache_argument,
     fold_layer_numbers,
@@ -117,6 +118,17 @@ def _probe_rope_dict() -> str | None:
     return None
 
 
+def _probe_task_name_tables() -> str | None:
+    from transformers.models.auto import modeling_auto
+
+    gone = [table for table in TASK_NAME_TABLES.values() if not isinstance(getattr(modeling_auto, table, None), dict)]
+    return (
+        f"modeling_auto has no {', '.join(gone)}: those heads are not named where tasks are looked up"
+        if gone
+        else None
+    )
+
+
 def _probe_torch_linear_cross_entropy() -> str | None:
     """hf_tfm's chunked loss stays while torch's own chunked `linear_cross_entropy` hands its vocabulary matmul the
     weights' dtype under autocast (a float32 matmul where Trainer's `bf16=True` asks for bf16)."""
@@ -156,6 +168,15 @@ MODEL_ROWS = [  # the decisions of the model bundle (hf_tfm/model/compat.py) and
         "5.17-5.23 pass `past_key_values`; 5.24+ `cache` (the old name is removed in 5.40)",
         "forwards take `cache` only once the lower bound reaches 5.24",
         _probe_cache_field,
+    ),
+    Row(
+        "task tables of class names",
+        "name_in_task_tables: each head class is named in transformers.models.auto.modeling_auto's table of its task "
+        "(TASK_NAME_TABLES), where Trainer looks a causal LM up to shift a label-smoothed loss's labels and model "
+        "cards find their task tag",
+        "all",
+        "nothing while Trainer and model cards tell tasks apart by class name",
+        _probe_task_name_tables,
     ),
     Row(
         "GenerationMixin.prepare_inputs_for_generation",

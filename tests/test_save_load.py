@@ -92,6 +92,9 @@ def test_trust_remote_code_without_package(tmp_path):
             # the cache went back to the model at every step (transformers 5.24 renamed its keyword)
             cache = out["cache"] if "cache" in out else out["past_key_values"]
             assert cache.get_seq_length() == out.sequences.shape[1] - 1, (name, cache.get_seq_length())
+        # named in the causal-LM table Trainer reads to shift a label-smoothed loss's labels
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+        assert type(model).__name__ in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()
         print("loaded", len(data["expected"]))
         """,
         tmp_path,

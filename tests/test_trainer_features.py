@@ -11,7 +11,9 @@ import math
 
 import pytest
 import torch
-from conftest import tiny_config
+from conftest import VOCAB, tiny_config
+from peft import LoraConfig, get_peft_model
+from support.families import tiny_reference
 from support.trainer import ListDataset, logged_losses, training_args
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from transformers import Trainer, TrainingArguments
@@ -23,6 +25,7 @@ from hf_tfm import (
     TfmEncoderDecoderForConditionalGeneration,
     TfmEncoderForMaskedLM,
 )
+from hf_tfm.convert import to_tfm
 from hf_tfm.model.modeling_tfm_stack import TfmBlock
 
 PATTERN = torch.tensor([3, 4, 5, 6, 7, 8, 9, 10] * 2)
@@ -286,6 +289,36 @@ def test_torch_compile_matches_eager(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- logging, progress
+
+
+# family -> the batch keys its label-smoothed step is given besides labels (a seq2seq collator passes the decoder's
+# inputs, made from the labels, since Trainer takes the labels away from the model)
+SMOOTHED = {"llama": ("input_ids",), "bert": ("input_ids",), "bart": ("input_ids", "decoder_input_ids")}
+
+
+@pytest.mark.parametrize("peft", [False, True])
+@pytest.mark.parametrize("family", SMOOTHED)
+def test_label_smoothing_scores_as_the_reference(tmp_path, family, peft):
+    """With `label_smoothing_factor`, Trainer takes the labels from the batch and smooths the model's logits itself,
+    shifting them first only for a class its causal-LM table of names holds (a PEFT model by its base model's class):
+    an hf_tfm causal LM must be named there, or it silently trains on unshifted labels. The step's loss is the
+    reference class's on the same weights, for a causal LM, a masked LM and a seq2seq model, with and without LoRA."""
+    reference = tiny_reference(family)
+    ours = to_tfm(reference)
+    generator = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(3, VOCAB, (2, 9), generator=generator)
+    labels = torch.where(torch.rand(2, 9, generator=generator) < 0.3, -100, input_ids)
+    batch = {"input_ids": input_ids, "labels": labels}
+    if "decoder_input_ids" in SMOOTHED[family]:
+        batch["decoder_input_ids"] = ours.prepare_decoder_input_ids_from_labels(labels)
+    losses = []
+    for model in (reference, ours):
+        if peft:
+            model = get_peft_model(model, LoraConfig(r=2, target_modules="all-linear"))
+        model.train()  # the tiny models have no dropout
+        trainer = Trainer(model=model, args=training_args(tmp_path, label_smoothing_factor=0.1))
+        losses.append(trainer.compute_loss(model, dict(batch)))
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-6, atol=1e-6)
 
 
 def test_tensorboard_logs_the_loss(tmp_path, monkeypatch):

@@ -15,6 +15,7 @@ import torch
 from transformers import masking_utils
 from transformers.distributed import DistributedConfig
 from transformers.modeling_outputs import BaseModelOutputWithPast
+from transformers.models.auto import modeling_auto
 from transformers.utils.deprecation import deprecate_kwarg
 
 # ------------------------------------------------------------------------------------------- the cache's name
@@ -48,6 +49,34 @@ def accepts_legacy_cache_argument(forward: Callable) -> Callable:
         return forward(self, *args, **kwargs)
 
     return wrapper
+
+
+# ------------------------------------------------------------------------------------- the task tables' names
+
+# transformers tells some tasks apart by a class's name alone, in its per-task tables of names (model type -> class
+# name): Trainer shifts the labels of a label-smoothed loss only for a class named in the causal-LM table, and a model
+# card's task tag comes from the same tables. Registering with an Auto class does not name a class there.
+TASK_NAME_TABLES = {  # Auto class -> its table in transformers.models.auto.modeling_auto
+    "AutoModelForCausalLM": "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
+    "AutoModelForMaskedLM": "MODEL_FOR_MASKED_LM_MAPPING_NAMES",
+    "AutoModelForSeq2SeqLM": "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
+    "AutoModelForSequenceClassification": "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
+    "AutoModelForTokenClassification": "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES",
+    "AutoModelForQuestionAnswering": "MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES",
+    "AutoModelForPreTraining": "MODEL_FOR_PRETRAINING_MAPPING_NAMES",
+}
+
+
+def name_in_task_tables(auto_classes: dict[str, dict[str, str]]) -> None:
+    """Name each head class in its task's table, under its model type (`auto_classes`: model type -> Auto class ->
+    class name). A model type no transformers config declares is invisible to the Auto mappings built on the tables,
+    so this changes what name lookups answer and nothing else. A table a release no longer has is skipped (the
+    compat row says so), so that the bundle still loads there."""
+    for model_type, classes in auto_classes.items():
+        for auto_name, class_name in classes.items():
+            table = getattr(modeling_auto, TASK_NAME_TABLES.get(auto_name, ""), None)
+            if table is not None:
+                table.setdefault(model_type, class_name)
 
 
 # ----------------------------------------------------------------------------------------- functions that moved

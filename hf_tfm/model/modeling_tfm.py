@@ -41,11 +41,11 @@ from transformers.processing_utils import Unpack
 from transformers.utils import ModelOutput, TransformersKwargs, can_return_tuple
 
 from .capabilities import sum_over_data_parallel_ranks
-from .compat import CACHE_NAME, MASK_CACHE_ARGUMENT, accepts_legacy_cache_argument
+from .compat import CACHE_NAME, MASK_CACHE_ARGUMENT, accepts_legacy_cache_argument, name_in_task_tables
 from .configuration_tfm import TfmConfig, TfmDecoderConfig, TfmEncoderConfig, TfmEncoderDecoderConfig
 from .modeling_tfm_layers import make_dropout, make_token_embedding
 from .modeling_tfm_lm_head import TfmLMHead, TfmMaskedLMHead, lm_head_in
-from .modeling_tfm_loading import HEAD_MODULES
+from .modeling_tfm_loading import AUTO_CLASSES, HEAD_MODULES
 from .modeling_tfm_moe import router_losses
 from .modeling_tfm_stack import (
     TfmGenerationMixin,
@@ -801,3 +801,6 @@ __all__ = [
     "TfmEncoderDecoderModel",
     "TfmEncoderDecoderForConditionalGeneration",
 ]
+
+# named where transformers looks a task up by class name, as an installed or a remote-code model alike
+name_in_task_tables(AUTO_CLASSES)
