@@ -67,6 +67,8 @@ def tiny_reference(record, reference: str):
     large = sorted({value for value in ids.values() if value >= VOCAB})
     small = {value: VOCAB - 1 - i for i, value in enumerate(large)}  # equal ids stay equal (ModernBERT's cls, bos)
     fields |= {key: small[value] for key, value in ids.items() if value in small}
+    if reference.endswith("ForSequenceClassification") and fields.get("pad_token_id", ids.get("pad_token_id")) is None:
+        fields["pad_token_id"] = 0  # a batch's rows end at their last non-padding token: a classifier needs the id
     if defaults.get("num_experts_per_tok", 0) is None:  # DeepSeek-V2's default leaves top-k unset
         fields["num_experts_per_tok"] = 2
     if "kv_lora_rank" in fields:  # latent attention: every head's keys expanded, head_dim the rotary width
@@ -156,7 +158,10 @@ def test_convert_command_names_the_problem(tmp_path):
     GPT2Model(GPT2Config(n_embd=32, n_layer=1, n_head=4, vocab_size=VOCAB)).save_pretrained(tmp_path / "gpt2")
     with pytest.raises(SystemExit, match="model_type='gpt2' with --to llama: a gpt2 folder converts to hf_tfm"):
         main(["convert", str(tmp_path / "gpt2"), str(tmp_path / "out"), "--to", "llama"])
-    with pytest.raises(SystemExit, match="holds a GPT2Model; the gpt2 converter takes GPT2LMHeadModel$"):
+    with pytest.raises(
+        SystemExit,
+        match="holds a GPT2Model; the gpt2 converter takes GPT2LMHeadModel or GPT2ForSequenceClassification$",
+    ):
         main(["convert", str(tmp_path / "gpt2"), str(tmp_path / "out")])
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "config.json").write_text('{"model_type": "xlnet"}')

@@ -31,7 +31,10 @@ GPT2 = Family(
     name="gpt2",
     tiny=dict(n_embd=32, n_layer=2, n_head=4, vocab_size=TINY_VOCAB, n_positions=64, bos_token_id=1, eos_token_id=2),
     paradigm="tfm_decoder",
-    classes={"GPT2LMHeadModel": "TfmDecoderForCausalLM"},
+    classes={
+        "GPT2LMHeadModel": "TfmDecoderForCausalLM",
+        "GPT2ForSequenceClassification": "TfmDecoderForSequenceClassification",
+    },
     config_class="GPT2Config",
     fields={
         "vocab_size": "vocab_size",
@@ -123,7 +126,10 @@ GPT_NEOX = Family(
     ),
     summary="parallel residual",
     paradigm="tfm_decoder",
-    classes={"GPTNeoXForCausalLM": "TfmDecoderForCausalLM"},
+    classes={
+        "GPTNeoXForCausalLM": "TfmDecoderForCausalLM",
+        "GPTNeoXForSequenceClassification": "TfmDecoderForSequenceClassification",
+    },
     config_class="GPTNeoXConfig",
     fields=field_names(
         "intermediate_size",
@@ -180,7 +186,10 @@ BLOOM = Family(
     ),
     summary="ALiBi, embedding LayerNorm",
     paradigm="tfm_decoder",
-    classes={"BloomForCausalLM": "TfmDecoderForCausalLM"},
+    classes={
+        "BloomForCausalLM": "TfmDecoderForCausalLM",
+        "BloomForSequenceClassification": "TfmDecoderForSequenceClassification",
+    },
     config_class="BloomConfig",
     # BloomConfig reads num_hidden_layers and num_attention_heads as n_layer and n_head; it has no position table
     fields=field_names(without=("max_position_embeddings",), layer_norm_epsilon="layer_norm_eps"),
@@ -267,7 +276,10 @@ OPT = Family(
     ),
     summary="learned positions counted over the attention mask; OPT-350m's projected token table",
     paradigm="tfm_decoder",
-    classes={"OPTForCausalLM": "TfmDecoderForCausalLM"},
+    classes={
+        "OPTForCausalLM": "TfmDecoderForCausalLM",
+        "OPTForSequenceClassification": "TfmDecoderForSequenceClassification",
+    },
     config_class="OPTConfig",
     fields=field_names(
         without=("initializer_range",),
@@ -408,13 +420,26 @@ def qwen_window_from_tfm(config) -> dict:
 LLAMA_WEIGHTS = Weights(renames=LLAMA_RENAMES)
 
 
+# the task heads of a Llama-shaped family: transformers' generic ones (the body under `model`, a `score` layer), each
+# hf_tfm's head of the same name (suffix of the reference's class name -> hf_tfm's class)
+LLAMA_FAMILY_HEADS = {
+    "ForSequenceClassification": "TfmDecoderForSequenceClassification",
+    "ForTokenClassification": "TfmDecoderForTokenClassification",
+}
+
+
 def llama_family(name: str, reference: str, fields: dict, fixed: dict, *, implicit_head_dim_field=False, to_tfm=None,
-                 from_tfm=None, weights=LLAMA_WEIGHTS, **record) -> Family:  # fmt: skip
+                 from_tfm=None, weights=LLAMA_WEIGHTS, heads=tuple(LLAMA_FAMILY_HEADS), head_prefix=None,
+                 **record) -> Family:  # fmt: skip
     """A Llama-shaped family: Llama's weight names unless `weights` says otherwise, the config pieces every member
     computes (RoPE without a partial factor, attention dropout as a float) and the family's own (`to_tfm`,
     `from_tfm`).
     `implicit_head_dim_field`: the reference config has no `head_dim` field (its attention reads `head_dim` if a
-    config carries one, else `hidden_size // heads`)."""
+    config carries one, else `hidden_size // heads`).
+    `heads`: which of LLAMA_FAMILY_HEADS the family's transformers release has, named `head_prefix` (the reference's
+    name without "ForCausalLM" unless given) plus the suffix."""
+    head_prefix = head_prefix or reference.removesuffix("ForCausalLM")
+    classes = {reference: "TfmDecoderForCausalLM"} | {head_prefix + head: LLAMA_FAMILY_HEADS[head] for head in heads}
 
     def computed_to_tfm(config) -> dict:
         own = dict(rope_parameters=llama_family_rope(config), attention_dropout=float(config.attention_dropout))
@@ -431,7 +456,7 @@ def llama_family(name: str, reference: str, fields: dict, fixed: dict, *, implic
     return Family(
         name=name,
         paradigm="tfm_decoder",
-        classes={reference: "TfmDecoderForCausalLM"},
+        classes=classes,
         config_class=record.pop("config_class", reference.replace("ForCausalLM", "Config")),
         fields=fields,
         fixed=fixed,
@@ -675,6 +700,7 @@ OLMO2 = llama_family(
         numerics=["rmsnorm_scale_in_float32", "rope_tables_in_float32"],
         **LLAMA_FAMILY_STACK,
     ),
+    heads=("ForSequenceClassification",),  # Olmo2 has no token-classification head
     implicit_head_dim_field=True,
     to_tfm=one_attention_bias,
     weights=Weights(
@@ -802,6 +828,8 @@ GEMMA3 = llama_family(
     "Gemma3ForCausalLM",
     {theirs: ours for theirs, ours in GEMMA_FIELDS.items() if theirs != "attn_logit_softcapping"},
     dict(GEMMA_ARCHITECTURE, qk_norm="per_head", attn_logit_softcapping=None),
+    heads=("ForSequenceClassification",),  # text-only: Gemma3ForSequenceClassification is the multimodal one
+    head_prefix="Gemma3Text",
     config_class="Gemma3TextConfig",
     to_tfm=lambda config: gemma_to_tfm(config) | {"rope_parameters": _gemma3_rope(config)},
     from_tfm=lambda config: gemma_from_tfm(config) | {"rope_parameters": _gemma3_rope(config)},
@@ -1144,6 +1172,7 @@ DEEPSEEK_V2 = llama_family(
         rope_interleave=True,
         numerics=["rope_as_complex", "router_in_float32"],
     ),
+    heads=("ForSequenceClassification",),  # DeepSeek-V2 has no token-classification head
     to_tfm=_deepseek_v2_to_tfm,
     from_tfm=_deepseek_v2_from_tfm,
     their_form=DEEPSEEK_V3.their_form,

@@ -22,7 +22,12 @@ class Paradigm:
 
 
 PARADIGMS = {
-    "tfm_decoder": Paradigm("decoder-only", "AutoModelForCausalLM", ("TfmDecoderForCausalLM",), "causal"),
+    "tfm_decoder": Paradigm(
+        "decoder-only",
+        "AutoModelForCausalLM",
+        ("TfmDecoderForCausalLM", "TfmDecoderForSequenceClassification", "TfmDecoderForTokenClassification"),
+        "causal",
+    ),
     "tfm_encoder": Paradigm(
         "encoder-only",
         "AutoModelForMaskedLM",
