@@ -82,6 +82,8 @@ def _outputs(model, ids):
     decoder = {"decoder_input_ids": ids[:, :5]} if model.config.is_encoder_decoder else {}
     with torch.no_grad():
         output = model(ids, **decoder)
+    if hasattr(output, "start_logits"):  # question answering
+        return torch.stack([output.start_logits, output.end_logits])
     return output.logits if hasattr(output, "logits") else output.last_hidden_state
 
 

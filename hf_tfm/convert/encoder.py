@@ -83,12 +83,28 @@ def _one_token_type(target: str):
 
 def _pooler_options(model) -> dict:
     """BertModel and RobertaModel keep their pooler out of the config (`add_pooling_layer`): a masked-LM head's body
-    has none, and hf_tfm's masked-LM head builds none whatever `use_pooler` says."""
-    return {"use_pooler": "MaskedLM" in type(model).__name__ or model.pooler is not None}
+    has none, and hf_tfm's masked-LM head builds none whatever `use_pooler` says; the token-classification and
+    question-answering heads' bodies have none, the sequence classifier's has one."""
+    return {"use_pooler": "MaskedLM" in type(model).__name__ or model.base_model.pooler is not None}
 
 
 def _pooling_layer(model) -> dict:
-    return {} if "MaskedLM" in type(model).__name__ else {"add_pooling_layer": model.pooler is not None}
+    # only the bare body takes `add_pooling_layer`; each head class builds its body with or without a pooler itself
+    return {"add_pooling_layer": model.pooler is not None} if type(model).__name__ == "TfmEncoderModel" else {}
+
+
+# the task heads BERT's layout shares with hf_tfm's (suffix of the reference's class name -> hf_tfm's class): the
+# same task layer (`classifier`, `qa_outputs`) over the body, a sequence classifier over the pooler
+BERT_TOKEN_HEADS = {
+    "ForTokenClassification": "TfmEncoderForTokenClassification",
+    "ForQuestionAnswering": "TfmEncoderForQuestionAnswering",
+}
+BERT_HEADS = {"ForSequenceClassification": "TfmEncoderForSequenceClassification", **BERT_TOKEN_HEADS}
+
+
+def heads_of(prefix: str, heads: dict[str, str]) -> dict[str, str]:
+    """A family's task-head classes, named `prefix` + suffix."""
+    return {prefix + suffix: ours for suffix, ours in heads.items()}
 
 
 # what BERT and RoBERTa alike keep outside their configs (the pooler) or write in another form
@@ -105,7 +121,11 @@ BERT = Family(
     name="bert",
     tiny=TINY_ENCODER,
     paradigm="tfm_encoder",
-    classes={"BertForMaskedLM": "TfmEncoderForMaskedLM", "BertModel": "TfmEncoderModel"},
+    classes={
+        "BertForMaskedLM": "TfmEncoderForMaskedLM",
+        "BertModel": "TfmEncoderModel",
+        **heads_of("Bert", BERT_HEADS),
+    },
     config_class="BertConfig",
     fields=BERT_FIELDS,
     fixed=BERT_ARCHITECTURE,
@@ -179,7 +199,12 @@ ROBERTA = Family(
         eos_token_id=2,
     ),
     paradigm="tfm_encoder",
-    classes={"RobertaForMaskedLM": "TfmEncoderForMaskedLM", "RobertaModel": "TfmEncoderModel"},
+    # its sequence classifier is a head of its own (dense, tanh, out_proj, no pooler): not converted
+    classes={
+        "RobertaForMaskedLM": "TfmEncoderForMaskedLM",
+        "RobertaModel": "TfmEncoderModel",
+        **heads_of("Roberta", BERT_TOKEN_HEADS),
+    },
     config_class="RobertaConfig",
     fields={theirs: ours for theirs, ours in BERT_FIELDS.items() if theirs != "max_position_embeddings"},
     fixed=BERT_ARCHITECTURE,
@@ -385,6 +410,7 @@ ELECTRA = Family(
         "ElectraForPreTraining": "TfmEncoderForPreTraining",
         "ElectraForMaskedLM": "TfmEncoderForMaskedLM",
         "ElectraModel": "TfmEncoderModel",
+        **heads_of("Electra", BERT_TOKEN_HEADS),  # its sequence classifier is a head of its own (gelu): not converted
     },
     config_class="ElectraConfig",
     fields=BERT_FIELDS,

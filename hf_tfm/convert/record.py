@@ -31,7 +31,14 @@ PARADIGMS = {
     "tfm_encoder": Paradigm(
         "encoder-only",
         "AutoModelForMaskedLM",
-        ("TfmEncoderForMaskedLM", "TfmEncoderModel", "TfmEncoderForPreTraining"),
+        (
+            "TfmEncoderForMaskedLM",
+            "TfmEncoderModel",
+            "TfmEncoderForPreTraining",
+            "TfmEncoderForSequenceClassification",
+            "TfmEncoderForTokenClassification",
+            "TfmEncoderForQuestionAnswering",
+        ),
         "masked",
     ),
     "tfm_encoder_decoder": Paradigm(
