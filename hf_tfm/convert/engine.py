@@ -61,15 +61,16 @@ def family_of_model(model: nn.Module) -> Family:
 # ---------------------------------------------------------------------------------------------------------- configs
 
 
-# what a config says of a task head's labels (their names, hence their number, and the loss they take): every config
-# has them, a classification head reads them, and they go across as they are
-TASK_FIELDS = ("id2label", "label2id", "problem_type")
+def task_fields(config) -> dict:
+    """What a config says of a task head's labels (their names, hence their number, and the loss they take): every
+    config has them, a classification head reads them, and they go across as they are."""
+    return {name: getattr(config, name) for name in ("id2label", "label2id", "problem_type")}
 
 
 def _to_tfm_config(record: Family, config, **options) -> TfmConfig:
     computed = record.to_tfm(config, **options) if record.to_tfm else {}
     # computed fields win over fixed ones (RoBERTa's position offset is BERT's architecture but for the offset)
-    fields = renamed_fields(config, record.fields) | renamed_fields(config, dict(zip(TASK_FIELDS, TASK_FIELDS)))
+    fields = renamed_fields(config, record.fields) | task_fields(config)
     return PARADIGM_CONFIGS[record.paradigm](**fields, **(record.fixed | computed))
 
 
@@ -77,9 +78,7 @@ def _from_tfm_config(record: Family, config: TfmConfig):
     require_paradigm(config, PARADIGM_CONFIGS[record.paradigm], record.config_class)
     computed = record.from_tfm(config) if record.from_tfm else {}
     config_class = getattr(transformers, record.config_class)
-    fields = renamed_fields(config, inverted(record.fields)) | renamed_fields(
-        config, dict(zip(TASK_FIELDS, TASK_FIELDS))
-    )
+    fields = renamed_fields(config, inverted(record.fields)) | task_fields(config)
     return config_class(**as_declared(config_class, fields), **as_declared(config_class, computed))
 
 
