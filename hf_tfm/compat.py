@@ -32,6 +32,7 @@ from .model.compat import (  # the model bundle's decisions, under the one name 
     accepts_legacy_cache_argument,
     fold_layer_numbers,
     slice_logits_to_keep,
+    task_name_table,
     vllm_mla_disabled,
 )
 
@@ -119,9 +120,7 @@ def _probe_rope_dict() -> str | None:
 
 
 def _probe_task_name_tables() -> str | None:
-    from transformers.models.auto import modeling_auto
-
-    gone = [table for table in TASK_NAME_TABLES.values() if not isinstance(getattr(modeling_auto, table, None), dict)]
+    gone = [table for auto_name, table in TASK_NAME_TABLES.items() if task_name_table(auto_name) is None]
     return (
         f"modeling_auto has no {', '.join(gone)}: those heads are not named where tasks are looked up"
         if gone

@@ -40,7 +40,8 @@ def head(name: str, reference: str, **overrides):
     config = transformers.AutoConfig.for_model(name)
     router = {"router_aux_loss_coef": 0.0} if hasattr(config, "router_aux_loss_coef") else {}
     labels = {} if reference.endswith("QuestionAnswering") else label_fields(LABELS)
-    return tiny_reference(name, model_class=getattr(transformers, reference), **(labels | router | overrides))
+    fields = labels | router | {"pad_token_id": PAD} | overrides
+    return tiny_reference(name, model_class=getattr(transformers, reference), **fields)
 
 
 def batch(name: str, reference: str, left: bool, problem_type: str) -> dict:
@@ -79,7 +80,7 @@ def assert_scores_as_reference(
 
 @pytest.mark.parametrize("name, reference", HEADS)
 def test_head_converts_exactly_both_ways(name, reference):
-    ref = head(name, reference, pad_token_id=PAD)
+    ref = head(name, reference)
     ours = to_tfm(ref)
     assert type(ours).__name__ == FAMILIES[name].classes[reference]
     assert ours.config.id2label == ref.config.id2label and ours.config.num_labels == ref.config.num_labels
@@ -97,7 +98,7 @@ def test_head_converts_exactly_both_ways(name, reference):
 def test_sequence_classifier_problem_types_convert(name, reference, problem_type, num_labels):
     """The problem type picks the loss (mean squared error, binary cross-entropy per label): it goes across too."""
     labels = {i: LABELS[i] for i in range(num_labels)}
-    ref = head(name, reference, pad_token_id=PAD, problem_type=problem_type, **label_fields(labels))
+    ref = head(name, reference, problem_type=problem_type, **label_fields(labels))
     ours = to_tfm(ref)
     assert ours.config.problem_type == problem_type and ours.config.num_labels == num_labels
     assert_scores_as_reference(ref, ours, name, reference, problem_type)

@@ -11,6 +11,7 @@ alternating gate/up rows, kept copies), inverted for the way back by mapping the
 """
 
 import dataclasses
+import functools
 import re
 import types
 import typing
@@ -82,15 +83,21 @@ def _from_tfm_config(record: Family, config: TfmConfig):
     return config_class(**as_declared(config_class, fields), **as_declared(config_class, computed))
 
 
+@functools.cache
+def _floats_only(config_class: type) -> frozenset[str]:
+    """The fields `config_class` types as a float alone (or None)."""
+    return frozenset(
+        field.name
+        for field in dataclasses.fields(config_class)
+        if set(typing.get_args(field.type) or (field.type,)) - {types.NoneType} == {float}
+    )
+
+
 def as_declared(config_class: type, fields: dict) -> dict:
     """`fields` with an integer given for a field `config_class` types as a float alone written as a float:
     hf_tfm's numeric fields take both (as transformers' dropouts do, since a config.json may say 0), some
     references' strict fields refuse an int (Mixtral's `router_jitter_noise`, Gemma 2's soft caps)."""
-    floats_only = {
-        field.name
-        for field in dataclasses.fields(config_class)
-        if set(typing.get_args(field.type) or (field.type,)) - {types.NoneType} == {float}
-    }
+    floats_only = _floats_only(config_class)
     return {
         name: float(value) if name in floats_only and type(value) is int else value for name, value in fields.items()
     }

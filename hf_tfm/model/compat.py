@@ -67,15 +67,21 @@ TASK_NAME_TABLES = {  # Auto class -> its table in transformers.models.auto.mode
 }
 
 
+def task_name_table(auto_name: str) -> dict | None:
+    """The installed transformers' table of names for Auto class `auto_name`'s task; None for an Auto class without
+    one (AutoModel), or where a release no longer has it (the compat row says so)."""
+    table = getattr(modeling_auto, TASK_NAME_TABLES[auto_name], None) if auto_name in TASK_NAME_TABLES else None
+    return table if isinstance(table, dict) else None
+
+
 def name_in_task_tables(auto_classes: dict[str, dict[str, str]]) -> None:
     """Name each head class in its task's table, under its model type (`auto_classes`: model type -> Auto class ->
     class name). A model type no transformers config declares is invisible to the Auto mappings built on the tables,
-    so this changes what name lookups answer and nothing else. A table a release no longer has is skipped (the
-    compat row says so), so that the bundle still loads there."""
+    so this changes what name lookups answer and nothing else. A table a release no longer has is skipped, so that
+    the bundle still loads there."""
     for model_type, classes in auto_classes.items():
         for auto_name, class_name in classes.items():
-            table = getattr(modeling_auto, TASK_NAME_TABLES.get(auto_name, ""), None)
-            if table is not None:
+            if (table := task_name_table(auto_name)) is not None:
                 table.setdefault(model_type, class_name)
 
 
