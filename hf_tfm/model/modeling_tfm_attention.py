@@ -78,28 +78,17 @@ def qkv_widths(config: TfmConfig) -> list[int]:
 
 
 class AttentionModule(nn.Module):
-    """Every hf_tfm attention returns (output, weights): what `output_attentions` records. The backend call, shared."""
+    """Every hf_tfm attention returns (output, weights): what `output_attentions` records. Each forward looks up
+    transformers' attention interface and calls it itself, as transformers' own attention classes do: vLLM's
+    Transformers backend finds the call, its `scaling=` and its `s_aux=` (the sinks) in the source of the class's
+    `forward`, and the rest of the forward by tracing it with torch.fx."""
 
-    def attend(self, query, key, value, attention_mask, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
-        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
-            self.config._attn_implementation, eager_attention_forward
-        )
-        attn_output, attn_weights = attention_interface(
-            self,
-            query,
-            key,
-            value,
-            attention_mask,
-            dropout=self.attention_dropout if self.training else 0.0,
-            scaling=self.scaling,
-            sliding_window=self.sliding_window,
-            softcap=self.softcap,
-            # the sink logits named in the call, as GPT-OSS does: vLLM's Transformers backend reads this keyword from
-            # the source to give its own attention the sinks
-            s_aux=self.sinks,
-            **kwargs,
-        )
-        return self.o_proj(attn_output.reshape(*attn_output.shape[:2], -1).contiguous()), attn_weights
+    def backend_dropout(self) -> float:
+        return self.attention_dropout if self.training else 0.0
+
+    def output(self, attn_output: torch.Tensor, input_shape: torch.Size) -> torch.Tensor:
+        """[B, L, heads, D] -> the output projection of [B, L, heads * D]."""
+        return self.o_proj(attn_output.reshape(*input_shape, -1).contiguous())
 
 
 class TfmAttention(AttentionModule):
@@ -155,10 +144,12 @@ class TfmAttention(AttentionModule):
         """[B, L, heads * head_dim] -> [B, heads, L, head_dim], through the QK-norm."""
         if self.qk_norm_over_projection:
             return self.value_heads(norm(projected))
-        return norm(projected.view(*projected.shape[:-1], -1, self.head_dim)).transpose(1, 2)
+        batch, length, _ = projected.shape  # unpacked, not splatted: a symbolic trace can unpack a shape it cannot read
+        return norm(projected.view(batch, length, -1, self.head_dim)).transpose(1, 2)
 
     def value_heads(self, projected: torch.Tensor) -> torch.Tensor:
-        return projected.view(*projected.shape[:-1], -1, self.head_dim).transpose(1, 2)
+        batch, length, _ = projected.shape
+        return projected.view(batch, length, -1, self.head_dim).transpose(1, 2)
 
     def forward(
         self,
@@ -169,6 +160,7 @@ class TfmAttention(AttentionModule):
         cache: Cache | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        input_shape = hidden_states.shape[:-1]
         query, key, value = self.project(hidden_states)
         query_states, key_states = self.split_heads(query, self.q_norm), self.split_heads(key, self.k_norm)
         value_states = self.value_heads(value)
@@ -179,10 +171,24 @@ class TfmAttention(AttentionModule):
             # the value views the joint q/k/v output (qkv_proj, joint_projections), which backward would otherwise
             # keep whole for it alone: a copy of the value lets it go (a cache's copy does the same)
             value_states = value_states.contiguous()
-        # flex adds an additive position bias to the scores (eager's and sdpa's mask already holds it)
-        return self.attend(
-            query_states, key_states, value_states, attention_mask, position_bias=position_bias, **kwargs
+        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, eager_attention_forward
         )
+        attn_output, attn_weights = attention_interface(
+            self,
+            query_states,
+            key_states,
+            value_states,
+            attention_mask,
+            dropout=self.backend_dropout(),
+            scaling=self.scaling,
+            sliding_window=self.sliding_window,
+            softcap=self.softcap,
+            s_aux=self.sinks,  # the sink logits named in the call, as GPT-OSS does: vLLM reads this keyword
+            position_bias=position_bias,  # flex adds it to the scores (eager's and sdpa's mask already holds it)
+            **kwargs,
+        )
+        return self.output(attn_output, input_shape), attn_weights
 
 
 class TfmFusedQKVAttention(TfmAttention):
@@ -246,6 +252,7 @@ class TfmDisentangledAttention(TfmAttention):
         cache: Cache | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        input_shape = hidden_states.shape[:-1]
         query, key, value = self.project(hidden_states)
         query_states, key_states = self.value_heads(query), self.value_heads(key)
         # position_embeddings: the bucketed distances [B or 1, q, kv]; position_bias: the relative-position table
@@ -253,7 +260,23 @@ class TfmDisentangledAttention(TfmAttention):
             query_states, key_states, position_embeddings, self.position_dropout(position_bias)
         )
         attention_mask = merge_position_bias(attention_mask, scores, query_states.dtype)
-        return self.attend(query_states, key_states, self.value_heads(value), attention_mask, **kwargs)
+        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, eager_attention_forward
+        )
+        attn_output, attn_weights = attention_interface(
+            self,
+            query_states,
+            key_states,
+            self.value_heads(value),
+            attention_mask,
+            dropout=self.backend_dropout(),
+            scaling=self.scaling,
+            sliding_window=self.sliding_window,
+            softcap=self.softcap,
+            s_aux=self.sinks,
+            **kwargs,
+        )
+        return self.output(attn_output, input_shape), attn_weights
 
     def position_scores(self, query_states, key_states, distances, table) -> torch.Tensor:
         """The c2p and p2c scores [B, heads, q, kv], gathered as DeBERTa gathers them."""
@@ -295,9 +318,26 @@ class TfmCrossAttention(TfmAttention):
         cache: EncoderDecoderCache | None = None,
         **kwargs: Unpack[TransformersKwargs],
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        input_shape = hidden_states.shape[:-1]
         query_states = self.split_heads(self.q_proj(hidden_states), self.q_norm)
         key_states, value_states = self.key_values(encoder_hidden_states, cache)
-        return self.attend(query_states, key_states, value_states, attention_mask, **kwargs)
+        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, eager_attention_forward
+        )
+        attn_output, attn_weights = attention_interface(
+            self,
+            query_states,
+            key_states,
+            value_states,
+            attention_mask,
+            dropout=self.backend_dropout(),
+            scaling=self.scaling,
+            sliding_window=self.sliding_window,
+            softcap=self.softcap,
+            s_aux=self.sinks,
+            **kwargs,
+        )
+        return self.output(attn_output, input_shape), attn_weights
 
     def key_values(self, encoder_hidden_states: torch.Tensor, cache: EncoderDecoderCache | None):
         """The keys and values of the encoder's output: computed at a generation's first step, then cached."""
@@ -388,7 +428,20 @@ class TfmLatentAttention(AttentionModule):
         expanded = self.kv_b_proj(latent).view(batch, latent.shape[2], -1, self.nope_dim + self.value_dim)
         key_pass, value_states = torch.split(expanded.transpose(1, 2), [self.nope_dim, self.value_dim], dim=-1)
         key_states = torch.cat((key_pass, key_rot.expand(-1, key_pass.shape[1], -1, -1)), dim=-1)
-        return self.attend(query_states, key_states, value_states, attention_mask, **kwargs)
+        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, eager_attention_forward
+        )
+        attn_output, attn_weights = attention_interface(
+            self,
+            query_states,
+            key_states,
+            value_states,
+            attention_mask,
+            dropout=self.backend_dropout(),
+            scaling=self.scaling,
+            **kwargs,
+        )
+        return self.output(attn_output, (batch, length)), attn_weights
 
 
 def make_self_attention(config: TfmConfig, layer_idx: int, is_causal: bool, attention_type: str) -> AttentionModule:

@@ -147,7 +147,8 @@ class TfmTokenTypes(nn.Embedding):
 # -------------------------------------------------------------------------------------------- joined projections
 
 # a weight that is a plain tensor: a Parameter, or a fake one while torch traces the model without values (FakeTensor,
-# the form benchmarks/trace.py counts a step in); not a tensor subclass that quantises or shards it
+# the form benchmarks/trace.py counts a step in); not a tensor subclass that quantises or shards it, nor the proxy a
+# torch.fx symbolic trace gives for a parameter
 PLAIN_WEIGHTS = (nn.Parameter, FakeTensor)
 
 
@@ -171,8 +172,14 @@ def joint_projections(hidden_states: torch.Tensor, layers: list[nn.Linear]) -> l
     own: without gradients (a decode step would copy the weights at every token), with weights already in the matmul's
     dtype (the joined weight, saved for backward, would be a copy the separate layers do not hold), or for a layer that
     must be called (`reads_its_weight`). The parameters stay the layers' own: state dicts, PEFT and plans see them."""
-    joined = torch.is_grad_enabled() and compute_dtype(hidden_states) != layers[0].weight.dtype
-    if not (joined and all(map(reads_its_weight, layers))):
+    # the weights are asked about before autocast is: under a symbolic trace (vLLM's) they are proxies, and so is
+    # the input, which has no device to ask autocast about
+    joined = (
+        torch.is_grad_enabled()
+        and all(map(reads_its_weight, layers))
+        and compute_dtype(hidden_states) != layers[0].weight.dtype
+    )
+    if not joined:
         return [layer(hidden_states) for layer in layers]
     weight = torch.cat([layer.weight for layer in layers])
     bias = None if layers[0].bias is None else torch.cat([layer.bias for layer in layers])

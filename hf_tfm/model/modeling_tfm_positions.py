@@ -114,6 +114,12 @@ class TfmRotaryEmbedding(nn.Module):
         return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
 
 
+def rotary_width(config: TfmConfig, layer_type: str) -> int:
+    """How many leading features of each head RoPE's tables cover: twice the inverse frequencies its init function
+    gives (fewer than `head_dim` under a `partial_rotary_factor`, except for a RoPE type that pads them with zeros)."""
+    return 2 * TfmRotaryEmbedding(config, device="meta", layer_type=layer_type).inv_freq.shape[-1]
+
+
 class TfmPolarRotaryEmbedding(TfmRotaryEmbedding):
     """DeepSeek-V2's tables (`numerics: rope_as_complex`): cos and sin as `torch.polar` makes them, which round
     otherwise than the elementwise `cos` and `sin`; float32, as its rotation runs."""
@@ -146,17 +152,21 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 def apply_rotary(query, key, position_embeddings) -> tuple[torch.Tensor, torch.Tensor]:
     """Llama's `apply_rotary_pos_emb`, the same operations in the same order (tests/test_compat.py), on [B, H, L, D]
-    queries and keys with [B, L, R] tables: the first R features of each head rotate, the rest pass through (partial
-    rotary: GPT-NeoX, Phi-3). The result has the queries' dtype (float32 tables rotate in float32, OLMo 2)."""
+    queries and keys with [B, L, D] tables. The result has the queries' dtype (float32 tables rotate in float32,
+    OLMo 2)."""
     cos, sin = position_embeddings
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    rotary = cos.shape[-1]
-    if rotary < query.shape[-1]:
-        query_rot, key_rot = apply_rotary(query[..., :rotary], key[..., :rotary], position_embeddings)
-        return torch.cat((query_rot, query[..., rotary:]), dim=-1), torch.cat((key_rot, key[..., rotary:]), dim=-1)
     query_rot = (query * cos) + (rotate_half(query) * sin)
     key_rot = (key * cos) + (rotate_half(key) * sin)
     return query_rot.to(query.dtype), key_rot.to(key.dtype)
+
+
+def rotate_leading_features(rotary: int, rotate: Callable, query, key, position_embeddings):
+    """Partial rotary (GPT-NeoX, Phi-3): the first `rotary` features of each head rotate, the rest pass through.
+    Chosen when the model is built, so that a forward asks no question of a tensor's shape (a symbolic trace could
+    not answer it)."""
+    query_rot, key_rot = rotate(query[..., :rotary], key[..., :rotary], position_embeddings)
+    return torch.cat((query_rot, query[..., rotary:]), dim=-1), torch.cat((key_rot, key[..., rotary:]), dim=-1)
 
 
 def apply_rotary_in_float32(query, key, position_embeddings) -> tuple[torch.Tensor, torch.Tensor]:
@@ -168,7 +178,8 @@ def apply_rotary_in_float32(query, key, position_embeddings) -> tuple[torch.Tens
 def rotate_interleaved(query, key, position_embeddings) -> tuple[torch.Tensor, torch.Tensor]:
     """DeepSeek's `apply_rotary_pos_emb_interleave`, the same operations in the same order: the rotary features come
     in pairs `(x0, x1), (x2, x3)...`, each rotated by one frequency, and leave as two halves."""
-    cos, sin = (table[..., : table.shape[-1] // 2].unsqueeze(1) for table in position_embeddings)
+    cos, sin = position_embeddings
+    cos, sin = cos[..., : cos.shape[-1] // 2].unsqueeze(1), sin[..., : sin.shape[-1] // 2].unsqueeze(1)
     q1, q2, k1, k2 = query[..., 0::2], query[..., 1::2], key[..., 0::2], key[..., 1::2]
     query_rot = torch.cat([q1 * cos - q2 * sin, q2 * cos + q1 * sin], dim=-1)
     key_rot = torch.cat([k1 * cos - k2 * sin, k2 * cos + k1 * sin], dim=-1)
@@ -180,7 +191,8 @@ def rotate_as_complex(query, key, position_embeddings) -> tuple[torch.Tensor, to
     the complex number `x0 + i x1`, upcast to float32 and multiplied by `cos + i sin` (the tables made by
     `torch.polar`, as there); the pairs stay interleaved. The same function as `rotate_interleaved` with its features
     in another order (query and key alike)."""
-    cos, sin = (table[..., : table.shape[-1] // 2].unsqueeze(1) for table in position_embeddings)
+    cos, sin = position_embeddings
+    cos, sin = cos[..., : cos.shape[-1] // 2].unsqueeze(1), sin[..., : sin.shape[-1] // 2].unsqueeze(1)
     turn = torch.complex(cos.float(), sin.float())
 
     def rotate(x: torch.Tensor) -> torch.Tensor:
@@ -202,6 +214,9 @@ def rotation_for(config: TfmConfig, layer_idx: int, attention_type: str) -> Call
     rotate = apply_rotary_in_float32 if "rope_in_float32" in config.numerics else apply_rotary
     if config.rope_interleave:
         rotate = rotate_as_complex if "rope_as_complex" in config.numerics else rotate_interleaved
+    rotary = rotary_width(config, attention_type)
+    if rotary < config.head_dim:
+        rotate = functools.partial(rotate_leading_features, rotary, rotate)
     return functools.partial(rotate_by_layer_type, attention_type, rotate) if config.nested_rope() else rotate
 
 
