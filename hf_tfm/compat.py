@@ -42,6 +42,7 @@ __all__ = [
     "MASK_CACHE_ARGUMENT",
     "TABLE",
     "TOKEN_DISPATCH",
+    "accelerate_refuses_context_parallel",
     "accepts_legacy_cache_argument",
     "checkpointing_argument",
     "fold_layer_numbers",
@@ -336,6 +337,23 @@ def phi3_recomputes_longrope_cache() -> bool:
     return inputs["input_ids"].shape[1] == 3 and inputs.get(CACHE_NAME) is None
 
 
+@functools.cache
+def accelerate_refuses_context_parallel() -> bool:
+    """Whether the installed accelerate refuses to attach its context-parallel hooks to a model whose
+    `supports_context_parallel` is False (1.16+), rather than attaching them and dropping its masks: asked of an
+    empty module that says False."""
+    from accelerate.big_modeling import _attach_context_parallel_hooks
+    from torch import nn
+
+    model = nn.Module()
+    model.supports_context_parallel = False
+    try:
+        _attach_context_parallel_hooks(model)
+    except ValueError:
+        return True
+    return False
+
+
 def _probe_trainer_checkpoint() -> str | None:
     from transformers import Trainer
 
@@ -386,6 +404,17 @@ TABLE = [
         "5.17-5.19: Phi-3 drops the cache there but feeds the new token alone; 5.20+ the whole sequence",
         "nothing once the lower bound reaches 5.20",
         lambda: None if isinstance(phi3_recomputes_longrope_cache(), bool) else "no answer",
+    ),
+    Row(
+        "accelerate's context-parallel refusal",
+        "accelerate_refuses_context_parallel: whether accelerate itself refuses its context-parallel hooks (what "
+        "Accelerator.prepare attaches for cp_size > 1) for a model whose supports_context_parallel is False, which "
+        "hf_tfm declares per model (capabilities.parallel_refusal); tests/test_context_parallel.py proves the "
+        "declaration either way",
+        "accelerate < 1.16 attaches the hooks whatever the model says (sliding windows refused by name); 1.16+ "
+        "refuses",
+        "nothing: hf_tfm's declaration holds on both",
+        lambda: None if isinstance(accelerate_refuses_context_parallel(), bool) else "no answer",
     ),
     Row(
         "Trainer._load_from_checkpoint",

@@ -16,7 +16,6 @@ import torch
 from transformers.utils import logging
 
 from .compat import upload_folder
-from .hub import card
 from .quantization import finish_bitsandbytes_loading, finish_torchao_loading, refuse_unloadable_experts
 from .saving import carry_over, check_file_sizes, is_staging, replace_folder
 
@@ -30,6 +29,8 @@ logger = logging.get_logger(__name__)
 
 def _write_card(model, folder: Path, name: str | None, tags=None) -> None:
     """The model card (README.md). A card that cannot be written is a warning: it must never cost the save."""
+    from .hub import card  # here: the card reads the training package's records, which `import hf_tfm` does not load
+
     try:
         card.write_card_on_save(folder, model, repo_id=name, tags=tags)
     except Exception as error:  # noqa: BLE001  (any failure of the card; the weights are what matters)
@@ -39,6 +40,8 @@ def _write_card(model, folder: Path, name: str | None, tags=None) -> None:
 
 
 def _hub_card_to_keep(repo_id: str, token, revision=None) -> bool:
+    from .hub import card
+
     try:
         return card.hub_card_to_keep(repo_id, token=token, revision=revision)
     except Exception as error:  # noqa: BLE001  (an unreadable card on the Hub is replaced, not an error)

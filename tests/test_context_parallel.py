@@ -7,6 +7,7 @@ Packed rows (position_ids restarting inside a row) are a property of a batch, no
 would attend across their boundaries, which no flag can say."""
 
 import copy
+from unittest import mock
 
 import pytest
 import torch
@@ -21,6 +22,7 @@ from hf_tfm import (
     TfmEncoderDecoderForConditionalGeneration,
     TfmEncoderForMaskedLM,
 )
+from hf_tfm.compat import accelerate_refuses_context_parallel
 from hf_tfm.model.capabilities import parallel_refusal
 
 DECODER, ENCODER = (TfmDecoderForCausalLM, TfmDecoderConfig), (TfmEncoderForMaskedLM, TfmEncoderConfig)
@@ -74,11 +76,17 @@ NOT_SILENT = {"sliding", "disentangled"}
 @pytest.mark.parametrize("name", sorted(set(CASES) - NOT_SILENT))
 def test_accelerates_hooks_change_exactly_the_models_declared_unsupported(name):
     """An unpadded batch (the mask all ones, as context parallelism's batches are): the hooks' causal attention
-    without the mask is the same model for a causal decoder of full attention, another model elsewhere."""
+    without the mask is the same model for a causal decoder of full attention, another model elsewhere. accelerate
+    1.16+ refuses the hooks itself where hf_tfm says False (`compat.accelerate_refuses_context_parallel`); the
+    declaration is proved all the same, on a copy that claims support so that the hooks attach."""
     model = build(name)
     model.set_attn_implementation("sdpa")
     hooked = copy.deepcopy(model)
-    _attach_context_parallel_hooks(hooked)
+    if not model.supports_context_parallel and accelerate_refuses_context_parallel():
+        with pytest.raises(ValueError, match="does not support context parallelism"):
+            _attach_context_parallel_hooks(hooked)
+    with mock.patch.object(type(hooked), "supports_context_parallel", True):  # read when the hooks attach
+        _attach_context_parallel_hooks(hooked)
     input_ids = torch.randint(3, VOCAB, (2, 12), generator=torch.Generator().manual_seed(1))
     attention_mask = torch.ones_like(input_ids)
     expected, actual = outputs(model, input_ids, attention_mask), outputs(hooked, input_ids, attention_mask)
@@ -89,9 +97,11 @@ def test_accelerates_hooks_change_exactly_the_models_declared_unsupported(name):
 
 
 def test_a_sliding_window_is_refused_by_accelerate_and_declared_by_hf_tfm():
+    """accelerate refuses a sliding window by its layer type (before 1.16) or by the model's declaration (1.16+)."""
     model = build("sliding")
     assert not model.supports_context_parallel
-    with pytest.raises(ValueError, match="sliding_attention"):
+    refusal = "does not support context parallelism" if accelerate_refuses_context_parallel() else "sliding_attention"
+    with pytest.raises(ValueError, match=refusal):
         _attach_context_parallel_hooks(copy.deepcopy(model))
 
 

@@ -144,7 +144,8 @@ class TfmAttention(AttentionModule):
         """[B, L, heads * head_dim] -> [B, heads, L, head_dim], through the QK-norm."""
         if self.qk_norm_over_projection:
             return self.value_heads(norm(projected))
-        batch, length, _ = projected.shape  # unpacked, not splatted: a symbolic trace can unpack a shape it cannot read
+        # the shape unpacked, not splatted: a symbolic trace (vLLM's) can unpack a shape whose values it does not know
+        batch, length, _ = projected.shape
         return norm(projected.view(batch, length, -1, self.head_dim)).transpose(1, 2)
 
     def value_heads(self, projected: torch.Tensor) -> torch.Tensor:

@@ -1,11 +1,17 @@
 """`make test-matrix`: the release-sensitive tests against every transformers minor release, lower bound to newest.
 
+The whole release-sensitive set (`TESTS`) runs on the lowest supported release and on the one before the newest (the
+newest gets the whole suite from `make test`); the releases between get `SMOKE`, what decides behaviour by release.
+A release between changes what the two around it do not only through what the compatibility table asks of it, so
+the smoke catches what the full set would, at a quarter of the time; `--full` runs the whole set on every release.
+
 The releases are read from the package index when this runs (never written down here), so the next CI run after a
 new transformers release tests it with no change to the project. One venv (build/venv-matrix) is reused; only
 transformers (and whatever its own requirements move) is swapped between releases. Each release prints one line,
 `transformers 5.21.1: 512 passed`, and the run fails if any release fails.
 
-    python tests/support/release_matrix.py --torch torch==2.13.0 [--releases 5.17.0 5.24.0] [--skip-installed-in .venv]
+    python tests/support/release_matrix.py --torch torch==2.13.0 [--releases 5.17.0 5.24.0] [--full]
+        [--skip-installed-in .venv] [--seed-from .venv]
 """
 
 import argparse
@@ -49,6 +55,15 @@ TESTS = [
     "tests/test_quantization.py",
     *sorted(str(path.relative_to(ROOT)) for path in (ROOT / "tests").glob("test_convert_*.py")),
 ]
+# On the releases between those two, what decides behaviour by release: the compatibility table's probes (every
+# version decision and transformers internal hf_tfm touches) and the parity, generation and save/load tests of each
+# paradigm against transformers' own classes.
+SMOKE = [
+    "tests/test_compat.py",
+    "tests/test_parity.py",
+    "tests/test_save_load.py",
+    "tests/test_t5_bart_parity.py",
+]
 EXTRA = ".[test]"  # the extras the tests import (PEFT, datasets, tokenizers, pytest)
 
 
@@ -91,8 +106,12 @@ def run(command: list[str], **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([str(part) for part in command], cwd=ROOT, text=True, **kwargs)
 
 
-def make_venv(torch_requirement: str) -> Path:
+def make_venv(torch_requirement: str, seed: Path | None = None) -> Path:
+    """The matrix venv: a copy of `seed` (a venv with the same extras installed: CI's .venv, which `make test` has
+    just built, so nothing is downloaded twice), or a new one."""
     python = VENV / "bin" / "python"
+    if not python.exists() and seed is not None and (seed / "bin" / "python").exists():
+        run(["cp", "-a", seed, VENV], check=True)  # its scripts keep the seed's path; this runs `python -m` alone
     if not python.exists():
         run([sys.executable, "-m", "venv", VENV], check=True)
         run([python, "-m", "pip", "install", "-q", torch_requirement], check=True)
@@ -105,14 +124,19 @@ def installed_transformers(python: Path) -> str:
     return result.stdout.strip()
 
 
-def test_release(python: Path, release: str) -> tuple[bool, str]:
-    """Install `release` in the matrix venv and run TESTS; (passed, pytest's closing counts)."""
+def full_releases(releases: list[str]) -> set[str]:
+    """The releases the whole set runs on: the lowest, and the newest but one."""
+    return {releases[0], *releases[-2:-1]}
+
+
+def test_release(python: Path, release: str, tests: list[str]) -> tuple[bool, str]:
+    """Install `release` in the matrix venv and run `tests`; (passed, pytest's closing counts)."""
     install = run([python, "-m", "pip", "install", "-q", f"transformers=={release}"], capture_output=True)
     if install.returncode != 0:
         return False, "install failed: " + install.stderr.strip().splitlines()[-1]
     if installed_transformers(python) != release:
         return False, f"installed {installed_transformers(python)!r} instead"
-    tests = run([python, "-m", "pytest", "-n", "2", "-q", "-p", "no:cacheprovider", *TESTS], capture_output=True)
+    tests = run([python, "-m", "pytest", "-n", "2", "-q", "-p", "no:cacheprovider", *tests], capture_output=True)
     lines = [line for line in tests.stdout.splitlines() if line.strip()]
     summary = lines[-1].strip("= ") if lines else "no output"
     if tests.returncode != 0:
@@ -125,13 +149,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--torch", default="torch", help="the torch requirement for the venv (make passes the pin)")
     parser.add_argument("--releases", nargs="+", help="test these releases instead of those the index offers")
+    parser.add_argument("--full", action="store_true", help="the whole release-sensitive set on every release")
+    parser.add_argument("--seed-from", type=Path, help="a venv to copy when the matrix venv does not exist yet")
     parser.add_argument(
         "--skip-installed-in",
         type=Path,
         help="a venv whose transformers the full suite has just tested (CI's .venv): that release is not rerun",
     )
     args = parser.parse_args(argv)
-    python = make_venv(args.torch)
+    python = make_venv(args.torch, args.seed_from)
     lower, upper_major = supported_range()
     releases = args.releases or newest_patch_per_minor(index_releases(python), lower, upper_major)
     skipped = None
@@ -144,9 +170,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"transformers {release}: the full suite ran on it (make test)", flush=True)
             continue
         started = time.time()
-        passed, summary = test_release(python, release)
+        full = args.full or release in full_releases(releases)
+        passed, summary = test_release(python, release, TESTS if full else SMOKE)
         results[release] = passed
-        print(f"transformers {release}: {summary} ({time.time() - started:.0f} s)", flush=True)
+        tier = "release-sensitive set" if full else "smoke"
+        print(f"transformers {release} ({tier}): {summary} ({time.time() - started:.0f} s)", flush=True)
     failed = [release for release, passed in results.items() if not passed]
     if failed:
         print(f"FAILED on transformers {', '.join(failed)}", file=sys.stderr)
