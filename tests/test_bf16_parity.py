@@ -71,6 +71,11 @@ ROUNDED_ELSEWHERE = {
     "bf16 and takes the softmax in bf16 (hf_tfm scales the product and adds the position scores through the mask, as "
     "eager and sdpa do)",
 }
+# GPT-2's Conv1D multiplies by its weight held [in, out], hf_tfm's Linear by the same weight held [out, in]. On an
+# AVX2-only CPU torch's bf16 matmul sums the two layouts in other orders for some shapes (GPT-2's c_proj, 128 inputs:
+# one bf16 step apart); the suite's earlier machines, with AVX-512, gave both the same sums
+if not torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
+    ROUNDED_ELSEWHERE["gpt2"] = "its Conv1D weight layout rounds otherwise in an AVX2 CPU's bf16 matmul"
 
 
 @pytest.mark.parametrize("name", FAMILIES)
