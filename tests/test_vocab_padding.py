@@ -213,6 +213,17 @@ def test_resize_token_embeddings_keeps_the_multiple(head):
     torch.testing.assert_close(after[..., :VOCAB], before, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("head", ["causal-untied-bias", "masked", "seq2seq-untied-bias"])
+def test_a_resized_head_keeps_its_weights_through_post_init(head):
+    """transformers marks the head it resizes as initialised; the LM head hf_tfm wraps around it keeps the mark, so
+    a later `post_init()` (what transformers' own tests call after resizing) does not draw its weights again."""
+    model = unpadded_model(head)
+    model.resize_token_embeddings(VOCAB + 20)
+    resized = model.get_output_embeddings().weight.detach().clone()
+    model.post_init()
+    torch.testing.assert_close(model.get_output_embeddings().weight, resized, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("head", ["causal-tied", "causal-untied-bias", "masked"])
 def test_resize_with_pad_to_multiple_of_pads_without_adding_tokens(head):
     """transformers' `pad_to_multiple_of` would count the padding rows as tokens; here it sets the config field."""

@@ -46,6 +46,9 @@ class TfmLMHead(nn.Linear):
         head.in_features, head.out_features = layer.in_features, layer.out_features
         head.weight, head.bias = layer.weight, layer.bias
         head.freeze_bias()
+        # initialised already (transformers marks the layer it resized): a later post_init() must not draw it again
+        if getattr(layer, "_is_hf_initialized", False):
+            head._is_hf_initialized = True
         return head
 
     def freeze_bias(self) -> None:
