@@ -355,3 +355,12 @@ def test_the_old_module_command_line_fails():
         [sys.executable, "-m", "hf_tfm.cli", "train", "--help"], capture_output=True, text=True, timeout=300
     )
     assert result.returncode != 0 and "No module named hf_tfm.cli" in result.stderr
+
+
+def test_generate_shows_a_continuation_a_person_can_see():
+    """`hf-tfm generate` prints each continuation on one line, its line breaks and tabs escaped, and the token ids
+    beside one that decodes to blanks alone (which would otherwise print as nothing)."""
+    from hf_tfm.training.generate import visible
+
+    assert visible("def f():\n\treturn 1", [7]) == "def f():\\n\\treturn 1"
+    assert visible("\n\n ", [5, 5, 6]) == "'\\n\\n ' (only blanks: token ids [5, 5, 6])"

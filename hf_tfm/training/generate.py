@@ -33,10 +33,15 @@ def generate_text(
         )
     if not model.config.is_encoder_decoder:
         output = output[:, inputs["input_ids"].shape[1] :]
-    return [
-        f"{prompt} -> {text}"
-        for prompt, text in zip(prompts, tokenizer.batch_decode(output, skip_special_tokens=True))
-    ]
+    texts = tokenizer.batch_decode(output, skip_special_tokens=True)
+    return [f"{prompt} -> {visible(text, ids.tolist())}" for prompt, text, ids in zip(prompts, texts, output)]
+
+
+def visible(text: str, token_ids: list[int]) -> str:
+    """A continuation on one line that a person can see: line breaks, tabs and backslashes escaped, and the token ids
+    beside it when it decodes to blanks alone (a small model's first output often does)."""
+    shown = text.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
+    return shown if text.strip() else f"'{shown}' (only blanks: token ids {token_ids})"
 
 
 def _fill_masks(model, tokenizer, prompt: str) -> str:
