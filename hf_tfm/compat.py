@@ -194,6 +194,14 @@ MODEL_ROWS = [  # the decisions of the model bundle (hf_tfm/model/compat.py) and
         lambda: None,
     ),
     Row(
+        "PreTrainedModel.mark_tied_weights_as_initialized",
+        "TfmLoadingMixin overrides it so that a tied source the checkpoint lacks (an encoder-decoder's `shared`, one "
+        "module under three names) stays missing and is initialised, as T5 reports its own",
+        "all (5.17+ call it from _finalize_model_loading)",
+        "nothing while transformers marks tied parameters by object",
+        lambda: has_parameters(PreTrainedModel.mark_tied_weights_as_initialized, "loading_info"),
+    ),
+    Row(
         "PreTrainedModel.get_correct_attn_implementation",
         "overridden to ask the capabilities table (capabilities.py) of every backend a model is built with, loaded "
         "with or switched to, and to default to eager where sdpa cannot run the config",

@@ -115,10 +115,25 @@ def verify(folder, only=None) -> int:
     return checked
 
 
+def whole_safetensors(path: Path) -> bool:
+    """Whether `path` is a safetensors file that ends where its header says its last tensor does: rewritten whole by
+    other code, not cut short."""
+    try:
+        with open(path, "rb") as file:
+            header_size = int.from_bytes(file.read(8), "little")
+            header = json.loads(file.read(header_size))
+    except (OSError, ValueError):
+        return False
+    ends = [entry["data_offsets"][1] for name, entry in header.items() if name != "__metadata__"]
+    return path.stat().st_size == 8 + header_size + max(ends, default=0)
+
+
 def check_file_sizes(source, subfolder: str = "") -> None:
     """Before `from_pretrained` reads a local folder: its weight files must have the sizes its manifest lists (a stat
-    per file, no hashing; a folder without a manifest, saved by other code, is not checked). A folder missing after an
-    interrupted save is named, with its repair. Reads only."""
+    per file, no hashing; a folder without a manifest, saved by other code, is not checked). A safetensors file of
+    another size that is whole, rewritten after the save by other code, loads as transformers loads it, with a warning
+    that names it; a missing or cut-short file is an error. A folder missing after an interrupted save is named, with
+    its repair. Reads only."""
     if not isinstance(source, (str, os.PathLike)):
         return
     folder = Path(os.path.abspath(Path(source) / subfolder))
@@ -131,13 +146,18 @@ def check_file_sizes(source, subfolder: str = "") -> None:
     files = read_manifest(folder) if folder.is_dir() else None
     for name, expected in (files or {}).items():
         path = folder / name
-        if is_weight_file(path.name) and (not path.is_file() or path.stat().st_size != expected["size"]):
-            state = (
-                "is missing" if not path.is_file() else f"has {path.stat().st_size} bytes, {expected['size']} saved"
+        if not is_weight_file(path.name) or (path.is_file() and path.stat().st_size == expected["size"]):
+            continue
+        state = "is missing" if not path.is_file() else f"has {path.stat().st_size} bytes, {expected['size']} saved"
+        if path.is_file() and path.suffix == ".safetensors" and whole_safetensors(path):
+            logger.warning(
+                f"{path} {state}: rewritten after the save by other code, it is loaded as it is now. `hf-tfm verify "
+                f"{folder}` compares every file with the save's manifest"
             )
-            raise CorruptCheckpoint(
-                f"{path} {state} (truncated or altered after the save): `hf-tfm verify {folder}` checks every file"
-            )
+            continue
+        raise CorruptCheckpoint(
+            f"{path} {state} (truncated or altered after the save): `hf-tfm verify {folder}` checks every file"
+        )
 
 
 # ------------------------------------------------------------------------------------------------- the staged swap

@@ -329,6 +329,26 @@ def test_save_pretrained_into_a_new_nested_folder_and_on_other_processes(tmp_pat
 # ---------------------------------------------------------------------------------------- from_pretrained checks
 
 
+def test_a_weight_file_rewritten_whole_after_the_save_loads_with_a_warning_naming_it(tmp_path, caplog):
+    """Another tool rewrote the weights (transformers' own tests re-save a file with fewer tensors): the file is whole
+    safetensors of another size, so it loads as transformers would load it, and the warning names the file and the
+    check that compares every byte. A file cut short stays an error (the test above)."""
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "model"
+    model = tiny_model()
+    model.save_pretrained(folder)
+    tensors = load_file(folder / "model.safetensors")
+    tensors["model.norm.weight"] = torch.full_like(model.model.norm.weight, 2.0)
+    tensors["extra.note"] = torch.zeros(3)
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    with caplog.at_level("WARNING"):
+        loaded = AutoModelForCausalLM.from_pretrained(folder, strict=False)
+    assert "model.safetensors has" in caplog.text and "rewritten after the save" in caplog.text
+    assert f"hf-tfm verify {folder}" in caplog.text
+    assert torch.equal(loaded.model.norm.weight, torch.full_like(model.model.norm.weight, 2.0))
+
+
 def test_a_load_compares_sizes_and_verify_names_any_altered_byte(tmp_path):
     """A load compares the weight files' sizes with the manifest (a stat each: a truncated file is named, with the
     command that checks every byte); `hf-tfm verify` hashes every file, so a flipped byte is named there. Files the

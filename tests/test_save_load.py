@@ -141,3 +141,37 @@ def test_text_generation_pipeline(tmp_path):
         **tokenizer("return the", return_tensors="pt"), max_new_tokens=5, min_new_tokens=5, do_sample=False
     )
     assert result["generated_text"] == tokenizer.decode(expected[0], skip_special_tokens=True)
+
+
+@pytest.mark.parametrize(
+    "preset, auto, table",
+    [
+        ("t5-1.9m", "AutoModelForSeq2SeqLM", "model.shared.weight"),
+        ("llama-1.3m", "AutoModelForCausalLM", "model.embed_tokens.weight"),
+        ("bert-1.4m", "AutoModelForMaskedLM", "model.embed_tokens.weight"),
+    ],
+)
+def test_a_checkpoint_without_its_tied_table_reports_it_missing_and_initialises_it(tmp_path, preset, auto, table):
+    """A checkpoint whose token table is absent (the table every tied name reads): named as missing by a strict
+    load, and freshly initialised by a lenient one, as T5 reports and initialises its `shared` (an encoder-decoder's
+    table is one module under three names, which transformers' tied-weight marking would otherwise count as
+    loaded, leaving it on the meta device)."""
+    import hf_tfm
+    import transformers
+    from safetensors.torch import load_file, save_file
+
+    auto_class = getattr(transformers, auto)
+    torch.manual_seed(0)
+    auto_class.from_config(hf_tfm.preset_config(preset)).save_pretrained(tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    assert table in tensors
+    del tensors[table]
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="missing from the checkpoint"):
+        auto_class.from_pretrained(tmp_path)
+    model, info = auto_class.from_pretrained(tmp_path, strict=False, output_loading_info=True)
+    assert table in info["missing_keys"]
+    weight = model.get_input_embeddings().weight
+    assert weight.device.type == "cpu" and weight.abs().sum() > 0
+    extra = {"decoder_input_ids": torch.tensor([[0, 1]])} if model.config.is_encoder_decoder else {}
+    assert torch.isfinite(model(torch.tensor([[5, 6, 7]]), **extra).logits).all()

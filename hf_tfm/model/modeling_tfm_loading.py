@@ -144,6 +144,18 @@ class TfmLoadingMixin:
             output.freeze_bias()
         return (model, info) if wants_info else model
 
+    def mark_tied_weights_as_initialized(self, loading_info):
+        """transformers marks every tied parameter as initialised, since it will be tied to its source; an
+        encoder-decoder holds its token table as one module under three names, so the mark reaches the table itself.
+        A tied source the checkpoint lacks stays missing, and is initialised (T5 reports its `shared` so)."""
+        missing = {source for source in self.all_tied_weights_keys.values() if source in loading_info.missing_keys}
+        super().mark_tied_weights_as_initialized(loading_info)
+        for source in missing:
+            parameter = self.get_parameter(source)
+            if hasattr(parameter, "_is_hf_initialized"):
+                del parameter._is_hf_initialized
+        loading_info.missing_keys = {*loading_info.missing_keys, *missing}
+
     def push_to_hub(self, repo_id: str, **kwargs):
         """transformers' `push_to_hub` (same keyword arguments), publishing hf_tfm's model card unless the repo already
         has one to keep (a training run's, with its results, or the user's own), when the hf_tfm package is loaded."""
