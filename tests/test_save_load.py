@@ -5,10 +5,13 @@ import os
 
 import pytest
 import torch
+import transformers
 from conftest import POSITION_TYPES, tiny_model
+from safetensors.torch import load_file, save_file
 from support.processes import run_without_hf_tfm
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification
 
+import hf_tfm
 from hf_tfm import TfmDecoderForCausalLM, TfmDecoderForSequenceClassification, TfmDecoderModel
 
 # Each position scheme, plus RoPE scalings whose computed inv_freq differs from the default one.
@@ -156,10 +159,6 @@ def test_a_checkpoint_without_its_tied_table_reports_it_missing_and_initialises_
     load, and freshly initialised by a lenient one, as T5 reports and initialises its `shared` (an encoder-decoder's
     table is one module under three names, which transformers' tied-weight marking would otherwise count as
     loaded, leaving it on the meta device)."""
-    import hf_tfm
-    import transformers
-    from safetensors.torch import load_file, save_file
-
     auto_class = getattr(transformers, auto)
     torch.manual_seed(0)
     auto_class.from_config(hf_tfm.preset_config(preset)).save_pretrained(tmp_path)
