@@ -229,7 +229,7 @@ def compare(base: RunSpec, models: list[str], seeds: list[int], output: str | Pa
     record = {"task": base.task, "data": data_settings(base), "budget": budget(base), "seeds": seeds, "models": rows}
     (output / "compare.json").write_text(json.dumps(record, indent=2))
     (output / "compare.md").write_text(table(record))
-    plot(rows, output / "compare.png")
+    plot(rows, output / "compare.png", figure_title(record))
     return {**record, "runs": runs_by_label}  # each model's runs as `train` returns them, seed by seed
 
 
@@ -300,13 +300,24 @@ def table(record: dict) -> str:
     return "\n".join(lines) + "\n" + (note if measures else "")
 
 
-def plot(rows: list[dict], path: Path) -> None:
+def figure_title(record: dict) -> str:
+    """What a figure compares: the task, the data and the training budget."""
+    data, budget = record["data"].get("data") or "the embedded corpus", record["budget"]
+    return (
+        f"{record['task']}: validation loss, mean over {len(record['seeds'])} seed(s)\n"
+        f"data: {data}; {budget['steps']} steps of {budget['batch_size']} x {budget['max_length']} tokens, "
+        f"learning rate {budget['learning_rate']:g}"
+    )
+
+
+def plot(rows: list[dict], path: Path, title: str) -> None:
     """Every model's validation loss over the steps, the mean over seeds."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(7, 4))
+    figure = Figure(figsize=(7, 4.4), layout="tight")
     axes = figure.add_subplot()
+    axes.set_title(title, fontsize=10)
     for row in rows:
         steps = [step for step, _ in row["curves"][0]]
         means = [statistics.fmean(curve[i][1] for curve in row["curves"]) for i in range(len(steps))]

@@ -68,8 +68,12 @@ def plot_loss_curves(logs: dict[str, str | Path], path: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(1, len(logs), figsize=(4.2 * len(logs), 3.4), squeeze=False)
-    for axis, (name, log) in zip(axes[0], logs.items()):
+    columns = min(3, len(logs))  # a grid that reads at screen width, not a strip of every run
+    rows = -(-len(logs) // columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(4.6 * columns, 3.4 * rows), squeeze=False)
+    for axis in axes.flat[len(logs) :]:
+        axis.set_visible(False)
+    for axis, (name, log) in zip(axes.flat, logs.items()):
         for quantity, style in (("loss", "-"), ("eval_loss", "o--")):
             points = logged(log, quantity)
             if points:
