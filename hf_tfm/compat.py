@@ -215,7 +215,7 @@ MODEL_ROWS = [  # the decisions of the model bundle (hf_tfm/model/compat.py) and
         "PreTrainedModel._can_set_experts_implementation",
         "a classmethod answering True for every hf_tfm class (any config can have experts): transformers' own greps "
         "the class's file for the experts decorator, which hf_tfm's heads do not hold; and _grouped_mm_can_dispatch, "
-        "which refuses expert widths torch's grouped matmul cannot run (capabilities.grouped_mm_refusal), so the "
+        "which refuses expert widths torch's grouped matmul cannot run (capabilities.experts_refusal), so the "
         "default backend is eager for them and a request by name names the field",
         "all",
         "a public flag for 'this class can have experts'",

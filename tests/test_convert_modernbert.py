@@ -155,8 +155,6 @@ def test_hub_config_keys_convert():
     [
         (dict(classifier_activation="silu"), "classifier_activation"),
         (dict(decoder_bias=False), "decoder_bias"),
-        (dict(attention_dropout=0.1), "attention_dropout"),
-        (dict(mlp_dropout=0.1), "mlp_dropout"),
         (dict(sparse_prediction=True), "sparse_prediction"),
         (dict(initializer_cutoff_factor=3.0), "initializer_cutoff_factor"),
         (dict(local_attention=5), "local_attention"),  # hf_tfm keeps the half window: 5 would come back as 4
@@ -180,7 +178,9 @@ def test_modernbert_config_hf_tfm_cannot_express_is_refused(overrides, field):
         (dict(num_key_value_heads=2), "num_key_value_heads"),
         (dict(head_dim=16), "head_dim"),
         (dict(hidden_dropout=0.1), "hidden_dropout"),
-        (dict(attention_dropout=0.1), "attention_dropout"),
+        # ModernBERT drops out the attention's output at its attention_dropout, and nothing after the feed-forward
+        (dict(attention_dropout=0.1), "hidden_dropout"),
+        (dict(attention_dropout=0.1, hidden_dropout=0.1), "ffn_dropout"),
         (dict(type_vocab_size=2), "type_vocab_size"),
         (dict(use_pooler=True), "use_pooler"),
         (dict(attention_out_bias=True), "attention_out_bias"),

@@ -301,7 +301,11 @@ OPT = Family(
         numerics=["scale_queries_as_projected"],
         freeze_pad_embedding=True,
     ),
-    unread={"layerdrop": "a training-only regularizer hf_tfm has no counterpart for; inference is exact"},
+    unread={
+        "layerdrop": "LayerDrop (a whole layer skipped in training), which hf_tfm does not have yet",
+        # published OPT configs (fairseq's) carry it; OPTConfig does not declare it and OPT's layers never read it
+        "activation_dropout": "never applied by transformers' OPT",
+    },
     weights=Weights(
         renames=(
             (r"^model\.decoder\.embed_tokens\.", "model.embed_tokens."),

@@ -229,14 +229,19 @@ ROBERTA = Family(
 # The MLM head is dense, activation, norm and the tied decoder, as hf_tfm's, whose dense always has a bias and applies
 # hidden_act; ModernBERT's has a bias only with classifier_bias (off in the published checkpoints) and applies
 # classifier_activation. A missing dense bias converts as zeros (same logits) and zeros go back as
-# classifier_bias=False; another classifier_activation than hidden_activation is refused. Dropout sits elsewhere
-# (attention output, GLU product): only zero survives, other values are refused by name.
+# classifier_bias=False; another classifier_activation than hidden_activation is refused. Its attention_dropout drops
+# out the attention weights and the attention's output (none on the feed-forward's), its mlp_dropout the GLU product.
 def _modernbert_to_tfm(config) -> dict:
     require_full_rotary(config.rope_parameters, config, "ModernBERT")
     kinds = list(config.rope_parameters.values())  # one flat dict when the layer types agree (what hf_tfm's means)
     rope = kinds[0] if all(kind == kinds[0] for kind in kinds) else config.rope_parameters
-    # attention_dropout and mlp_dropout have no counterpart: they come back as 0, so only 0 converts
     return dict(
+        attention_dropout=float(config.attention_dropout),
+        hidden_dropout=float(config.attention_dropout),  # on the attention's output (`out_drop`)
+        # none on the feed-forward's output: said as None (hidden_dropout's) where that is 0, as configs without
+        # dropout say it
+        ffn_dropout=0.0 if config.attention_dropout else None,
+        activation_dropout=float(config.mlp_dropout),
         attention_out_bias=config.attention_bias,  # one flag for Wqkv and Wo
         fused_qkv_proj=True,  # q, k and v stay one matrix, as Wqkv: one matmul a layer
         embedding_dropout=float(config.embedding_dropout),
@@ -255,6 +260,8 @@ def _modernbert_from_tfm(config) -> dict:
     window = {} if config.sliding_window is None else {"local_attention": 2 * config.sliding_window}
     return dict(
         **window,
+        attention_dropout=config.attention_dropout,
+        mlp_dropout=config.activation_dropout,
         embedding_dropout=config.embedding_dropout,
         layer_types=list(config.layer_types),
         rope_parameters=rope,

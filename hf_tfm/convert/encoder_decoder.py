@@ -13,14 +13,15 @@ ONE_TOKEN_TABLE = "hf_tfm keeps one token table shared by encoder and decoder"
 # (v1.1: wi_0 the gate, wi_1 up). T5Config always says tie_word_embeddings=True and keeps the saved flag as
 # scale_decoder_outputs (v1.0 rescales the LM head input, v1.1 does not); a v1.1 checkpoint is untied only because
 # its lm_head differs from shared when loaded. So the tie is read from the model's tensors and the scaling from
-# scale_decoder_outputs. Training-only dropout placement differs slightly (T5 also drops inside the FFN and after
-# the final norm).
+# scale_decoder_outputs. One dropout rate everywhere: on the embeddings, the attention weights, each sublayer's
+# output, inside the feed-forward (activation_dropout) and after each stack's final norm (final_norm_dropout).
 
 
 def _t5_dropouts_and_tokens(config) -> dict:
     """What T5 and Switch Transformer keep alike: one dropout rate everywhere, and tokens their configs may lack."""
+    dropouts = ("hidden_dropout", "attention_dropout", "embedding_dropout", "activation_dropout", "final_norm_dropout")
     return dict(
-        **dict.fromkeys(("hidden_dropout", "attention_dropout", "embedding_dropout"), float(config.dropout_rate)),
+        **dict.fromkeys(dropouts, float(config.dropout_rate)),
         bos_token_id=getattr(config, "bos_token_id", None),
         decoder_start_token_id=getattr(config, "decoder_start_token_id", None),
     )
@@ -178,9 +179,8 @@ T5 = Family(
 
 # ------------------------------------------------------------------------------------------------------------- BART
 # Learned positions looked up at position + 2, post-norm LayerNorm (eps 1e-5) with a norm after the embeddings and
-# none at the end, biases everywhere, a GELU MLP, and the LM head bias final_logits_bias ([1, V], a buffer) as
-# lm_head.bias. Training-only regularizers without a counterpart (activation_dropout, layerdrop) are not carried
-# over; inference is exact.
+# none at the end, biases everywhere, a GELU MLP (its activation_dropout inside), and the LM head bias
+# final_logits_bias ([1, V], a buffer) as lm_head.bias.
 BART = Family(
     name="bart",
     tiny=dict(
@@ -212,6 +212,7 @@ BART = Family(
         "encoder_attention_heads": "num_attention_heads",
         "encoder_ffn_dim": "intermediate_size",
         "activation_function": "hidden_act",
+        "activation_dropout": "activation_dropout",
         "max_position_embeddings": "max_position_embeddings",
         "scale_embedding": "scale_embeddings",
         "init_std": "initializer_range",
@@ -239,8 +240,8 @@ BART = Family(
     ),
     unread={
         **dict.fromkeys(
-            ("activation_dropout", "encoder_layerdrop", "decoder_layerdrop"),
-            "a training-only regularizer hf_tfm has no counterpart for; inference is exact",
+            ("encoder_layerdrop", "decoder_layerdrop"),
+            "LayerDrop (a whole layer skipped in training), which hf_tfm does not have yet; inference is exact",
         ),
         "classifier_dropout": "read only by BART's classification head",
         **dict.fromkeys(

@@ -182,11 +182,21 @@ def backend_refusal(config, implementation: str | None) -> str | None:
     return None
 
 
-def grouped_mm_refusal(config) -> str | None:
-    """Why torch's grouped matmul (`experts_implementation="grouped_mm"`, transformers' default) cannot run the experts
-    of `config`, naming the field: it needs rows of a multiple of 16 bytes, so widths a multiple of 8 in a 16-bit
-    dtype (a float32 model cast to bf16 later too). None when it can, or without experts."""
-    if not config.has_moe_layers():
+def experts_refusal(config, implementation: str) -> str | None:
+    """Why the experts backend `implementation` cannot run the experts of `config`, naming the field; None when it
+    can, or without experts. Only the eager loop drops out inside each expert (`activation_dropout`, Switch
+    Transformer's): a fused backend would train without it. torch's grouped matmul (`"grouped_mm"`, transformers'
+    default) needs rows of a multiple of 16 bytes, so widths a multiple of 8 in a 16-bit dtype (a float32 model cast
+    to bf16 later too)."""
+    if not config.has_moe_layers() or implementation == "eager":
+        return None
+    if config.activation_dropout > 0:
+        return (
+            f"activation_dropout={config.activation_dropout} cannot run with experts_implementation="
+            f"{implementation!r}: only the 'eager' experts drop out inside each expert; use 'eager', or "
+            "activation_dropout=0 to serve or evaluate with a fused backend"
+        )
+    if implementation != "grouped_mm":
         return None
     for field in ("hidden_size", "moe_intermediate_size"):
         width = getattr(config, field)

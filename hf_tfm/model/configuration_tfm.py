@@ -134,6 +134,9 @@ class TfmConfig(PreTrainedConfig):
         attention_dropout (`float`): dropout probability on the attention weights.
         ffn_dropout (`float`, *optional*): dropout on the feed-forward's output; `hidden_dropout` by default (ALBERT
             drops out only the attention's).
+        activation_dropout (`float`): dropout inside the feed-forward, on the activation's output before the output
+            projection (BART's and OPT's `activation_dropout`, T5's inner dropout).
+        final_norm_dropout (`float`): dropout on the final norm's output (T5 drops out there with its `dropout_rate`).
         scale_embeddings (`bool`): token embeddings times `sqrt(hidden_size)` (original Transformer, Gemma).
         embedding_size (`int`, *optional*): factorised embeddings (ALBERT, ELECTRA): the token, position and token-type
             tables and the embedding norm are this wide, a linear layer (`embed_proj`, there whenever the field is set,
@@ -281,6 +284,8 @@ class TfmConfig(PreTrainedConfig):
     hidden_dropout: float | int = 0.0
     attention_dropout: float | int = 0.0
     ffn_dropout: float | int | None = None
+    activation_dropout: float | int = 0.0
+    final_norm_dropout: float | int = 0.0
     scale_embeddings: bool = False
     embedding_size: int | None = None
     word_embed_proj_dim: int | None = None

@@ -65,7 +65,13 @@ AT_LEAST_ZERO = (
     "num_experts", "router_aux_loss_coef", "router_z_loss_coef", "router_bias_update_rate", "router_jitter_noise",
     "shared_expert_intermediate_size",
 )  # fmt: skip
-PROBABILITIES = ("embedding_dropout", "hidden_dropout", "attention_dropout")
+PROBABILITIES = (
+    "embedding_dropout",
+    "hidden_dropout",
+    "attention_dropout",
+    "activation_dropout",
+    "final_norm_dropout",
+)
 PROBABILITIES_OR_NONE = ("ffn_dropout",)
 LAYER_LISTS = ("nope_layers", "mlp_only_layers", "moe_layers", "decoder_moe_layers")
 # fields an MoE model must hold positive: checked only with experts (a dense model's are inert)

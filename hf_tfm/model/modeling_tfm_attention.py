@@ -83,9 +83,6 @@ class AttentionModule(nn.Module):
     Transformers backend finds the call, its `scaling=` and its `s_aux=` (the sinks) in the source of the class's
     `forward`, and the rest of the forward by tracing it with torch.fx."""
 
-    def backend_dropout(self) -> float:
-        return self.attention_dropout if self.training else 0.0
-
     def output(self, attn_output: torch.Tensor, input_shape: torch.Size) -> torch.Tensor:
         """[B, L, heads, D] -> the output projection of [B, L, heads * D]."""
         return self.o_proj(attn_output.reshape(*input_shape, -1).contiguous())
@@ -181,7 +178,7 @@ class TfmAttention(AttentionModule):
             key_states,
             value_states,
             attention_mask,
-            dropout=self.backend_dropout(),
+            dropout=self.attention_dropout if self.training else 0.0,
             scaling=self.scaling,
             sliding_window=self.sliding_window,
             softcap=self.softcap,
@@ -270,7 +267,7 @@ class TfmDisentangledAttention(TfmAttention):
             key_states,
             self.value_heads(value),
             attention_mask,
-            dropout=self.backend_dropout(),
+            dropout=self.attention_dropout if self.training else 0.0,
             scaling=self.scaling,
             sliding_window=self.sliding_window,
             softcap=self.softcap,
@@ -331,7 +328,7 @@ class TfmCrossAttention(TfmAttention):
             key_states,
             value_states,
             attention_mask,
-            dropout=self.backend_dropout(),
+            dropout=self.attention_dropout if self.training else 0.0,
             scaling=self.scaling,
             sliding_window=self.sliding_window,
             softcap=self.softcap,
@@ -438,7 +435,7 @@ class TfmLatentAttention(AttentionModule):
             key_states,
             value_states,
             attention_mask,
-            dropout=self.backend_dropout(),
+            dropout=self.attention_dropout if self.training else 0.0,
             scaling=self.scaling,
             **kwargs,
         )

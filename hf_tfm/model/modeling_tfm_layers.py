@@ -206,20 +206,23 @@ def make_ffn_output(config: TfmConfig, inner: int) -> nn.Linear:
 
 
 class TfmMLP(nn.Module):
-    """`down(act(up(x)))`: GPT-2's and BERT's feed-forward."""
+    """`down(act(up(x)))`: GPT-2's and BERT's feed-forward (with `activation_dropout`, on the activation's output:
+    BART's, OPT's, T5's)."""
 
     def __init__(self, config: TfmConfig):
         super().__init__()
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=config.mlp_bias)
         self.down_proj = make_ffn_output(config, config.intermediate_size)
         self.act_fn = ACT2FN[config.hidden_act]
+        self.activation_dropout = make_dropout(config.activation_dropout)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.up_proj(hidden_states)))
+        return self.down_proj(self.activation_dropout(self.act_fn(self.up_proj(hidden_states))))
 
 
 class TfmGLU(nn.Module):
-    """`down(act(gate(x)) * up(x))`: SwiGLU with silu (Llama), GeGLU with gelu."""
+    """`down(act(gate(x)) * up(x))`: SwiGLU with silu (Llama), GeGLU with gelu (with `activation_dropout` on the
+    product, as T5's gated feed-forward drops out)."""
 
     def __init__(self, config: TfmConfig, intermediate_size: int | None = None):
         super().__init__()
@@ -228,10 +231,11 @@ class TfmGLU(nn.Module):
         self.up_proj = nn.Linear(config.hidden_size, inner, bias=config.mlp_bias)
         self.down_proj = make_ffn_output(config, inner)
         self.act_fn = ACT2FN[config.hidden_act]
+        self.activation_dropout = make_dropout(config.activation_dropout)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         gate, up = joint_projections(hidden_states, [self.gate_proj, self.up_proj])
-        return self.down_proj(self.act_fn(gate) * up)
+        return self.down_proj(self.activation_dropout(self.act_fn(gate) * up))
 
 
 class TfmPooler(nn.Module):

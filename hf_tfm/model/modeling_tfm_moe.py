@@ -10,7 +10,7 @@ from transformers.activations import ACT2FN
 from transformers.integrations.moe import use_experts_implementation
 
 from .configuration_tfm import TfmConfig
-from .modeling_tfm_layers import TfmGLU
+from .modeling_tfm_layers import TfmGLU, make_dropout
 
 
 class TfmRouter(nn.Module):
@@ -152,6 +152,7 @@ class TfmExperts(nn.Module):
         if config.expert_mlp_bias:
             self.down_proj_bias = nn.Parameter(torch.empty(experts, hidden))
         self.act_fn = ACT2FN[config.hidden_act]
+        self.activation_dropout = make_dropout(config.activation_dropout)  # each expert's, as Switch's drop out
         self.swiglu_limit, self.swiglu_alpha = config.swiglu_limit, config.swiglu_alpha
 
     def _apply_gate(self, gate_up: torch.Tensor) -> torch.Tensor:
@@ -183,6 +184,7 @@ class TfmExperts(nn.Module):
             down_bias = None if self.down_proj_bias is None else self.down_proj_bias[expert]
             projected = nn.functional.linear(hidden_states[token], up_proj[expert], up_bias)
             inner = self._apply_gate(projected) if self.has_gate else self.act_fn(projected)
+            inner = self.activation_dropout(inner)
             expert_out = nn.functional.linear(inner, self.down_proj[expert], down_bias)
             output.index_add_(0, token, (expert_out * top_k_weights[token, slot, None]).to(output.dtype))
         return output

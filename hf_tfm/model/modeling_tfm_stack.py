@@ -24,7 +24,7 @@ from transformers.utils import ModelOutput, TransformersKwargs
 from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs, maybe_install_capturing_hooks
 
-from .capabilities import TfmParallelMixin, backend_refusal, grouped_mm_refusal
+from .capabilities import TfmParallelMixin, backend_refusal, experts_refusal
 from .compat import CACHE_NAME, CACHE_NAMES, accepts_legacy_cache_argument
 from .configuration_tfm import TfmConfig, round_up_to_multiple
 from .configuration_tfm_rules import check_config
@@ -195,8 +195,9 @@ class TfmParallelBlock(TfmBlock):
             cache=cache,
             **kwargs,
         )
+        attended = self.dropout(attended)  # drawn before the feed-forward's dropout, as GPT-NeoX draws them
         mlp_output = self.ffn_dropout(self.mlp(self.ffn_norm(hidden_states)))
-        return mlp_output + self.dropout(attended) + hidden_states
+        return mlp_output + attended + hidden_states
 
 
 def block_class(config: TfmConfig) -> type[TfmBlock]:
@@ -239,9 +240,17 @@ class TfmPreTrainedModel(TfmLoadingMixin, TfmParallelMixin, PreTrainedModel):
     def _grouped_mm_can_dispatch(self) -> bool:
         # asked when transformers picks the experts backend: a refusal makes its default eager (as where grouped_mm
         # cannot run at all) and is raised, naming the field, when grouped_mm is asked for by name
-        if refusal := grouped_mm_refusal(self.config):
+        if refusal := experts_refusal(self.config, "grouped_mm"):
             raise ValueError(refusal)
         return super()._grouped_mm_can_dispatch()
+
+    def get_correct_experts_implementation(self, requested_experts: str | None) -> str:
+        # the other fused backends (batched_mm...) asked for by name pass here; grouped_mm, above
+        if requested_experts not in (None, "grouped_mm") and (
+            refusal := experts_refusal(self.config, requested_experts)
+        ):
+            raise ValueError(refusal)
+        return super().get_correct_experts_implementation(requested_experts)
 
     def post_init(self):
         # a backend set by name at build or load time that transformers does not route through
@@ -403,6 +412,7 @@ class TfmStack(TfmPreTrainedModel):
             block(config, i, self.is_causal, self.layer_types[i], cross_attention) for i in first_layers
         )
         self.norm = make_norm(config) if config.final_norm else Absent()
+        self.final_dropout = make_dropout(config.final_norm_dropout)
         self.pooler = TfmPooler(config) if pooler else None
         self.output_class = stack_output_class(config, self.is_causal, cross_attention)
         self.gradient_checkpointing = False
@@ -491,7 +501,7 @@ class TfmStack(TfmPreTrainedModel):
                 encoder_cache=cache,  # read by cross-attention alone
                 **kwargs,
             )
-        hidden_states = self.project_out(self.norm(hidden_states))
+        hidden_states = self.project_out(self.final_dropout(self.norm(hidden_states)))
         outputs = self.output_class(last_hidden_state=hidden_states, **{CACHE_NAME: cache})
         if self.pooler is not None:  # BERT's sentence vector (an item: ModelOutput's fields set later must be)
             outputs["pooler_output"] = self.pooler(hidden_states)
