@@ -1,12 +1,13 @@
 """The read from a causal LM's head to its attention stays short: the distinct hf_tfm functions one training forward of
 a Llama-converted model runs, and the decision points they hold (`benchmarks.reading_path`), exact counts against
 budgets that only come down. Before the core rebuild: 21 functions, 204 decision points; LlamaForCausalLM's modeling
-file 9 functions, 10 decision points."""
+file 9 functions, 10 decision points. The one rise, 116 to 118 points: LayerDrop's check in the stack's layer loop, a
+training feature the references have (benchmarks/NOTES.md)."""
 
 from benchmarks.reading_path import reading_path
 
 READING_PATH_BUDGET = 29
-DECISION_POINTS_BUDGET = 116
+DECISION_POINTS_BUDGET = 118  # LayerDrop's draw before each layer (BART, OPT) added the stack's one check
 
 
 def test_the_reading_path_stays_within_its_budget():

@@ -27,12 +27,13 @@ OWN_PARAMETERS = {
 
 
 def dropout_fields(name: str) -> dict[str, float]:
-    """Every dropout probability the reference's config holds, bar the task heads' (no head here reads them)."""
+    """Every dropout probability the reference's config holds (LayerDrop's too), bar the task heads' (no head here
+    reads them)."""
     config = tiny_reference_config(name)
     return {
         field: RATE
         for field, value in vars(config).items()
-        if ("dropout" in field or "pdrop" in field)
+        if ("dropout" in field or "pdrop" in field or "layerdrop" in field)
         and "classif" not in field
         and isinstance(value, (int, float))
         and not isinstance(value, bool)

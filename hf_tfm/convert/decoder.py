@@ -282,6 +282,7 @@ OPT = Family(
     },
     config_class="OPTConfig",
     fields=field_names(
+        "layerdrop",
         without=("initializer_range",),
         ffn_dim="intermediate_size",
         activation_function="hidden_act",
@@ -302,7 +303,6 @@ OPT = Family(
         freeze_pad_embedding=True,
     ),
     unread={
-        "layerdrop": "LayerDrop (a whole layer skipped in training), which hf_tfm does not have yet",
         # published OPT configs (fairseq's) carry it; OPTConfig does not declare it and OPT's layers never read it
         "activation_dropout": "never applied by transformers' OPT",
     },

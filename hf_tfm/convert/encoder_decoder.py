@@ -239,10 +239,6 @@ BART = Family(
         scale_lm_head_input=False,
     ),
     unread={
-        **dict.fromkeys(
-            ("encoder_layerdrop", "decoder_layerdrop"),
-            "LayerDrop (a whole layer skipped in training), which hf_tfm does not have yet; inference is exact",
-        ),
         "classifier_dropout": "read only by BART's classification head",
         **dict.fromkeys(
             ("add_bias_logits", "add_final_layer_norm", "classif_dropout", "normalize_before", "normalize_embedding"),
@@ -273,12 +269,15 @@ BART = Family(
         hidden_dropout=float(config.dropout),
         embedding_dropout=float(config.dropout),
         attention_dropout=float(config.attention_dropout),
+        layerdrop=float(config.encoder_layerdrop),  # one rate for both stacks: another decoder_layerdrop is refused
     ),
     from_tfm=lambda config: dict(
         decoder_attention_heads=config.num_attention_heads,
         decoder_ffn_dim=config.intermediate_size,
         dropout=config.hidden_dropout,
         attention_dropout=config.attention_dropout,
+        encoder_layerdrop=config.layerdrop,
+        decoder_layerdrop=config.layerdrop,
         forced_eos_token_id=None,  # a generation default: carried by generation_config, not by TfmConfig
     ),
 )

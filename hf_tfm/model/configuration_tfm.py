@@ -137,6 +137,8 @@ class TfmConfig(PreTrainedConfig):
         activation_dropout (`float`): dropout inside the feed-forward, on the activation's output before the output
             projection (BART's and OPT's `activation_dropout`, T5's inner dropout).
         final_norm_dropout (`float`): dropout on the final norm's output (T5 drops out there with its `dropout_rate`).
+        layerdrop (`float`): LayerDrop, the probability that a whole layer is skipped at each training forward (BART's
+            `encoder_layerdrop` and `decoder_layerdrop`, OPT's `layerdrop`), drawn before each layer as they draw it.
         scale_embeddings (`bool`): token embeddings times `sqrt(hidden_size)` (original Transformer, Gemma).
         embedding_size (`int`, *optional*): factorised embeddings (ALBERT, ELECTRA): the token, position and token-type
             tables and the embedding norm are this wide, a linear layer (`embed_proj`, there whenever the field is set,
@@ -286,6 +288,7 @@ class TfmConfig(PreTrainedConfig):
     ffn_dropout: float | int | None = None
     activation_dropout: float | int = 0.0
     final_norm_dropout: float | int = 0.0
+    layerdrop: float | int = 0.0
     scale_embeddings: bool = False
     embedding_size: int | None = None
     word_embed_proj_dim: int | None = None

@@ -71,6 +71,7 @@ PROBABILITIES = (
     "attention_dropout",
     "activation_dropout",
     "final_norm_dropout",
+    "layerdrop",
 )
 PROBABILITIES_OR_NONE = ("ffn_dropout",)
 LAYER_LISTS = ("nope_layers", "mlp_only_layers", "moe_layers", "decoder_moe_layers")

@@ -413,6 +413,7 @@ class TfmStack(TfmPreTrainedModel):
         )
         self.norm = make_norm(config) if config.final_norm else Absent()
         self.final_dropout = make_dropout(config.final_norm_dropout)
+        self.layerdrop = config.layerdrop
         self.pooler = TfmPooler(config) if pooler else None
         self.output_class = stack_output_class(config, self.is_causal, cross_attention)
         self.gradient_checkpointing = False
@@ -490,6 +491,8 @@ class TfmStack(TfmPreTrainedModel):
             )
         blocks = list(self.layers)  # each block once (pipeline stages: placeholders besides); layer_order: which runs
         for index, attention_type in zip(self.layer_order, self.layer_types):
+            if self.training and self.layerdrop > 0 and torch.rand([]) < self.layerdrop:
+                continue  # LayerDrop: the whole layer skipped, drawn where BART and OPT draw it
             hidden_states = blocks[index](
                 hidden_states,
                 encoder_hidden_states,
