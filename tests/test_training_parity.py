@@ -1,6 +1,6 @@
 """A converted model trains as its reference does: in training mode, with every dropout its reference's config names
 set to 0.2 (embeddings, attention weights, sublayer outputs, inside the feed-forward and each expert, after T5's
-final norm), the same seed gives the same loss and the same gradients, for every family of the registry. MoE
+final norm, LayerDrop), the same seed gives the same loss and the same gradients, for every family of the registry. MoE
 references are asked for their router losses (`output_router_logits=True`), which hf_tfm adds whenever it has labels.
 
 The draws match because hf_tfm applies each dropout where its reference does, in the same order (GPT-NeoX's
@@ -10,69 +10,25 @@ experts defaults to it)."""
 
 import pytest
 import torch
-from support.families import tiny_reference, tiny_reference_config
+from support.families import skip_where_the_reference_is_not_its_family, tiny_reference, tiny_reference_config
 
+from benchmarks.training_parity import OWN_PARAMETERS, seeded_step, training_pair
 from hf_tfm.convert import to_tfm
 from hf_tfm.convert.families import FAMILIES
 
 RATE = 0.2
-# parameters hf_tfm trains that the reference does not have: left out of the gradient norm, and listed in
-# docs/differences.md
-OWN_PARAMETERS = {
-    "modernbert": {
-        "lm_head.dense.bias": "the MLM head's dense layer always has a bias; ModernBERT's has none unless "
-        "classifier_bias (off in the published checkpoints), so it converts as zeros: the same logits, but it trains"
-    },
-}
-
-
-def dropout_fields(name: str) -> dict[str, float]:
-    """Every dropout probability the reference's config holds (LayerDrop's too), bar the task heads' (no head here
-    reads them)."""
-    config = tiny_reference_config(name)
-    return {
-        field: RATE
-        for field, value in vars(config).items()
-        if ("dropout" in field or "pdrop" in field or "layerdrop" in field)
-        and "classif" not in field
-        and isinstance(value, (int, float))
-        and not isinstance(value, bool)
-    }
-
-
-def batch(config) -> dict:
-    generator = torch.Generator().manual_seed(1)
-    input_ids = torch.randint(3, config.vocab_size, (2, 9), generator=generator)
-    if config.is_encoder_decoder:
-        return {"input_ids": input_ids, "labels": torch.randint(3, config.vocab_size, (2, 5), generator=generator)}
-    return {"input_ids": input_ids, "labels": input_ids.clone()}
-
-
-def seeded_step(model, inputs: dict, seed: int, leave_out=(), **extra) -> tuple[float, float]:
-    """The loss of one training forward under `seed`, and the norm of every gradient it gives (bar `leave_out`)."""
-    model.zero_grad()
-    torch.manual_seed(seed)
-    loss = model(**inputs, **extra).loss
-    loss.backward()
-    gradients = [p.grad for name, p in model.named_parameters() if p.grad is not None and name not in leave_out]
-    return loss.item(), torch.linalg.vector_norm(torch.stack([g.norm() for g in gradients])).item()
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_training_mode_loss_and_gradients_equal_the_reference_under_the_same_seed(name):
-    fields = dropout_fields(name)
-    assert fields, f"{name}: its config names no dropout"
-    reference = tiny_reference(name, **fields).train()
-    ours = to_tfm(reference).train()
-    ours.set_attn_implementation(reference.config._attn_implementation)
-    moe = "output_router_logits" in reference.forward.__code__.co_varnames or hasattr(reference.config, "num_experts")
-    extra = {"output_router_logits": True} if moe else {}
-    inputs = batch(reference.config)
+    """(`python -m benchmarks.training_parity` prints the same comparison over 40 seeds, with the mean losses.)"""
+    skip_where_the_reference_is_not_its_family(name)
+    reference, ours, extra, inputs = training_pair(name, RATE)
     own = OWN_PARAMETERS.get(name, {})
     assert set(own) <= dict(ours.named_parameters()).keys()
     for seed in range(2):
         expected, actual = seeded_step(reference, inputs, seed, **extra), seeded_step(ours, inputs, seed, own)
-        assert actual[0] == pytest.approx(expected[0], rel=0, abs=1e-5), (name, seed, fields)
+        assert actual[0] == pytest.approx(expected[0], rel=0, abs=1e-5), (name, seed)
         assert actual[1] == pytest.approx(expected[1], rel=1e-5), (name, seed, "gradient norm")
     ours.eval()  # the control: without dropout the loss is another one, so the draws above did act
     assert abs(seeded_step(ours, inputs, 0)[0] - expected[0]) > 1e-4
