@@ -12,6 +12,7 @@ Gemma 2's capped eager attention), hf_tfm owns a copy, tested against the refere
 """
 
 import functools
+import importlib.util
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -422,7 +423,12 @@ TABLE = [
         "accelerate < 1.16 attaches the hooks whatever the model says (sliding windows refused by name); 1.16+ "
         "refuses",
         "nothing: hf_tfm's declaration holds on both",
-        lambda: None if isinstance(accelerate_refuses_context_parallel(), bool) else "no answer",
+        lambda: (
+            None  # accelerate is the training extra's: a core install has nothing to ask
+            if importlib.util.find_spec("accelerate") is None
+            or isinstance(accelerate_refuses_context_parallel(), bool)
+            else "no answer"
+        ),
     ),
     Row(
         "Trainer._load_from_checkpoint",
