@@ -23,6 +23,7 @@ import shutil
 import socket
 from pathlib import Path
 
+from safetensors import SafetensorError, safe_open
 from transformers.utils import logging
 
 logger = logging.get_logger(__name__)
@@ -116,16 +117,13 @@ def verify(folder, only=None) -> int:
 
 
 def whole_safetensors(path: Path) -> bool:
-    """Whether `path` is a safetensors file that ends where its header says its last tensor does: rewritten whole by
-    other code, not cut short."""
+    """Whether `path` is a safetensors file its header covers exactly (safetensors' own check on opening): rewritten
+    whole by other code, not cut short."""
     try:
-        with open(path, "rb") as file:
-            header_size = int.from_bytes(file.read(8), "little")
-            header = json.loads(file.read(header_size))
-    except (OSError, ValueError):
+        with safe_open(path, "pt"):
+            return True
+    except (OSError, SafetensorError):
         return False
-    ends = [entry["data_offsets"][1] for name, entry in header.items() if name != "__metadata__"]
-    return path.stat().st_size == 8 + header_size + max(ends, default=0)
 
 
 def check_file_sizes(source, subfolder: str = "") -> None:
