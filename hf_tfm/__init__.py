@@ -13,6 +13,8 @@ rules, the layers, the stack, the heads, what each backend can run, what each re
 `commands.py` (the `hf-tfm` commands), `compat.py` (the one table of release decisions).
 """
 
+# first: transformers' model code, imported without optional packages' import-time noise
+from . import quiet_import  # noqa: F401, I001
 import transformers
 
 from . import model_hooks  # noqa: F401  (loaded: the models hand their saving, loading and publishing to it)

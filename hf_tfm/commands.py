@@ -126,6 +126,15 @@ def _generate(args) -> None:
         print(line)
 
 
+def _attention(args) -> None:
+    from .training.attention_maps import draw_attention
+
+    for path in draw_attention(
+        args.model_dir, args.text, args.output_dir, args.layers, args.heads, max_new_tokens=args.max_new_tokens
+    ):
+        print(f"wrote {path}")
+
+
 def _verify(args) -> None:
     from .saving import verify_folder
 
@@ -155,6 +164,7 @@ COMMANDS = {
     "compare": _compare,
     "evaluate": _evaluate,
     "generate": _generate,
+    "attention": _attention,
     "convert": _convert,
     "upcycle": _upcycle,
     "verify": _verify,

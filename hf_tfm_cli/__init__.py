@@ -43,6 +43,11 @@ gpt2 (causal-lm), bert (masked-lm), t5 or bart (seq2seq), sized to the parameter
   hf-tfm generate runs/train/model "Return the"
   hf-tfm generate runs/s2s/model "Return the number of items." --num-beams 4
   hf-tfm generate runs/mlm/model "Return the [MASK] of items."      # masked LMs fill masks""",
+    "attention": """examples:
+  hf-tfm attention runs/demo/causal-lm/model --text "Return the number of items."
+  hf-tfm attention runs/demo/seq2seq/model --text "Return the number of items." --output-dir runs/attention-s2s
+  hf-tfm attention runs/big/model --text "..." --layers 0 11 --heads 0 1 2 3     # a chosen few of a big model
+figures: attention-<kind>.png per kind of attention (self; or encoder, decoder, cross), routing.png for MoE models""",
     "convert": """examples:
   hf-tfm convert path/to/gpt2 runs/tfm-from-gpt2      # a saved folder of any family hf_tfm converts -> hf_tfm
   hf-tfm convert runs/tfm-from-gpt2 runs/back --to gpt2
@@ -185,6 +190,19 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--temperature", type=positive_float, default=1.0)
     generate.add_argument("--top-p", type=number(float, 0, 1, low_open=True), default=1.0)
     generate.add_argument("--seed", type=number(int, 0), default=0)
+    attention = command(
+        "attention", "draw what each attention head of a saved model attends to on a text (and an MoE's routing)"
+    )
+    attention.add_argument("model_dir")
+    attention.add_argument("--text", required=True, help="the text to run through the model")
+    attention.add_argument("--output-dir", default="attention-maps", help="folder the figures are written to")
+    attention.add_argument(
+        "--layers", type=number(int, 0), nargs="+", help="layers to draw (default: up to 6, evenly spaced)"
+    )
+    attention.add_argument("--heads", type=number(int, 0), nargs="+", help="heads to draw (default: the first 8)")
+    attention.add_argument(
+        "--max-new-tokens", type=positive_int, default=12, help="an encoder-decoder's greedy continuation, drawn"
+    )
     convert = command("convert", "convert transformers checkpoints of every family hf_tfm knows to hf_tfm and back")
     convert.add_argument("source", help="a saved model folder: a family's (see --to) or an hf_tfm model")
     convert.add_argument("destination", help="folder to write the converted model to")

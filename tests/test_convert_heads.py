@@ -103,3 +103,25 @@ def test_sequence_classifier_problem_types_convert(name, reference, problem_type
     assert ours.config.problem_type == problem_type and ours.config.num_labels == num_labels
     assert_scores_as_reference(ref, ours, name, reference, problem_type)
     assert from_tfm(ours, name).config.problem_type == problem_type
+
+
+@pytest.mark.parametrize("name, reference", [case for case in HEADS if "Classification" in case.values[1]])
+def test_classifiers_train_as_the_reference_with_dropout_on(name, reference):
+    """Training mode: every dropout of the body at 0.2 and the classifier's own (BERT's, RoBERTa's and ELECTRA's
+    `classifier_dropout` set apart from the hidden dropout; the generic token classifier's 0.1, which a Llama-shaped
+    config never names) give the same seeded loss and gradients as the reference."""
+    from benchmarks.training_parity import dropout_fields, seeded_step
+
+    fields = dropout_fields(name, 0.2)
+    if hasattr(transformers.AutoConfig.for_model(name), "classifier_dropout"):
+        fields["classifier_dropout"] = 0.35
+    ref = head(name, reference, **fields).train()
+    ours = to_tfm(ref).train()
+    ours.set_attn_implementation(ref.config._attn_implementation)
+    inputs = batch(name, reference, left=False, problem_type="single_label_classification")
+    for seed in range(2):
+        expected, actual = seeded_step(ref, inputs, seed), seeded_step(ours, inputs, seed)
+        assert actual[0] == pytest.approx(expected[0], rel=0, abs=1e-5), (name, seed)
+        assert actual[1] == pytest.approx(expected[1], rel=1e-5), (name, seed, "gradient norm")
+    back = from_tfm(ours, name).config  # the classifier's dropout goes back as the reference wrote it (or left it out)
+    assert getattr(back, "classifier_dropout", None) == getattr(ref.config, "classifier_dropout", None)

@@ -84,7 +84,6 @@ def test_roberta_base_token_ids_and_inputs():
     [
         (lambda: roberta_config(is_decoder=True), "is_decoder"),
         (lambda: roberta_config(add_cross_attention=True), "add_cross_attention"),
-        (lambda: roberta_config(classifier_dropout=0.3), "classifier_dropout"),
         (lambda: roberta_config(position_embedding_type="relative_key"), "position_embedding_type"),
         (lambda: roberta_config(pad_token_id=None), "pad_token_id"),
     ],
@@ -94,8 +93,10 @@ def test_roberta_config_hf_tfm_cannot_express_is_refused(make_source, field):
         config_to_tfm(make_source())
 
 
-def test_roberta_classifier_dropout_equal_to_hidden_dropout_converts():
-    assert config_to_tfm(roberta_config(classifier_dropout=0.1)).hidden_dropout == 0.1
+def test_roberta_classifier_dropout_converts():
+    """RoBERTa's classifiers drop out with `classifier_dropout`, else the hidden dropout: hf_tfm's rule too."""
+    assert config_to_tfm(roberta_config(classifier_dropout=0.3)).classifier_dropout_probability() == 0.3
+    assert config_to_tfm(roberta_config(classifier_dropout=None)).classifier_dropout_probability() == 0.1
 
 
 def test_roberta_models_hf_tfm_cannot_express_are_refused():

@@ -144,7 +144,6 @@ def test_bert_shaped_tfm_converts_to_bert(cls):
         (to_tfm, lambda: bert(is_decoder=True), "is_decoder"),
         (to_tfm, lambda: bert(is_decoder=True, add_cross_attention=True), "add_cross_attention"),
         (to_tfm, lambda: bert(position_embedding_type="relative_key"), "position_embedding_type"),
-        (to_tfm, lambda: bert(classifier_dropout=0.3), "classifier_dropout"),
         (to_tfm, lambda: bert(BertForMaskedLM, tie_word_embeddings=False), "cls.predictions.bias"),
         (
             partial(from_tfm, name="bert"),

@@ -35,3 +35,13 @@ def test_import_hf_tfm_adds_no_training_package_and_no_output():
     assert len(our_err) == len(reference_err), our_err
     own = [name for name in ours if name.startswith(("hf_tfm.training", "hf_tfm.hub", "hf_tfm.convert"))]
     assert own == [], "the training, Hub card and conversion code load when used"
+
+
+def test_import_hf_tfm_first_prints_nothing():
+    """A newcomer's `python -c "import hf_tfm"`: transformers' own import, made by hf_tfm, logs nothing of the optional
+    packages it loads (torchao's kernels for other machines, torch's deprecations), and hf_tfm adds no training
+    package (beyond what transformers' model code itself imports when installed)."""
+    modules, stderr = imported("import hf_tfm")
+    assert stderr == []
+    baseline, _ = imported("import transformers.modeling_utils")
+    assert (packages(modules) - packages(baseline)) & NOT_AT_IMPORT == set()

@@ -26,7 +26,7 @@ from hf_tfm.training.generate import generate_text
 from hf_tfm.training.main_job import run_main_job
 from hf_tfm.training.run import RunSpec, train
 from hf_tfm.training.tokenizers import train_byte_level_bpe
-from hf_tfm_cli import TASKS
+from hf_tfm_cli import EXAMPLES, TASKS
 from hf_tfm_cli.entry import main
 
 PIPELINE_TAGS = {
@@ -455,8 +455,11 @@ def test_bad_input_fails_before_training(tmp_path, case, message):
     assert not (tmp_path / "out" / "checkpoints").exists(), "nothing trained"
 
 
+COMMAND_NAMES = sorted(EXAMPLES)  # one entry per command (tests/test_cli.py holds the two in step)
+
+
 def test_help_of_every_command_has_examples(capsys):
-    for command in ("demo", "train", "evaluate", "generate", "convert", "upcycle", "card", "push"):
+    for command in COMMAND_NAMES:
         with pytest.raises(SystemExit) as exit_:
             main([command, "--help"])
         assert exit_.value.code == 0

@@ -25,6 +25,13 @@ from .record import (
     Weights,
 )
 
+
+def classifier_dropout_written_out(config):
+    """An hf_tfm config whose classifier dropout is written out (None means `hidden_dropout`), the form the way back
+    gives."""
+    return config_with(config, classifier_dropout=config.classifier_dropout_probability())
+
+
 # ------------------------------------------------------------------------------------------------------------ GPT-2
 # Conv1D weights stored [in, out] and q, k, v fused in c_attn: transposed and split on the way in, back on the way out.
 GPT2 = Family(
@@ -141,7 +148,6 @@ GPT_NEOX = Family(
     fixed=dict(
         position_embedding_type="rope", norm_type="layernorm", norm_position="pre", ffn_type="mlp", mlp_bias=True
     ),
-    unread={"classifier_dropout": "read only by GPTNeoXForTokenClassification, never by the causal LM"},
     weights=Weights(
         renames=(
             (r"^gpt_neox\.embed_in\.", "model.embed_tokens."),
@@ -165,13 +171,16 @@ GPT_NEOX = Family(
         attention_dropout=float(config.attention_dropout),
         hidden_dropout=float(config.hidden_dropout),  # after each sublayer and on the embeddings
         embedding_dropout=float(config.hidden_dropout),
+        classifier_dropout=float(config.classifier_dropout),  # its token classifier's
         rope_parameters=_neox_rope_to_tfm(config.rope_parameters),
     ),
     from_tfm=lambda config: dict(
         attention_dropout=config.attention_dropout,
         hidden_dropout=config.hidden_dropout,
+        classifier_dropout=config.classifier_dropout_probability(),
         rope_parameters={"partial_rotary_factor": 1.0, **(config.rope_parameters or {})},
     ),
+    our_form=classifier_dropout_written_out,
 )
 
 # ------------------------------------------------------------------------------------------------------------ BLOOM
@@ -422,6 +431,24 @@ def qwen_window_from_tfm(config) -> dict:
 
 
 LLAMA_WEIGHTS = Weights(renames=LLAMA_RENAMES)
+# transformers' generic token classifier drops out with `classifier_dropout`, else `hidden_dropout`, else this
+GENERIC_CLASSIFIER_DROPOUT = 0.1
+
+
+def generic_classifier_dropout_to_tfm(config) -> dict:
+    """The dropout transformers' generic token classifier applies, as hf_tfm's `classifier_dropout` (a Llama-shaped
+    config declares neither field it reads, so its token classifier drops out with 0.1)."""
+    for name in ("classifier_dropout", "hidden_dropout"):
+        if getattr(config, name, None) is not None:
+            return {"classifier_dropout": float(getattr(config, name))}
+    return {"classifier_dropout": GENERIC_CLASSIFIER_DROPOUT}
+
+
+def generic_classifier_dropout_from_tfm(config) -> dict:
+    """hf_tfm's classifier dropout for transformers' generic token classifier: written only where it is not the
+    value that classifier takes without it."""
+    probability = config.classifier_dropout_probability()
+    return {} if probability == GENERIC_CLASSIFIER_DROPOUT else {"classifier_dropout": probability}
 
 
 # the task heads of a Llama-shaped family: transformers' generic ones (the body under `model`, a `score` layer), each
@@ -443,16 +470,19 @@ def llama_family(name: str, reference: str, fields: dict, fixed: dict, *, implic
     `heads`: which of LLAMA_FAMILY_HEADS the family's transformers release has, named `head_prefix` (the reference's
     name without "ForCausalLM" unless given) plus the suffix."""
     head_prefix = head_prefix or reference.removesuffix("ForCausalLM")
+    our_form = record.pop("our_form", None)
     classes = {reference: "TfmDecoderForCausalLM"} | {head_prefix + head: LLAMA_FAMILY_HEADS[head] for head in heads}
 
     def computed_to_tfm(config) -> dict:
         own = dict(rope_parameters=llama_family_rope(config), attention_dropout=float(config.attention_dropout))
+        own |= generic_classifier_dropout_to_tfm(config)
         if implicit_head_dim_field:
             own["head_dim"] = implicit_head_dim(config)
         return own | (to_tfm(config) if to_tfm else {})
 
     def computed_from_tfm(config) -> dict:
         own = dict(rope_parameters=llama_family_rope(config), attention_dropout=config.attention_dropout)
+        own |= generic_classifier_dropout_from_tfm(config)
         if implicit_head_dim_field:
             own |= head_dim_kwargs(config)
         return own | (from_tfm(config) if from_tfm else {})
@@ -467,6 +497,7 @@ def llama_family(name: str, reference: str, fields: dict, fixed: dict, *, implic
         weights=weights,
         to_tfm=computed_to_tfm,
         from_tfm=computed_from_tfm,
+        our_form=lambda config: classifier_dropout_written_out(our_form(config) if our_form else config),
         **record,
     )
 

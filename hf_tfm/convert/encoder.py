@@ -18,6 +18,8 @@ BERT_FIELDS = field_names(
     hidden_dropout_prob="hidden_dropout",
     attention_probs_dropout_prob="attention_dropout",
 )
+# BERT's, RoBERTa's and ELECTRA's classifiers drop out with classifier_dropout, else hidden_dropout_prob: hf_tfm's rule
+BERT_CLASSIFIER_FIELDS = BERT_FIELDS | {"classifier_dropout": "classifier_dropout"}
 BERT_ARCHITECTURE = dict(
     position_embedding_type="learned",
     position_offset=0,
@@ -63,12 +65,6 @@ def _bert_unread(config) -> dict:
     return {}
 
 
-def _bert_form(config):
-    if config.classifier_dropout == config.hidden_dropout_prob:  # what hf_tfm's classifier heads drop out with
-        return config_with(config, classifier_dropout=None)
-    return config
-
-
 def _one_token_type(target: str):
     def from_tfm(config) -> dict:
         if config.type_vocab_size == 0:  # the config takes 0, but the model still looks up token type 0
@@ -109,7 +105,6 @@ def heads_of(prefix: str, heads: dict[str, str]) -> dict[str, str]:
 
 # what BERT and RoBERTa alike keep outside their configs (the pooler) or write in another form
 BERT_HOOKS = dict(
-    their_form=_bert_form,
     unread_of=_bert_unread,
     options=_pooler_options,
     our_options=lambda config: {"use_pooler": config.use_pooler},
@@ -127,7 +122,7 @@ BERT = Family(
         **heads_of("Bert", BERT_HEADS),
     },
     config_class="BertConfig",
-    fields=BERT_FIELDS,
+    fields=BERT_CLASSIFIER_FIELDS,
     fixed=BERT_ARCHITECTURE,
     weights=Weights(
         renames=(
@@ -206,7 +201,7 @@ ROBERTA = Family(
         **heads_of("Roberta", BERT_TOKEN_HEADS),
     },
     config_class="RobertaConfig",
-    fields={theirs: ours for theirs, ours in BERT_FIELDS.items() if theirs != "max_position_embeddings"},
+    fields={theirs: ours for theirs, ours in BERT_CLASSIFIER_FIELDS.items() if theirs != "max_position_embeddings"},
     fixed=BERT_ARCHITECTURE,
     weights=Weights(
         renames=((r"^roberta\.", "model."), (r"^lm_head\.layer_norm\.", "lm_head.norm."), *BERT_BODY_RENAMES),
@@ -420,7 +415,7 @@ ELECTRA = Family(
         **heads_of("Electra", BERT_TOKEN_HEADS),  # its sequence classifier is a head of its own (gelu): not converted
     },
     config_class="ElectraConfig",
-    fields=BERT_FIELDS,
+    fields=BERT_CLASSIFIER_FIELDS,
     fixed=BERT_ARCHITECTURE,
     weights=Weights(
         renames=(
@@ -437,7 +432,6 @@ ELECTRA = Family(
     to_tfm=_electra_to_tfm,
     from_tfm=_electra_from_tfm,
     check=require_gelu_head("ELECTRA", "ElectraForMaskedLM"),
-    their_form=_bert_form,
     unread_of=_electra_unread,
 )
 

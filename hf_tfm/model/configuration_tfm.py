@@ -137,6 +137,9 @@ class TfmConfig(PreTrainedConfig):
         activation_dropout (`float`): dropout inside the feed-forward, on the activation's output before the output
             projection (BART's and OPT's `activation_dropout`, T5's inner dropout).
         final_norm_dropout (`float`): dropout on the final norm's output (T5 drops out there with its `dropout_rate`).
+        classifier_dropout (`float`, *optional*): dropout before the token classifiers' and the encoder's sequence
+            classifier's task layer; `hidden_dropout` by default (BERT's rule). A decoder's sequence classifier has
+            none, as transformers' generic one.
         layerdrop (`float`): LayerDrop, the probability that a whole layer is skipped at each training forward (BART's
             `encoder_layerdrop` and `decoder_layerdrop`, OPT's `layerdrop`), drawn before each layer as they draw it.
         scale_embeddings (`bool`): token embeddings times `sqrt(hidden_size)` (original Transformer, Gemma).
@@ -289,6 +292,7 @@ class TfmConfig(PreTrainedConfig):
     activation_dropout: float | int = 0.0
     final_norm_dropout: float | int = 0.0
     layerdrop: float | int = 0.0
+    classifier_dropout: float | int | None = None
     scale_embeddings: bool = False
     embedding_size: int | None = None
     word_embed_proj_dim: int | None = None
@@ -413,6 +417,10 @@ class TfmConfig(PreTrainedConfig):
     def ffn_dropout_probability(self) -> float:
         """The dropout on a feed-forward's output: `ffn_dropout`, else `hidden_dropout`."""
         return self.hidden_dropout if self.ffn_dropout is None else self.ffn_dropout
+
+    def classifier_dropout_probability(self) -> float:
+        """The dropout before a classifier's task layer: `classifier_dropout`, else `hidden_dropout`."""
+        return self.hidden_dropout if self.classifier_dropout is None else self.classifier_dropout
 
     def disentangled_terms(self) -> tuple[str, ...]:
         """Disentangled attention's position terms: `pos_att_type`, both by default."""

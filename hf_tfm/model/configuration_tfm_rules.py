@@ -73,7 +73,7 @@ PROBABILITIES = (
     "final_norm_dropout",
     "layerdrop",
 )
-PROBABILITIES_OR_NONE = ("ffn_dropout",)
+PROBABILITIES_OR_NONE = ("ffn_dropout", "classifier_dropout")
 LAYER_LISTS = ("nope_layers", "mlp_only_layers", "moe_layers", "decoder_moe_layers")
 # fields an MoE model must hold positive: checked only with experts (a dense model's are inert)
 MOE_POSITIVE = ("moe_intermediate_size", "decoder_sparse_step", "swiglu_alpha", "routed_scaling_factor")

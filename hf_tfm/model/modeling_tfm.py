@@ -347,7 +347,7 @@ class TfmTokenClassification:
 
     def build_task_layer(self, config):
         self.num_labels = config.num_labels
-        self.dropout = make_dropout(config.hidden_dropout)
+        self.dropout = make_dropout(config.classifier_dropout_probability())
         return nn.Linear(config.output_width(), config.num_labels)
 
     def predict(self, outputs, inputs, labels, **kwargs) -> dict:
@@ -612,7 +612,7 @@ class TfmEncoderForSequenceClassification(TfmSequenceClassification, TfmEncoderH
     add_pooling_layer = True
 
     def build_task_layer(self, config):
-        self.dropout = make_dropout(config.hidden_dropout)
+        self.dropout = make_dropout(config.classifier_dropout_probability())
         return nn.Linear(config.output_width(), config.num_labels)
 
     def predict(self, outputs, inputs, labels, **kwargs) -> dict:

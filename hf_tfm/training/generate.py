@@ -37,11 +37,19 @@ def generate_text(
     return [f"{prompt} -> {visible(text, ids.tolist())}" for prompt, text, ids in zip(prompts, texts, output)]
 
 
+ESCAPES = {"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def escaped(text: str) -> str:
+    """`text` on one line a person can read: line breaks, tabs and backslashes escaped, other characters no font
+    draws (control characters) as their code point."""
+    return "".join(ESCAPES.get(char) or (char if char.isprintable() else f"\\x{ord(char):02x}") for char in text)
+
+
 def visible(text: str, token_ids: list[int]) -> str:
-    """A continuation on one line that a person can see: line breaks, tabs and backslashes escaped, and the token ids
-    beside it when it decodes to blanks alone (a small model's first output often does)."""
-    shown = text.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
-    return shown if text.strip() else f"'{shown}' (only blanks: token ids {token_ids})"
+    """A continuation on one line that a person can see: escaped, and the token ids beside it when it decodes to
+    blanks alone (a small model's first output often does)."""
+    return escaped(text) if text.strip() else f"'{escaped(text)}' (only blanks: token ids {token_ids})"
 
 
 def _fill_masks(model, tokenizer, prompt: str) -> str:
