@@ -100,6 +100,21 @@ def _compare(args) -> None:
     )
 
 
+def _scaling(args) -> None:
+    from .training.scaling import scaling
+
+    def progress(done: int, total: int, seconds: float) -> None:
+        left = seconds / done * (total - done)
+        print(f"scaling: run {done} of {total} done, {seconds / 60:.1f} min so far, about {left / 60:.1f} min left")
+
+    rates = args.learning_rates or [args.spec.learning_rate]
+    scaling(
+        args.spec, args.models, args.sizes, rates, args.seeds, args.tokens_per_parameter, args.output_dir, progress
+    )
+    print((Path(args.output_dir) / "scaling.md").read_text())
+    print(f"-> {args.output_dir}/scaling.json, scaling.png")
+
+
 def _evaluate(args) -> None:
     from .training.run import evaluate_saved
 
@@ -162,6 +177,7 @@ COMMANDS = {
     "demo": _demo,
     "train": _train,
     "compare": _compare,
+    "scaling": _scaling,
     "evaluate": _evaluate,
     "generate": _generate,
     "attention": _attention,

@@ -10,7 +10,7 @@ import argparse
 import json
 from dataclasses import MISSING, fields
 
-from .spec import TASKS, RunSpec, describe, number, positive_float, positive_int, value_kind
+from .spec import TASKS, RunSpec, describe, number, parameter_count, positive_float, positive_int, value_kind
 
 __all__ = ["TASKS", "RunSpec", "build_parser", "spec_from_args"]
 
@@ -36,6 +36,13 @@ EXAMPLES = {
   hf-tfm compare --task seq2seq --models t5-1.9m t5 bart --max-steps 400
 models: a preset, a config.json, NAME:field=value[,field=value] (a variant), or a reference class of transformers,
 gpt2 (causal-lm), bert (masked-lm), t5 or bart (seq2seq), sized to the parameters of the first hf_tfm model""",
+    "scaling": """examples:
+  hf-tfm scaling --task causal-lm --models llama-1.3m gpt2 --sizes 50K 100K 200K 400K
+  hf-tfm scaling --task causal-lm --models llama-1.3m llama-1.3m:num_experts=4 gpt2 --sizes 150K 300K 600K 1.2M \\
+      --learning-rates 1e-3 3e-3 --seeds 0 1 --vocab-size 1024
+  hf-tfm scaling --task masked-lm --models bert-1.4m bert --sizes 100K 200K 400K --tokens-per-parameter 10
+sizes: non-embedding parameters of the first model; each hf_tfm model is scaled along its width and depth, the
+references matched to the first model at each size (as compare does); run again to resume""",
     "evaluate": """examples:
   hf-tfm evaluate runs/train/model                   # the validation split its training run used
   hf-tfm evaluate runs/cls/model --data test.csv --column text=sentence""",
@@ -165,6 +172,30 @@ def build_parser() -> argparse.ArgumentParser:
     add_spec_arguments(
         compare, leave_out=("model", "output_dir", "seed", "config_overrides", "tokenizer", "resume", "overwrite")
     )
+    scaling = command(
+        "scaling",
+        "scaling curves: models trained at a ladder of sizes beside GPT-2 or BERT; loss against counted compute, a "
+        "fitted power law per model and the compute multiplier",
+    )
+    scaling.usage = "%(prog)s --task TASK --models MODEL [MODEL ...] --sizes N N N [N ...] [options]   (all: --help)"
+    scaling.add_argument("--models", nargs="+", required=True, metavar="MODEL", help="as compare takes them")
+    scaling.add_argument(
+        "--sizes", nargs="+", required=True, type=parameter_count, metavar="N", help="non-embedding parameters (>= 3)"
+    )
+    scaling.add_argument(
+        "--learning-rates", nargs="+", type=positive_float, metavar="LR", help="a sweep per model and size (the best "
+        "by validation loss is kept); default: --learning-rate's default"
+    )  # fmt: skip
+    scaling.add_argument("--seeds", nargs="+", type=number(int, 0), default=[0])
+    scaling.add_argument("--tokens-per-parameter", type=positive_float, default=20.0, help="training tokens per size")
+    scaling.add_argument(
+        "--output-dir", default="runs/scaling", help="runs, tables, record and figure; again: resumes"
+    )
+    add_spec_arguments(
+        scaling,
+        leave_out=("model", "output_dir", "seed", "config_overrides", "tokenizer", "resume", "overwrite", "max_steps",
+                   "learning_rate"),
+    )  # fmt: skip
     evaluate = command(
         "evaluate",
         "score a saved model on the validation split its training run used (its run "

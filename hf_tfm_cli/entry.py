@@ -6,7 +6,7 @@ from . import build_parser, spec_from_args
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    if args.command in ("train", "compare"):
+    if args.command in ("train", "compare", "scaling"):
         try:  # RunSpec's own checks (the parser's types already enforce each bound)
             args.spec = spec_from_args(args)
         except ValueError as error:

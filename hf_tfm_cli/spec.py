@@ -7,6 +7,7 @@ without importing torch, transformers or datasets. Each field's metadata says ho
 
 import argparse
 import math
+import re
 import types
 import typing
 from dataclasses import MISSING, Field, dataclass, field, fields
@@ -57,6 +58,18 @@ def number(kind: type, low=None, high=None, low_open: bool = False):
 
 positive_int = number(int, 1)
 positive_float = number(float, 0, low_open=True)
+
+
+def parameter_count(text: str) -> int:
+    """`200K`, `1.5M`, `300000`: a number of parameters (an argparse `type=`)."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmM]?)", text.strip())
+    value = float(match.group(1)) * {"": 1, "k": 1e3, "m": 1e6}[match.group(2).lower()] if match else 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a parameter count such as 200K, 1.5M or 300000, got {text!r}")
+    return round(value)
+
+
+parameter_count.__name__ = "parameter count"
 
 
 def value_kind(spec_field: Field) -> type:

@@ -470,7 +470,8 @@ def test_main_job_smoke(tmp_path, capsys):
     """The main job at 1% of its steps on 40 stdlib files: five models saved, and beside the causal and masked LMs
     transformers' GPT2LMHeadModel and BertForMaskedLM of their size, a summary table and a loss-curve PNG. Each run's
     header says its position and its model's actual name or folder; a second demo into the same folder is refused
-    (naming --overwrite) instead of wiping the first."""
+    (naming --overwrite) instead of wiping the first, and with --overwrite prints the same scores (bit-reproducible on
+    one machine)."""
     results = run_main_job(str(tmp_path), scale=0.01, max_files=40, max_eval_samples=8)
     headers = [line for line in capsys.readouterr().out.splitlines() if line.startswith("== run ")]
     assert len(headers) == len(TASKS) and headers[1].startswith(f"== run 2 of {len(TASKS)}: {TASKS[1]}, ")
@@ -478,6 +479,9 @@ def test_main_job_smoke(tmp_path, capsys):
     assert headers[3] == f"== run 4 of {len(TASKS)}: {TASKS[3]}, {masked['model_dir']} =="
     with pytest.raises(FileExistsError, match="holds an earlier demo run .*pass --overwrite"):
         run_main_job(str(tmp_path), scale=0.01, max_files=40, max_eval_samples=8)
+    scores = (tmp_path / "summary.md").read_text().split("\n\n")[0]  # the scores' table; the times' follows
+    run_main_job(str(tmp_path), scale=0.01, max_files=40, max_eval_samples=8, overwrite=True)
+    assert (tmp_path / "summary.md").read_text().split("\n\n")[0] == scores  # a second run reproduces every score
     assert [r["task"] for r in results] == [TASKS[0], TASKS[0], TASKS[1], *TASKS[1:]]
     assert [r.get("reference") for r in results] == [
         None,

@@ -150,14 +150,20 @@ def reference_config(name: str, task: str, like, target: int, tokenizer, max_len
     return config(size)
 
 
-def run_spec(base: RunSpec, entry: Entry, model: str, seed: int, output: Path) -> RunSpec:
-    folder = output / "runs" / entry.label.replace("/", "_").replace(":", "@") / f"seed-{seed}"
+def folder_name(label: str) -> str:
+    """A model's label as a folder name."""
+    return label.replace("/", "_").replace(":", "@")
+
+
+def run_spec(base: RunSpec, entry: Entry, model: str, seed: int, runs: Path, tokenizer: Path) -> RunSpec:
+    """`entry`'s run with `seed`, in runs/seed-<seed>, on the comparison's tokenizer: dropout off, resumed where an
+    earlier run left checkpoints."""
+    folder = runs / f"seed-{seed}"
     started = (folder / "checkpoints").is_dir() and any((folder / "checkpoints").iterdir())
     overrides = {} if entry.reference else entry.overrides
     return replace(
         base, model=model, output_dir=str(folder), seed=seed, config_overrides=overrides,
-        dropout=None if entry.reference else 0.0, tokenizer=str(output / "tokenizer"), resume=started,
-        overwrite=not started,
+        dropout=None if entry.reference else 0.0, tokenizer=str(tokenizer), resume=started, overwrite=not started,
     )  # fmt: skip
 
 
@@ -221,7 +227,8 @@ def compare(base: RunSpec, models: list[str], seeds: list[int], output: str | Pa
         total, active = counted_parameters(configs[entry.label], base.task)
         runs, curves = [], []
         for seed in seeds:
-            spec = run_spec(base, entry, paths[entry.label], seed, output)
+            runs_folder = output / "runs" / folder_name(entry.label)
+            spec = run_spec(base, entry, paths[entry.label], seed, runs_folder, output / "tokenizer")
             runs.append(finished(spec) or train(spec))
             curves.append(logged(Path(spec.output_dir) / LOG, "eval_loss"))
         rows.append(summary(entry, total, active, runs, curves, base))
