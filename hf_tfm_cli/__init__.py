@@ -38,8 +38,8 @@ models: a preset, a config.json, NAME:field=value[,field=value] (a variant), or 
 gpt2 (causal-lm), bert (masked-lm), t5 or bart (seq2seq), sized to the parameters of the first hf_tfm model""",
     "scaling": """examples:
   hf-tfm scaling --task causal-lm --models llama-1.3m gpt2 --sizes 50K 100K 200K 400K
-  hf-tfm scaling --task causal-lm --models llama-1.3m llama-1.3m:num_experts=4 gpt2 --sizes 150K 300K 600K 1.2M \\
-      --learning-rates 1e-3 3e-3 --seeds 0 1 --vocab-size 1024
+  hf-tfm scaling --task causal-lm --models llama-1.3m llama-1.3m:num_experts=4 gpt2 --sizes 150K 300K 600K --seeds 0 1
+  hf-tfm scaling --task causal-lm --models llama-1.3m gpt2 --sizes 50K 100K 200K --learning-rates 1e-3 3e-3 1e-2
   hf-tfm scaling --task masked-lm --models bert-1.4m bert --sizes 100K 200K 400K --tokens-per-parameter 10
 sizes: non-embedding parameters of the first model; each hf_tfm model is scaled along its width and depth, the
 references matched to the first model at each size (as compare does); run again to resume""",

@@ -177,28 +177,22 @@ def finished(spec: RunSpec) -> dict | None:
     return {**json.loads(path.read_text()), "model_dir": str(folder / "model"), "log": str(folder / LOG)}
 
 
-def compare(base: RunSpec, models: list[str], seeds: list[int], output: str | Path) -> dict:
-    """Train every model of `models` (see `Entry`) with every seed on `base`'s task, data and budget; the table,
-    record and figure in `output`."""
-    output = Path(output)
+def prepared(base: RunSpec, models: list[str], output: Path, command: str) -> tuple[list[Entry], object, dict]:
+    """The entries of `models` (checked: no model twice, at least one hf_tfm model to size the references by, each
+    a fresh config), the comparison's tokenizer (trained once on the data into OUTPUT/tokenizer), and each hf_tfm
+    model's fresh config, dropout off."""
     entries = [parse_model(text) for text in models]
     if len({entry.label for entry in entries}) < len(entries):
         raise ValueError(f"--models names a model twice: {models}")
     ours = [entry for entry in entries if not entry.reference]
     if not ours:
         raise ValueError(f"--models needs an hf_tfm model (a preset or config) to size the references by: {models}")
-    if base.eval_steps and base.eval_steps > base.max_steps:
-        raise ValueError(
-            f"--eval-steps {base.eval_steps} is more than --max-steps {base.max_steps}: no evaluation would run "
-            "during training, so there would be no validation curve; lower --eval-steps or raise --max-steps"
-        )
     data = run_data(base.task, data_settings(base))
     tokenizer_folder = output / "tokenizer"
     if not tokenizer_folder.is_dir():
         trained_tokenizer(base.task, data["train"], base.vocab_size).save_pretrained(tokenizer_folder)
     tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_folder)
-
-    configs, paths = {}, {}
+    configs = {}
     for entry in ours:
         try:
             path, pretrained = resolve_model(entry.name)
@@ -206,11 +200,25 @@ def compare(base: RunSpec, models: list[str], seeds: list[int], output: str | Pa
             raise ValueError(f"{error}; or a reference: {', '.join(REFERENCES)}") from None
         if pretrained:
             raise ValueError(
-                f"model {entry.name}: compare trains fresh models; give its config.json, not a checkpoint"
+                f"model {entry.name}: {command} trains fresh models; give its config.json, not a checkpoint"
             )
         spec = replace(base, config_overrides=entry.overrides, dropout=0.0)
         configs[entry.label] = fresh_config(spec, load_config(path), tokenizer, None)
-        paths[entry.label] = entry.name  # as given: a run records the preset's name, not its folder
+    return entries, tokenizer, configs
+
+
+def compare(base: RunSpec, models: list[str], seeds: list[int], output: str | Path) -> dict:
+    """Train every model of `models` (see `Entry`) with every seed on `base`'s task, data and budget; the table,
+    record and figure in `output`."""
+    if base.eval_steps and base.eval_steps > base.max_steps:
+        raise ValueError(
+            f"--eval-steps {base.eval_steps} is more than --max-steps {base.max_steps}: no evaluation would run "
+            "during training, so there would be no validation curve; lower --eval-steps or raise --max-steps"
+        )
+    output = Path(output)
+    entries, tokenizer, configs = prepared(base, models, output, "compare")
+    ours = [entry for entry in entries if not entry.reference]
+    paths = {entry.label: entry.name for entry in ours}  # as given: a run records the preset's name, not its folder
     target = counted_parameters(configs[ours[0].label], base.task)[1]
     (output / "configs").mkdir(parents=True, exist_ok=True)
     for entry in entries:

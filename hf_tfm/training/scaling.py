@@ -37,9 +37,9 @@ from hf_tfm_cli.spec import RunSpec
 
 from ..hub.card import active_parameters
 from ..model.modeling_tfm_loading import AUTO_CLASSES
-from .compare import REFERENCES, finished, folder_name, parse_model, reference_config, run_spec
-from .run import data_settings, fresh_config, load_config, resolve_model, run_data, train
-from .tasks import MLM_PROBABILITY, TASKS, trained_tokenizer
+from .compare import finished, folder_name, prepared, reference_config, run_spec
+from .run import data_settings, train
+from .tasks import MLM_PROBABILITY, TASKS
 
 MIN_SIZES = 3  # E, A and alpha: no power law is fitted to fewer points
 SIZE_TOLERANCE = 0.2  # a scaled model within 20% of the size asked for
@@ -263,29 +263,8 @@ def scaling(
     if tokens_per_parameter <= 0:
         raise ValueError(f"--tokens-per-parameter must be a positive number, got {tokens_per_parameter}")
     output = Path(output)
-    entries = [parse_model(text) for text in models]
-    if len({entry.label for entry in entries}) < len(entries):
-        raise ValueError(f"--models names a model twice: {models}")
+    entries, tokenizer, bases = prepared(base, models, output, "scaling")
     ours = [entry for entry in entries if not entry.reference]
-    if not ours:
-        raise ValueError(f"--models needs an hf_tfm model (a preset or config) to scale and match: {models}")
-    data = run_data(base.task, data_settings(base))
-    tokenizer_folder = output / "tokenizer"
-    if not tokenizer_folder.is_dir():
-        trained_tokenizer(base.task, data["train"], base.vocab_size).save_pretrained(tokenizer_folder)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_folder)
-    bases = {}
-    for entry in ours:
-        try:
-            path, pretrained = resolve_model(entry.name)
-        except ValueError as error:
-            raise ValueError(f"{error}; or a reference: {', '.join(REFERENCES)}") from None
-        if pretrained:
-            raise ValueError(
-                f"model {entry.name}: scaling trains fresh models; give its config.json, not a checkpoint"
-            )
-        spec = replace(base, config_overrides=entry.overrides, dropout=0.0)
-        bases[entry.label] = fresh_config(spec, load_config(path), tokenizer, None)
 
     # every model's config at every size, written where its runs read it
     ladder = []
