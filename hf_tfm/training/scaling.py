@@ -271,7 +271,8 @@ def scaling(
     for index, target in enumerate(sorted(set(sizes))):
         configs = {entry.label: scale_to(bases[entry.label], target, base.task, entry.label) for entry in ours}
         first = configs[ours[0].label]
-        matched = counted(first, base.task)["total"]
+        counts = counted(first, base.task)  # matched as compare matches: the active parameters, embeddings in
+        matched = counts["active_non_embedding"] + counts["total"] - counts["non_embedding"]
         for entry in entries:
             if entry.reference:
                 configs[entry.label] = reference_config(
