@@ -15,7 +15,7 @@ MODEL_TESTS := tests/test_compat.py tests/test_config.py tests/test_modeling.py 
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup run test lint docs browser test-lean test-min test-matrix vllm-venv test-vllm test-vllm-smoke test-llama-cpp test-torch bench-gpu bench-gpu-inference bench-gpu-nanogpt bench-gpu-all
+.PHONY: setup run test test-slow lint docs browser test-lean test-min test-matrix vllm-venv test-vllm test-vllm-smoke test-llama-cpp test-torch study-scaling bench-gpu bench-gpu-inference bench-gpu-nanogpt bench-gpu-all
 
 $(BIN)/hf-tfm: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,8 +29,14 @@ setup: $(BIN)/hf-tfm
 run: setup
 	$(BIN)/hf-tfm demo --output-dir runs/demo $(DEMO_ARGS)
 
+# `make test`: every test but the slow tier (marked `slow` in tests/); `make test-slow`: that tier; CI runs both.
+# loadgroup: a module marked xdist_group runs on one worker, so its launch fixture runs once.
+PYTEST := $(BIN)/python -m pytest -n 2 --dist loadgroup -q
 test: setup browser
-	$(BIN)/python -m pytest -n 2 -q tests
+	$(PYTEST) -m "not slow" tests
+
+test-slow: setup browser
+	$(PYTEST) -m slow tests
 
 # The documentation site, strict (a broken link or reference fails): README as its home page, the guides in docs/,
 # the API reference from the docstrings. Open build/site/index.html.
@@ -63,7 +69,7 @@ test-min:
 	$(PYTHON) -m venv build/venv-min
 	build/venv-min/bin/pip install -q $(TORCH)
 	build/venv-min/bin/pip install -q -e . $(MIN_VERSIONS) pytest pytest-xdist
-	build/venv-min/bin/python -m pytest -n 2 -q -p no:cacheprovider $(MODEL_TESTS)
+	build/venv-min/bin/python -m pytest -n 2 --dist loadgroup -q -p no:cacheprovider $(MODEL_TESTS)
 
 # Every transformers minor release from pyproject's lower bound to the newest the index offers now (newest patch of
 # each), one reused venv (build/venv-matrix) with only transformers swapped, one line per release
@@ -92,6 +98,21 @@ test-vllm: vllm-venv
 
 test-vllm-smoke: vllm-venv
 	build/venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/support/vllm_serving.py -k $(VLLM_SMOKE)
+
+# The scaling study of docs/training.md (about 40 minutes on 2 cores; a ladder run again resumes): the causal-LM
+# ladder (llama-1.3m, a Switch-style MoE of the same total size, GPT-2) and the masked-LM one (bert-1.4m, BERT); the
+# records and tables go to benchmarks/results/, the figures to docs/images/.
+STUDY := $(BIN)/hf-tfm scaling --sizes 50K 100K 150K 200K --learning-rates 3e-3 1e-2 --seeds 0 1 --tokens-per-parameter 5
+STUDY_MOE := llama-1.3m:num_experts=4,num_experts_per_tok=1,moe_intermediate_size=88
+STUDY_DATE := $(shell date +%F)
+study-scaling: setup
+	$(STUDY) --task causal-lm --models llama-1.3m $(STUDY_MOE) gpt2 --output-dir runs/scaling-causal-lm
+	$(STUDY) --task masked-lm --models bert-1.4m bert --output-dir runs/scaling-masked-lm
+	for task in causal-lm masked-lm; do \
+		cp runs/scaling-$$task/scaling.json benchmarks/results/scaling-$$task-cpu-$(STUDY_DATE).json; \
+		cp runs/scaling-$$task/scaling.md benchmarks/results/scaling-$$task-cpu-$(STUDY_DATE).md; \
+		cp runs/scaling-$$task/scaling.png docs/images/scaling-$$task.png; \
+	done
 
 # The GPU profile's training rows, prepared for one device call (at most 8 minutes on an H100; the device machine's own
 # python3 and torch, hf_tfm from this tree): GPT-2, Llama, BERT, T5, BART and Mixtral eager, GPT-2 and Llama compiled
@@ -149,4 +170,4 @@ test-torch:
 	build/venv-torch/bin/pip install -q "$(TORCH_UNDER_TEST)"
 	build/venv-torch/bin/pip install -q -e ".[dev]"
 	build/venv-torch/bin/python -c "import torch; print('torch', torch.__version__)"
-	build/venv-torch/bin/python -m pytest -n 2 -q -p no:cacheprovider tests
+	build/venv-torch/bin/python -m pytest -n 2 --dist loadgroup -q -p no:cacheprovider tests

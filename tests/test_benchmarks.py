@@ -22,6 +22,9 @@ from benchmarks import (
 )
 from benchmarks.pairs import KINDS, PROFILES, build_pair, parameter_count, train_flops_per_token
 
+# one xdist worker runs this module, so its module-scoped fixture runs once
+pytestmark = [pytest.mark.xdist_group("benchmarks")]
+
 pytestmark = pytest.mark.filterwarnings("ignore")
 
 
@@ -33,6 +36,7 @@ def speed_record(tmp_path_factory):
     return record
 
 
+@pytest.mark.slow
 def test_every_pair_measures_everything_without_errors(speed_record):
     assert {"hf_tfm", "commit"} <= set(speed_record["versions"])
     assert set(speed_record["pairs"]) == set(KINDS)
@@ -56,6 +60,7 @@ def test_every_pair_measures_everything_without_errors(speed_record):
         assert pair["active_parameters"]["ours"] > 0
 
 
+@pytest.mark.slow
 def test_paired_models_compute_the_same_function(speed_record):
     for name, pair in speed_record["pairs"].items():
         [logits] = [row for row in pair["rows"] if row["measure"] == "max logit difference"]
@@ -119,6 +124,7 @@ def test_gpu_calls_add_pairs_to_one_file_and_never_overwrite_another_setup(tmp_p
     assert set(json.loads(path.read_text())["pairs"]) == {"gpt2", "bert", "t5"}
 
 
+@pytest.mark.slow
 def test_quality_study_matches_parameters_and_reports_every_seed(tmp_path):
     record = quality.run("smoke", work=tmp_path / "runs", output=tmp_path / "quality-cpu-2026-01-01.json")
     rows = {(row["study"], row["model"]): row for row in record["summary"]}
@@ -137,6 +143,7 @@ def test_quality_study_matches_parameters_and_reports_every_seed(tmp_path):
         assert run["curve"], run["model"]  # the learning curve was logged
 
 
+@pytest.mark.slow
 def test_report_reads_the_results(tmp_path, speed_record):
     results = tmp_path / "results"
     results.mkdir()
@@ -147,6 +154,7 @@ def test_report_reads_the_results(tmp_path, speed_record):
     assert (tmp_path / "charts" / "cpu-2026-01-01-ratios.png").stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_profile_gap_takes_apart_each_causal_pair(tmp_path, monkeypatch):
     monkeypatch.setattr(profile_gap, "STEPS", 3)
     monkeypatch.setattr(profile_gap, "GENERATE_REPEATS", 1)
@@ -272,6 +280,7 @@ def test_packing_smoke():
         assert row["technique"] == "packing" and row["speedup"] > 0 and math.isfinite(row["speedup"])
 
 
+@pytest.mark.slow
 def test_bench_gpu_runs_its_arguments_on_the_cpu(tmp_path):
     """`make bench-gpu`'s arguments (the Makefile's BENCH_GPU_ARGS) at the smoke shapes on the CPU, one pair with a
     compiled row: the training rows, the check that the compiled row really ran compiled code, and a kernel table per
@@ -339,6 +348,7 @@ def test_bench_gpu_inference_runs_its_arguments_on_the_cpu(tmp_path, monkeypatch
     assert {row.get("variant") for row in pair["rows"] if row["measure"] == "forward latency"} == {"eager"}
 
 
+@pytest.mark.slow
 def test_nanogpt_setting_runs_on_the_cpu(tmp_path):
     """`make bench-gpu-nanogpt` at the smoke shape on the CPU: the three models hold one function (the nanoGPT-style
     model's weights copied from the reference, hf_tfm's converted), each trains compiled, and the record holds each

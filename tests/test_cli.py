@@ -348,6 +348,7 @@ def test_help_examples_parse_and_name_existing_paths(command):
             assert (REPO / word).exists(), f"{command} --help names {word}, which does not exist"
 
 
+@pytest.mark.slow
 def test_the_old_module_command_line_fails():
     """`python -m hf_tfm.cli train ...`, README's command line before hf_tfm_cli, must not exit 0 doing nothing: the
     module is gone (no shims: the package has no users of the old names), and Python says so."""

@@ -36,6 +36,7 @@ def recorded_batches(monkeypatch):
     return batches
 
 
+@pytest.mark.slow
 def test_causal_lm_compare_matches_parameters_and_batches_and_resumes(tmp_path, recorded_batches, monkeypatch):
     spec = RunSpec(task="causal-lm", **BUDGET)
     record = compare(spec, ["llama-1.3m", MOE_VARIANT, "gpt2"], [0, 1], tmp_path)
@@ -72,6 +73,7 @@ def test_causal_lm_compare_matches_parameters_and_batches_and_resumes(tmp_path, 
     assert [row["metrics"] for row in again["models"]] == [row["metrics"] for row in record["models"]]
 
 
+@pytest.mark.slow
 def test_masked_lm_compare_sizes_bert_to_the_first_model(tmp_path):
     record = compare(RunSpec(task="masked-lm", **BUDGET), ["bert-1.4m", "bert"], [0], tmp_path)
     ours, bert = record["models"]
@@ -79,6 +81,7 @@ def test_masked_lm_compare_sizes_bert_to_the_first_model(tmp_path):
     assert json.loads((tmp_path / "configs" / "bert.json").read_text())["model_type"] == "bert"
 
 
+@pytest.mark.slow
 def test_seq2seq_compare_sizes_t5_and_bart(tmp_path):
     record = compare(RunSpec(task="seq2seq", **BUDGET), ["t5-1.9m", "t5", "bart"], [0], tmp_path)
     ours, t5, bart = record["models"]

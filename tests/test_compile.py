@@ -150,6 +150,7 @@ def test_compile_flag_and_its_old_name():
 
 
 @pytest.mark.parametrize("task", ["causal-lm", "masked-lm", "seq2seq"])
+@pytest.mark.slow
 def test_cli_train_compile(tmp_path, monkeypatch, task):
     """`hf-tfm train --compile` trains and evaluates each language-model paradigm through Trainer's torch_compile
     with no graph break. On dynamo's "eager" backend, to stay cheap: Trainer's default, inductor, is

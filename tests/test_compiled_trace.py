@@ -12,6 +12,8 @@ from benchmarks.measure import training_batch
 from benchmarks.pairs import KINDS, PROFILES, build_pair
 from hf_tfm.model.modeling_tfm_lm_head import linear_cross_entropy
 
+pytestmark = [pytest.mark.slow]
+
 # the paths of the chunked loss, compiled by inductor with the model (test_compile.py traces every paradigm with
 # cheaper backends): a padded (aligned) vocabulary, soft-capped logits sliced short of the padding, the masked LM's
 # rows, a bias added after the matmul

@@ -295,6 +295,7 @@ def test_config_json_mistake_is_named(case, tmp_path):
         load(tmp_path)
 
 
+@pytest.mark.slow
 def test_importing_hf_tfm_changes_nothing_of_transformers():
     """`import hf_tfm` registers the Auto classes and nothing else: every Auto class's from_pretrained is still
     transformers' own function (checked in a fresh interpreter, before and after the import)."""

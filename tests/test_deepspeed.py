@@ -14,6 +14,9 @@ from pathlib import Path
 import pytest
 from support.processes import launch_workers
 
+# one xdist worker runs this module, so its module-scoped fixture runs once
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("deepspeed")]
+
 pytest.importorskip("deepspeed", reason="deepspeed is in the test extras: pip install .[test]")
 
 WORKER = Path(__file__).resolve().parent / "support" / "deepspeed_worker.py"

@@ -46,6 +46,9 @@ from transformers import AutoModelForCausalLM
 import hf_tfm  # noqa: F401  (registers the tfm model types)
 from hf_tfm.model.modeling_tfm_stack import TfmBlock
 
+# one xdist worker runs this module, so its module-scoped fixture runs once
+pytestmark = [pytest.mark.xdist_group("distributed")]
+
 REPO = Path(__file__).resolve().parent.parent
 CONFIGS = REPO / "configs" / "accelerate"
 SCRIPT = REPO / "examples" / "train_causal_lm.py"
@@ -94,6 +97,7 @@ def assert_same_training(reference: Path, output: Path) -> None:
         torch.testing.assert_close(two(inputs).logits, one(inputs).logits, rtol=0, atol=LOGITS_ATOL)
 
 
+@pytest.mark.slow
 def test_ddp_two_processes_match_one_process_with_the_same_global_batch(one_process, tmp_path):
     output = tmp_path / "out"
     launcher = [*LAUNCH, "--config_file", str(CONFIGS / "multi_gpu_ddp.yaml"), "--main_process_port", "0"]
@@ -111,6 +115,7 @@ SHARDED = {  # config -> the distributed type its processes must report
 
 
 @pytest.mark.parametrize("name", sorted(SHARDED))
+@pytest.mark.slow
 def test_sharded_configs_two_gpus_match_one_process(name, request, tmp_path):
     """The GPU proof of the FSDP and DeepSpeed configs (configs/accelerate/README.md): on the CPU, accelerate
     1.15 runs fsdp.yaml as DDP and DeepSpeed not data-parallel at all. Unlike the DDP run, the one-process run is on

@@ -15,6 +15,9 @@ from pathlib import Path
 
 import pytest
 
+# one xdist worker runs this module, so its module-scoped fixture runs once
+pytestmark = [pytest.mark.xdist_group("docs_site")]
+
 REPO = Path(__file__).resolve().parents[1]
 FIELD = "router_aux_loss_scope"  # a config field documented in docs/moe.md
 

@@ -417,6 +417,7 @@ def test_bad_input_raises_naming_it(overrides, make_kwargs, field):
 # ---------------------------------------------------------------------------------------------- remote code
 
 
+@pytest.mark.slow
 def test_masked_lm_loads_with_trust_remote_code_without_package(tmp_path):
     """A saved TfmEncoderForMaskedLM folder loads with only torch + transformers and gives identical logits."""
     batch = padded_batch()

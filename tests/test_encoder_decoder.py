@@ -184,6 +184,7 @@ def test_auto_from_pretrained_identical_logits(tmp_path, variant):
     assert (loaded.lm_head.weight is shared.weight) == model.config.tie_word_embeddings
 
 
+@pytest.mark.slow
 def test_trust_remote_code_without_package(tmp_path):
     """Saved folders load with only torch + transformers: identical logits and greedy tokens for every variant."""
     input_ids, attention_mask = encoder_batch()

@@ -88,6 +88,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("task", list(CASES))
+@pytest.mark.slow
 def test_example_trains_saves_and_reloads(task, tmp_path):
     script, auto_class, model_class, metric_names, extra = CASES[task]
     output = tmp_path / "out"

@@ -76,6 +76,7 @@ def assert_close_on_real_tokens(actual, expected, mask):
 
 
 @pytest.mark.parametrize("kind", DECODERS)
+@pytest.mark.slow
 def test_onnx_decoder_with_cache_generates_the_same_tokens(tmp_path, kind):
     """Dynamic batch, length and cache length; left-padded prompts; the loop feeds back present as past."""
     model = decoder(**DECODERS[kind])
@@ -100,6 +101,7 @@ def test_onnx_decoder_with_cache_generates_the_same_tokens(tmp_path, kind):
     "head",
     [TfmEncoderForMaskedLM, TfmEncoderForSequenceClassification, TfmEncoderForQuestionAnswering, TfmEncoderModel],
 )
+@pytest.mark.slow
 def test_onnx_encoder_matches_on_padded_batches(tmp_path, head):
     torch.manual_seed(0)
     model = perturb(head(tiny_config(TfmEncoderConfig, position_embedding_type="relative_bias")), scale=0.5)
@@ -121,6 +123,7 @@ def test_onnx_encoder_matches_on_padded_batches(tmp_path, head):
                 assert_close_on_real_tokens(value, expected[name], mask)
 
 
+@pytest.mark.slow
 def test_onnx_encoder_decoder_with_cache_generates_the_same_tokens(tmp_path):
     torch.manual_seed(0)
     config = tiny_config(TfmEncoderDecoderConfig, decoder_start_token_id=0, position_embedding_type="relative_bias")
@@ -138,6 +141,7 @@ def test_onnx_encoder_decoder_with_cache_generates_the_same_tokens(tmp_path):
     assert_close_on_real_tokens(hidden, expected_hidden, mask)
 
 
+@pytest.mark.slow
 def test_onnx_export_keeps_the_models_attention_backend(tmp_path):
     model = decoder(**DECODERS["dense"])
     model.set_attn_implementation("sdpa")

@@ -17,6 +17,9 @@ from pathlib import Path
 import pytest
 from support.processes import launch_workers
 
+# one xdist worker runs this module, so its module-scoped fixture runs once
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("fsdp")]
+
 WORKER = Path(__file__).resolve().parent / "support" / "fsdp_worker.py"
 STEPS, RESUME_AT = 20, 10
 LOSS_RTOL, PARAMETER_ATOL = 1e-5, 3e-4

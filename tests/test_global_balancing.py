@@ -21,6 +21,9 @@ from support.processes import launch_workers
 from hf_tfm import TfmDecoderForCausalLM, TfmEncoderDecoderConfig, TfmEncoderDecoderForConditionalGeneration
 from hf_tfm.model.modeling_tfm_moe import load_balancing_loss, router_z_loss
 
+# one xdist worker runs this module, so its module-scoped fixture runs once
+pytestmark = [pytest.mark.xdist_group("global_balancing")]
+
 WORKER = Path(__file__).resolve().parent / "support" / "balancing_worker.py"
 LOSS_RTOL, PARAMETER_ATOL = 1e-6, 1e-4
 LOCAL_DIFFERS_BY = 1e-4  # the local scope's smallest loss difference the tests require (measured: 1.2e-3)
@@ -38,6 +41,7 @@ def largest_relative_difference(run: dict) -> float:
 
 
 @pytest.mark.parametrize("launch", ["fsdp", "ddp", "trainer"])
+@pytest.mark.slow
 def test_global_scope_trains_two_ranks_as_one_process_on_the_global_batch(results, launch):
     run = results[launch]["global"]
     assert largest_relative_difference(run) <= LOSS_RTOL, run
@@ -46,12 +50,14 @@ def test_global_scope_trains_two_ranks_as_one_process_on_the_global_batch(result
 
 
 @pytest.mark.parametrize("launch", ["fsdp", "ddp", "trainer"])
+@pytest.mark.slow
 def test_local_scope_balances_each_ranks_tokens_and_so_trains_differently(results, launch):
     """What a converted model keeps (transformers' MoE models compute it so): each rank balances its own tokens."""
     run = results[launch]["local"]
     assert largest_relative_difference(run) >= LOCAL_DIFFERS_BY, run
 
 
+@pytest.mark.slow
 def test_trainer_counts_the_router_losses_once_at_any_world_size(results):
     """Trainer multiplies every rank's loss by the world size under `average_tokens_across_devices`; hf_tfm's router
     losses take each rank's share of the accumulated batch's tokens, so two ranks with the same rows (where local and

@@ -145,6 +145,7 @@ def moe_folder(tmp_path, tokenizer):
 # ---------------------------------------------------------------------------------------------- push_to_hub -> load
 
 
+@pytest.mark.slow
 def test_push_to_hub_then_load_anywhere(hub_server, tokenizer, moe_folder, tmp_path):
     """`model.push_to_hub` + `tokenizer.push_to_hub` for the four kinds; then, in a process without hf_tfm and with an
     empty cache, trust_remote_code downloads them and reproduces logits and greedy tokens exactly; without

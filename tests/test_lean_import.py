@@ -7,6 +7,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 # what only training, fine-tuning, quantising or publishing needs
 NOT_AT_IMPORT = {
     "accelerate", "bitsandbytes", "datasets", "deepspeed", "evaluate", "lm_eval", "matplotlib", "peft",
@@ -28,6 +30,7 @@ def packages(modules: set[str]) -> set[str]:
     return {name.split(".")[0] for name in modules}
 
 
+@pytest.mark.slow
 def test_import_hf_tfm_adds_no_training_package_and_no_output():
     reference, reference_err = imported("from transformers import LlamaForCausalLM")
     ours, our_err = imported("from transformers import LlamaForCausalLM\nimport hf_tfm")
@@ -37,6 +40,7 @@ def test_import_hf_tfm_adds_no_training_package_and_no_output():
     assert own == [], "the training, Hub card and conversion code load when used"
 
 
+@pytest.mark.slow
 def test_import_hf_tfm_first_prints_nothing():
     """A newcomer's `python -c "import hf_tfm"`: transformers' own import, made by hf_tfm, logs nothing of the optional
     packages it loads (torchao's kernels for other machines, torch's deprecations), and hf_tfm adds no training

@@ -80,6 +80,7 @@ def test_greedy_continuations_equal_the_references(models):
     assert models["ours"].generate_until(requests("generate_until", until)) == expected
 
 
+@pytest.mark.slow
 def test_a_local_task_scores_the_same(models, tmp_path):
     import json
 

@@ -895,6 +895,7 @@ def test_every_class_accepts_output_router_logits(name, moe):
 # --------------------------------------------------------------------------------------------------- remote code
 
 
+@pytest.mark.slow
 def test_trust_remote_code_moe_without_package(tmp_path):
     """A saved MoE decoder loads without hf_tfm (remote code): exact logits under eager and a live grouped_mm."""
     model = moe_model(shared_expert_intermediate_size=16, shared_expert_gate=True, router_bias_update_rate=0.01)

@@ -25,6 +25,7 @@ HEADS = {
 }
 
 
+@pytest.mark.slow
 def test_core_install_loads_models_without_the_extras(tmp_path):
     """The model path (import, build from a preset, save with its card, load, generate) imports none of the packages
     the extras add; `make test-lean` runs the same script in a fresh venv that really lacks them."""

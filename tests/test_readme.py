@@ -155,6 +155,7 @@ def user_env(tmp_path: Path) -> dict:
 
 
 @pytest.mark.parametrize("page, index, snippet", PYTHON_BLOCKS, ids=[f"{p}-{i + 1}" for p, i, _ in PYTHON_BLOCKS])
+@pytest.mark.slow
 def test_readme_python_snippet_runs_as_written(page, index, snippet, tmp_path):
     """From an empty folder, offline, with the installed hf_tfm (not the checkout on sys.path). A `print(...)` line
     whose comment shows the output must print it."""
@@ -179,6 +180,7 @@ RUN_HERE = [block for block in SHELL_BLOCKS if block[:2] not in RUN_ELSEWHERE]
 
 
 @pytest.mark.parametrize("page, index, block", RUN_HERE, ids=shell_ids(RUN_HERE))
+@pytest.mark.slow
 def test_readme_shell_block_runs_as_written(page, index, block, tmp_path):
     """In a folder laid out as the repository's root (its `examples`, `configs` and `benchmarks` linked in, since the
     blocks are written for a clone), offline, with the installed `hf-tfm` and `python` first on PATH: every command

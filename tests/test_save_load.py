@@ -67,6 +67,7 @@ def test_saved_folder_is_complete(tmp_path):
     assert type(classifier) is TfmDecoderForSequenceClassification
 
 
+@pytest.mark.slow
 def test_trust_remote_code_without_package(tmp_path):
     """A saved folder loads with only torch + transformers: identical logits and greedy tokens for every variant."""
     expected = {}

@@ -69,6 +69,9 @@ def test_the_fit_recovers_known_exponents_and_says_when_it_cannot():
     noisy = random.Random(1)
     fit = fit_power_law(compute, [(2.0 + 50 * c**-0.2) * (1 + noisy.gauss(0, 0.002)) for c in compute])
     assert fit["converged"] and fit["alpha"] == pytest.approx(0.2, rel=0.1) and fit["E"] == pytest.approx(2, rel=0.05)
+    assert "E_at_zero" not in fit
+    pure = fit_power_law(compute, [50 * c**-0.2 for c in compute])  # no irreducible loss: E at its bound, said
+    assert pure["converged"] and pure["E_at_zero"] and pure["alpha"] == pytest.approx(0.2, rel=1e-3)
     flat = fit_power_law(compute, [3.0, 3.1, 3.2, 3.3, 3.4])
     assert not flat["converged"] and "does not fall" in flat["reason"]
     assert "at least 3" in fit_power_law(compute[:2], [3.0, 2.0])["reason"]
@@ -96,6 +99,7 @@ def spec(tmp_path) -> RunSpec:
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_three_size_ladder_runs_end_to_end_and_resumes(tmp_path):
     base = tiny_config_file(tmp_path / "configs", "tfm_decoder")
     told = []

@@ -49,6 +49,7 @@ def test_the_converted_encoder_embeds_as_the_original(models):
     assert difference < ATOL
 
 
+@pytest.mark.slow
 def test_saved_it_reloads_with_and_without_hf_tfm(models, tmp_path):
     _, converted = models
     converted.save(str(tmp_path / "saved"))

@@ -54,6 +54,7 @@ def test_pipeline_tag_of_an_untrained_qa_head():
     assert pipeline_tag_of(model, "sequence-classification") == "text-classification"
 
 
+@pytest.mark.slow
 def test_model_cards_and_task_records_import_without_datasets_or_evaluate():
     """A core install (no datasets, evaluate, scikit-learn) still writes model cards, which read the task records."""
     code = (

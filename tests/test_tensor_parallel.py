@@ -46,6 +46,9 @@ from hf_tfm.model.modeling_tfm import (
     TfmEncoderModel,
 )
 
+# one xdist worker runs this module, so its module-scoped fixture runs once
+pytestmark = [pytest.mark.xdist_group("tensor_parallel")]
+
 WORKER = Path(__file__).resolve().parent / "support" / "tp_worker.py"
 ATOL = 1e-5  # float32: the sharded sums differ from one process's only in summation order
 
@@ -309,6 +312,7 @@ def measured(tmp_path_factory) -> list[dict]:
 
 
 @pytest.mark.parametrize("run", sorted(SHARDED))
+@pytest.mark.slow
 def test_the_plans_shard_what_they_name(measured, run):
     for results in measured:
         sharded = results[run]["sharded"]
@@ -318,12 +322,14 @@ def test_the_plans_shard_what_they_name(measured, run):
 
 
 @pytest.mark.parametrize("run", sorted(RUNS))
+@pytest.mark.slow
 def test_logits_equal_one_process(measured, run):
     for results in measured:
         assert results[run]["logits"] <= ATOL
 
 
 @pytest.mark.parametrize("run", sorted(name for name, (_, _, checks) in RUNS.items() if "generate" in checks))
+@pytest.mark.slow
 def test_greedy_generation_gives_the_same_tokens(measured, run):
     for results in measured:
         assert results[run]["same_tokens"], results[run]["tokens"]
@@ -331,6 +337,7 @@ def test_greedy_generation_gives_the_same_tokens(measured, run):
 
 
 @pytest.mark.parametrize("run", [*TENSOR_PARALLEL, "expert_parallel"])
+@pytest.mark.slow
 def test_one_training_step_gives_the_same_loss_gradients_and_parameters(measured, run):
     for results in measured:
         for measure in ("loss", "gradients", "parameters"):
@@ -338,11 +345,13 @@ def test_one_training_step_gives_the_same_loss_gradients_and_parameters(measured
 
 
 @pytest.mark.parametrize("run", sorted(name for name, (_, _, checks) in RUNS.items() if "save" in checks))
+@pytest.mark.slow
 def test_save_pretrained_writes_the_whole_trained_model(measured, run):
     for results in measured:
         assert results[run]["saved"] == 0.0
 
 
+@pytest.mark.slow
 def test_the_checks_see_a_missing_gradient_all_reduce(measured):
     """The negative control: without the rule that sums the per-head norms' partial gradients over the ranks, the
     forward pass is still right, but the gradients and the stepped parameters are not."""
@@ -354,6 +363,7 @@ def test_the_checks_see_a_missing_gradient_all_reduce(measured):
         assert control["gradients"] > 1e3 * ATOL and control["parameters"] > 1e3 * ATOL
 
 
+@pytest.mark.slow
 def test_pipeline_stages_split_the_layers(measured):
     """Each rank holds part of the blocks (the others are transformers' placeholders) and the logits still match."""
     first, last = (results["pipeline"]["placeholders"] for results in measured)

@@ -42,6 +42,7 @@ traced_once = functools.cache(traced)  # the pairs' own traces, shared by the te
 
 
 @pytest.mark.parametrize("name", PAIRS)
+@pytest.mark.slow
 def test_a_gpu_training_step_costs_no_more_than_the_references(name):
     result = traced_once(name)
     ours, reference = result["ours"], result["reference"]
@@ -66,6 +67,7 @@ FORWARD_KERNELS = 1.01
 
 
 @pytest.mark.parametrize("name", PAIRS)
+@pytest.mark.slow
 def test_an_inference_forward_costs_about_the_references(name):
     forward = traced_once(name)["forward"]
     ours, reference = forward["ours"], forward["reference"]
@@ -122,6 +124,7 @@ def test_a_dropout_attention_a_gpu_would_fuse_is_traced_as_its_fused_kernel():
     assert "bernoulli_" in math_path.operators and math_path.kernels > without.kernels, math_path.operators
 
 
+@pytest.mark.slow
 def test_the_trace_sees_small_loss_chunks(monkeypatch):
     """The control: chunks of 256 tokens (the default before issue 29) cost Llama's step more kernels and bytes than
     the reference's, and the trace says so."""
@@ -133,6 +136,7 @@ def test_the_trace_sees_small_loss_chunks(monkeypatch):
     assert result["ours"]["bytes_gib"] > result["reference"]["bytes_gib"]
 
 
+@pytest.mark.slow
 def test_a_host_sync_is_counted_with_its_place():
     """The control for syncs: a step with the input-value check on every training step (the rule before issue 29)
     shows its reads, named by the function that made them."""

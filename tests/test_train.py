@@ -88,6 +88,7 @@ def test_training_lowers_the_loss(tmp_path):
     assert after < before - 0.5, (before, after)
 
 
+@pytest.mark.slow
 def test_cli_train_evaluate_generate(tmp_path, capsys):
     """An MoE run from the command line: router statistics in log.csv and an expert-load heat map; `evaluate`
     scores the very split the run was scored on (its run record's data settings) and says which."""
@@ -148,6 +149,7 @@ def test_resume_of_a_finished_run_trains_no_further(tmp_path):
     assert [r["value"] for r in again["results"]] == pytest.approx([r["value"] for r in first["results"]], rel=1e-5)
 
 
+@pytest.mark.slow
 def test_a_seq2seq_run_resumes_exactly(tmp_path):
     """An encoder-decoder holds its one token table under three names (the body's and both stacks'), saved once: a
     run resumed from its step-4 checkpoint takes steps 5 and 6 again (and saves checkpoint-6 again) with the
@@ -201,6 +203,7 @@ def test_generate_fills_masks_with_a_masked_lm(tmp_path, capsys):
         main(["generate", result["model_dir"], "no mask here"])
 
 
+@pytest.mark.slow
 def test_fine_tune_a_checkpoint_for_another_task(tmp_path):
     """A masked-LM checkpoint fine-tunes for classification: its weights and tokenizer carry over."""
     pretrained = train(tiny_spec(tmp_path, "masked-lm", max_steps=2))
@@ -214,6 +217,7 @@ def test_fine_tune_a_checkpoint_for_another_task(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_local_files_replace_the_embedded_data(tmp_path):
     rows = [{"question": f"what is {i} plus one", "answer": str(i + 1)} for i in range(40)]
     (tmp_path / "pairs.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
@@ -281,6 +285,7 @@ def _spec_fields(tmp_path, output) -> dict:
     }
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
     """Killed at step 7 with SIGKILL, the run resumes from its newest good checkpoint and logs, from there on, the
     same losses as a run never interrupted. Checkpoint 6 is then damaged and a half-written checkpoint-8 left
@@ -466,6 +471,7 @@ def test_help_of_every_command_has_examples(capsys):
         assert "examples:\n  hf-tfm " + command in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_main_job_smoke(tmp_path, capsys):
     """The main job at 1% of its steps on 40 stdlib files: five models saved, and beside the causal and masked LMs
     transformers' GPT2LMHeadModel and BertForMaskedLM of their size, a summary table and a loss-curve PNG. Each run's

@@ -269,6 +269,7 @@ def test_gradient_checkpointing_deprecated_alias(tmp_path):
 # ------------------------------------------------------------------------------------------------- torch.compile
 
 
+@pytest.mark.slow
 def test_torch_compile_matches_eager(tmp_path):
     """torch_compile=True (inductor on CPU) compiles the model into one graph with no graph break and reproduces
     the eager losses. The one compile test: the smallest model, three steps."""

@@ -18,6 +18,9 @@ from pathlib import Path
 import pytest
 from support.processes import launch_workers
 
+# one xdist worker runs this module, so its module-scoped fixture runs once
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("two_dimensional")]
+
 WORKER = Path(__file__).resolve().parent / "support" / "mesh_worker.py"
 FIRST_STEP_RTOL, RTOL, GRADIENT_ATOL, PARAMETER_ATOL = 1e-6, 1e-5, 1e-6, 1e-4
 MODELS = ["gqa_decoder", "moe_decoder"]

@@ -192,6 +192,8 @@ def fit_power_law(compute: list[float], loss: list[float]) -> dict:
         else:
             low = left
     fit = _fit_at(x, y, (low + high) / 2)
+    if step == 0:  # the error falls all the way to E = 0: a pure power law fits best, and E is not measured
+        fit["E_at_zero"] = True
     if fit["alpha"] <= 0:
         return {
             **fit,
@@ -443,6 +445,8 @@ def table(record: dict) -> str:
     for label, fit in record["fits"].items():
         if "E" in fit:
             state = "converged" if fit["converged"] else f"did not converge: {fit['reason']}"
+            if fit.get("E_at_zero"):
+                state += " (E at its bound 0: the points fit a pure power law, E is not measured)"
             lines.append(f"| {label} | {fit['E']:.4f} | {fit['A']:.4g} | {fit['alpha']:.4f} | {state} |")
         else:
             lines.append(f"| {label} | | | | did not converge: {fit['reason']} |")

@@ -149,7 +149,10 @@ def test_release(python: Path, release: str, tests: list[str]) -> tuple[bool, st
         return False, "install failed: " + install.stderr.strip().splitlines()[-1]
     if installed_transformers(python) != release:
         return False, f"installed {installed_transformers(python)!r} instead"
-    tests = run([python, "-m", "pytest", "-n", "2", "-q", "-p", "no:cacheprovider", *tests], capture_output=True)
+    tests = run(
+        [python, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-q", "-p", "no:cacheprovider", *tests],
+        capture_output=True,
+    )
     lines = [line for line in tests.stdout.splitlines() if line.strip()]
     summary = lines[-1].strip("= ") if lines else "no output"
     if tests.returncode != 0:
