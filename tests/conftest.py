@@ -83,6 +83,17 @@ def assert_same_state_dict(actual: dict, expected: dict) -> None:
         assert torch.equal(actual[key], value), key
 
 
+def realigned(model):
+    """from_pretrained leaves tensors as views into the memory-mapped safetensors file, often only 8-byte aligned,
+    and CPU matmul kernels then take another (equally valid) vector path: a logit's last bits may differ (~1e-7)
+    although every weight is identical. Copy the tensors into fresh, aligned memory, so that comparing logits
+    exactly tests the model rather than the allocator (callers first check the state dicts are bit-identical)."""
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:  # tied parameters appear once and stay tied
+            tensor.data = tensor.data.clone()
+    return model
+
+
 @functools.cache
 def flex_attention_compiles() -> str | None:
     """None when torch's compiler can build flex_attention on this machine, else why not. Asked of torch alone (no

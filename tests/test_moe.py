@@ -8,7 +8,7 @@ from functools import partial
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import VOCAB, assert_same_state_dict, perturb, tiny_config, tiny_model
+from conftest import VOCAB, assert_same_state_dict, perturb, realigned, tiny_config, tiny_model
 from safetensors.torch import load_file
 from support.families import tiny_reference
 from support.processes import run_without_hf_tfm
@@ -69,17 +69,6 @@ def padded_batch(rows: int = 2, length: int = 9, seed: int = 2):
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     labels = input_ids.masked_fill(attention_mask == 0, -100)
     return input_ids, attention_mask, position_ids, labels
-
-
-def realigned(model):
-    """from_pretrained leaves tensors as views into the memory-mapped safetensors file, often only 8-byte aligned,
-    and CPU matmul kernels then take another (equally valid) vector path: a logit's last bits may differ (~1e-7)
-    although every weight is identical. Copy the tensors into fresh, aligned memory, so that comparing logits
-    exactly tests the model rather than the allocator (callers first check the state dicts are bit-identical)."""
-    with torch.no_grad():
-        for tensor in [*model.parameters(), *model.buffers()]:  # tied parameters appear once and stay tied
-            tensor.data = tensor.data.clone()
-    return model
 
 
 def routers(model) -> list[TfmRouter]:
