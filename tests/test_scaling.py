@@ -1,10 +1,11 @@
 """`hf-tfm scaling`: training compute counted by FlopCounterMode equals a hand count (dense and MoE), the power-law fit
 recovers known exponents, the compute multiplier reads the fits as defined, a three-size ladder of tiny models runs
-end to end (and resumes), and bad input is named."""
+end to end (and resumes), bad input is named, and the study in docs/training.md is what its records give."""
 
 import json
 import math
 import random
+from pathlib import Path
 
 import pytest
 from support.runs import tiny_config_file
@@ -15,9 +16,11 @@ from hf_tfm.training.scaling import (
     best_learning_rate,
     counted,
     fit_power_law,
+    fits,
     flop_batch,
     loss_at,
     multiplier,
+    multipliers,
     scale_to,
     scaling,
     training_flops,
@@ -99,7 +102,6 @@ def spec(tmp_path) -> RunSpec:
     )  # fmt: skip
 
 
-@pytest.mark.slow
 def test_a_three_size_ladder_runs_end_to_end_and_resumes(tmp_path):
     base = tiny_config_file(tmp_path / "configs", "tfm_decoder")
     told = []
@@ -161,3 +163,24 @@ def test_a_model_is_scaled_along_its_own_width_and_depth():
             scaled_config.head_dim == 16 and scaled_config.num_attention_heads == 2 * scaled_config.num_key_value_heads
         )
         assert scaled_config.intermediate_size / scaled_config.hidden_size == pytest.approx(1.5, rel=0.2)
+
+
+STUDY = Path(__file__).parents[1] / "benchmarks" / "results"
+
+
+@pytest.mark.parametrize("task", ["causal-lm", "masked-lm"])
+def test_the_study_in_the_guide_is_what_its_records_give(task):
+    """The fits and multipliers of `make study-scaling`'s records, refitted by this code, are the ones recorded, and
+    the guide quotes them: a change to the fit or to the records shows here before the guide goes stale."""
+    record = json.loads((STUDY / f"scaling-{task}-cpu-2026-12-07.json").read_text())
+    guide = (Path(__file__).parents[1] / "docs" / "training.md").read_text()
+    refitted = fits(record)
+    for label, fit in record["fits"].items():
+        assert refitted[label]["alpha"] == pytest.approx(fit["alpha"], rel=1e-9), label
+    for key, recorded in multipliers({**record, "fits": refitted}).items():
+        assert recorded["multiplier"] == pytest.approx(record["multipliers"][key]["multiplier"], rel=1e-9), key
+        low, high = recorded["interval_95"]
+        assert f"{recorded['multiplier']:.3g}" in guide and f"{low:.3g} to {high:.3g}" in guide, key
+    for rung in record["ladder"]:
+        for label, row in rung["models"].items():
+            assert f"{row['loss']:.3f}" in guide, (rung["target"], label)

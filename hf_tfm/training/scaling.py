@@ -46,6 +46,7 @@ SIZE_TOLERANCE = 0.2  # a scaled model within 20% of the size asked for
 MIN_STEPS = 10
 BOOTSTRAP_SAMPLES = 1000
 E_GRID = 400  # candidate irreducible losses between 0 and the smallest loss
+REFINEMENTS = 4  # finer grids around the best E, each spanning two steps of the one before
 SCALED_TASKS = ("causal-lm", "masked-lm")
 
 
@@ -169,9 +170,10 @@ def flop_batch(task: str, vocab_size: int, batch_size: int, length: int) -> dict
 # -------------------------------------------------------------------------------------------------------------- fit
 def fit_power_law(compute: list[float], loss: list[float]) -> dict:
     """`L = E + A * C^-alpha` by least squares in L: for each E below the smallest loss, the line through
-    (log C, log(L - E)) gives A and alpha; the E with the least squared error in L wins (a grid, then a golden-section
-    search between the grid's neighbours of the best). Not converged (said, never drawn) when alpha is not positive
-    or the best E presses against the smallest loss (the points want an E at or above a loss)."""
+    (log C, log(L - E)) gives A and alpha; the E with the least squared error in L wins (a grid, then finer grids
+    between the neighbours of the best, each one tensor operation: the bootstrap fits thousands of times). Not
+    converged (said, never drawn) when alpha is not positive or the best E presses against the smallest loss (the
+    points want an E at or above a loss)."""
     points = sorted(zip(compute, loss))
     if len(points) < MIN_SIZES:
         return {"converged": False, "reason": f"{len(points)} points: a power law needs at least {MIN_SIZES}"}
@@ -183,16 +185,13 @@ def fit_power_law(compute: list[float], loss: list[float]) -> dict:
     if step == E_GRID - 1:
         fit = _fit_at(x, y, float(grid[step]))
         return {**fit, "converged": False, "reason": "the fitted E presses against the smallest loss"}
-    low, high = float(grid[max(step - 1, 0)]), float(grid[step + 1])
-    ratio = (math.sqrt(5) - 1) / 2
-    for _ in range(60):  # the error is smooth in E near its minimum
-        left, right = high - ratio * (high - low), low + ratio * (high - low)
-        if _fit_at(x, y, left)["squared_error"] < _fit_at(x, y, right)["squared_error"]:
-            high = right
-        else:
-            low = left
-    fit = _fit_at(x, y, (low + high) / 2)
-    if step == 0:  # the error falls all the way to E = 0: a pure power law fits best, and E is not measured
+    at_zero = step == 0  # the error falls all the way to E = 0: a pure power law fits best, and E is not measured
+    for _ in range(REFINEMENTS):  # the error is smooth in E near its minimum
+        low, high = float(grid[max(step - 1, 0)]), float(grid[min(step + 1, E_GRID - 1)])
+        grid = torch.linspace(low, high, E_GRID, dtype=torch.float64)
+        step = int(_fitted(x, y, grid)[0].argmin())
+    fit = _fit_at(x, y, float(grid[step]))
+    if at_zero:
         fit["E_at_zero"] = True
     if fit["alpha"] <= 0:
         return {
@@ -471,6 +470,7 @@ def plot(record: dict, path: Path) -> None:
     every learning rate's other points faint."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, ScalarFormatter
 
     figure = Figure(figsize=(7.5, 5), layout="tight")
     axes = figure.add_subplot()
@@ -493,6 +493,13 @@ def plot(record: dict, path: Path) -> None:
             axes.plot(grid, [loss_at(fit, c) for c in grid], color=colour, linestyle="--" if reference else "-")
     axes.set_xscale("log")
     axes.set_yscale("log")
+    # a ladder spans a decade or two of compute and less than one of loss: labels at 1, 2 and 5 of each decade on x,
+    # plain numbers on y, instead of matplotlib's crowded minor labels in powers of ten
+    axes.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    axes.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:.0e}".replace("e+", "e")))
+    axes.xaxis.set_minor_formatter(NullFormatter())
+    for formatter in (axes.yaxis.set_major_formatter, axes.yaxis.set_minor_formatter):
+        formatter(ScalarFormatter())
     axes.set_xlabel("training compute (FLOPs, counted)")
     axes.set_ylabel("validation loss")
     axes.legend(fontsize=8)
