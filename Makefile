@@ -29,14 +29,15 @@ setup: $(BIN)/hf-tfm
 run: setup
 	$(BIN)/hf-tfm demo --output-dir runs/demo $(DEMO_ARGS)
 
-# `make test`: every test but the slow tier (marked `slow` in tests/); `make test-slow`: that tier; CI runs both.
+# `make test`: every test but the slow tier (marked `slow` in tests/); `make test-slow`: that tier, its slowest tests
+# listed (CI's time turns on them); CI runs both.
 # loadgroup: a module marked xdist_group runs on one worker, so its launch fixture runs once.
 PYTEST := $(BIN)/python -m pytest -n 2 --dist loadgroup -q
 test: setup browser
 	$(PYTEST) -m "not slow" tests
 
 test-slow: setup browser
-	$(PYTEST) -m slow tests
+	$(PYTEST) -m slow --durations=30 tests
 
 # The documentation site, strict (a broken link or reference fails): README as its home page, the guides in docs/,
 # the API reference from the docstrings. Open build/site/index.html.
