@@ -5,6 +5,7 @@ The module names every statement in docs/lora.md relies on are asserted here. pe
 table is keyed by model_type and knows none of ours, so every LoraConfig names its targets explicitly.
 """
 
+import copy
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,7 +94,9 @@ class Paradigm:
 
     def build(self, seed=0):
         torch.manual_seed(seed)
-        return self.model_class(self.config).eval()
+        # a config of its own: set_experts_implementation writes to the model's config, and a test that picks a
+        # backend must not pick it for every model the paradigm builds after it
+        return self.model_class(copy.deepcopy(self.config)).eval()
 
     def lora_config(self, **overrides):
         fields = {
