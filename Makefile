@@ -31,8 +31,9 @@ run: setup
 
 # `make test`: every test but the slow tier (marked `slow` in tests/); `make test-slow`: that tier, its slowest tests
 # listed (CI's time turns on them); CI runs both.
-# loadgroup: a module marked xdist_group runs on one worker, so its launch fixture runs once.
-PYTEST := $(BIN)/python -m pytest -n 2 --dist loadgroup -q
+# loadgroup: a module marked xdist_group runs on one worker, so its launch fixture runs once (every venv's suite).
+XDIST := -n 2 --dist loadgroup
+PYTEST := $(BIN)/python -m pytest $(XDIST) -q
 test: setup browser
 	$(PYTEST) -m "not slow" tests
 
@@ -70,7 +71,7 @@ test-min:
 	$(PYTHON) -m venv build/venv-min
 	build/venv-min/bin/pip install -q $(TORCH)
 	build/venv-min/bin/pip install -q -e . $(MIN_VERSIONS) pytest pytest-xdist
-	build/venv-min/bin/python -m pytest -n 2 --dist loadgroup -q -p no:cacheprovider $(MODEL_TESTS)
+	build/venv-min/bin/python -m pytest $(XDIST) -q -p no:cacheprovider $(MODEL_TESTS)
 
 # Every transformers minor release from pyproject's lower bound to the newest the index offers now (newest patch of
 # each), one reused venv (build/venv-matrix) with only transformers swapped, one line per release
@@ -171,4 +172,4 @@ test-torch:
 	build/venv-torch/bin/pip install -q "$(TORCH_UNDER_TEST)"
 	build/venv-torch/bin/pip install -q -e ".[dev]"
 	build/venv-torch/bin/python -c "import torch; print('torch', torch.__version__)"
-	build/venv-torch/bin/python -m pytest -n 2 --dist loadgroup -q -p no:cacheprovider tests
+	build/venv-torch/bin/python -m pytest $(XDIST) -q -p no:cacheprovider tests
