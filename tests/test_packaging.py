@@ -68,6 +68,38 @@ def test_make_test_min_installs_the_declared_lower_bounds():
     assert {"torch", "transformers"} <= set(pins)
 
 
+def test_make_test_min_installs_the_test_extras_runner():
+    makefile = (REPO / "Makefile").read_text()
+    runner = re.search(r"^TEST_RUNNER := (.*)$", makefile, re.M)[1].replace('"', "").split()
+    assert set(runner) <= set(_project()["optional-dependencies"]["test"])
+    assert "$(TEST_RUNNER)" in makefile.split("\ntest-min:")[1].split("\n\n")[0]
+
+
+def test_loadgroup_runs_a_group_on_one_worker(tmp_path):
+    """The suite's `--dist loadgroup` keeps each xdist_group on one worker, so a module's launch fixture runs once:
+    the installed pytest and pytest-xdist do (pytest 9.2 with xdist 3.8 spread every group)."""
+    (tmp_path / "test_grouped.py").write_text(
+        "import os, pytest\n"
+        "pytestmark = pytest.mark.xdist_group('launch')\n"
+        "@pytest.mark.parametrize('i', range(6))\n"
+        "def test_grouped(i):\n"
+        "    print('worker', os.environ['PYTEST_XDIST_WORKER'])\n"
+    )
+    (tmp_path / "test_free.py").write_text(
+        "import pytest\n@pytest.mark.parametrize('i', range(6))\ndef test_free(i): pass\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-p", "no:cacheprovider", "-rA", "-q"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert len(re.findall(r"^PASSED test_grouped.py::test_grouped\[\d\]@launch$", result.stdout, re.M)) == 6
+    assert len(set(re.findall(r"^worker (gw\d)$", result.stdout, re.M))) == 1, result.stdout
+
+
 def test_core_dependencies_are_only_what_the_models_need():
     assert set(_lower_bounds()) == {"torch", "transformers", "safetensors", "huggingface_hub", "jinja2", "pyyaml"}
     extras = _project()["optional-dependencies"]

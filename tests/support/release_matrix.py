@@ -78,6 +78,9 @@ def makefile_list(name: str) -> list[str]:
 
 # what `make test-min` runs on the lowest supported release (with the lowest core packages too)
 MODEL_TESTS = makefile_list("MODEL_TESTS")
+# `pip install` with the Makefile's options, then the venv compiled on every core, as `python -m` runs them
+PIP_INSTALL = makefile_list("PIP_INSTALL")
+COMPILE = makefile_list("COMPILE")
 
 
 def supported_range() -> tuple[tuple[int, ...], int]:
@@ -119,6 +122,14 @@ def run(command: list[str], **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([str(part) for part in command], cwd=ROOT, text=True, **kwargs)
 
 
+def pip_install(python: Path, *requirements: str, **kwargs) -> subprocess.CompletedProcess:
+    """`pip install` into the matrix venv, then the venv compiled (what is compiled already is skipped); a file this
+    Python cannot parse is left uncompiled, as pip leaves it, so compileall's exit status is not read."""
+    result = run([python, "-m", *PIP_INSTALL, *requirements], **kwargs)
+    run([python, "-m", *COMPILE, VENV / "lib"], capture_output=True)
+    return result
+
+
 def make_venv(torch_requirement: str, seed: Path | None = None) -> Path:
     """The matrix venv: a copy of `seed` (a venv with the same extras installed: CI's .venv, which `make test` has
     just built, so nothing is downloaded twice), or a new one."""
@@ -127,8 +138,8 @@ def make_venv(torch_requirement: str, seed: Path | None = None) -> Path:
         run(["cp", "-a", seed, VENV], check=True)  # its scripts keep the seed's path; this runs `python -m` alone
     if not python.exists():
         run([sys.executable, "-m", "venv", VENV], check=True)
-        run([python, "-m", "pip", "install", "-q", torch_requirement], check=True)
-    run([python, "-m", "pip", "install", "-q", "-e", EXTRA], check=True)  # a reused venv gets extras added since
+        pip_install(python, torch_requirement, check=True)
+    pip_install(python, "-e", EXTRA, check=True)  # a reused venv gets extras added since
     return python
 
 
@@ -144,7 +155,7 @@ def full_releases(releases: list[str]) -> set[str]:
 
 def test_release(python: Path, release: str, tests: list[str]) -> tuple[bool, str]:
     """Install `release` in the matrix venv and run `tests`; (passed, pytest's closing counts)."""
-    install = run([python, "-m", "pip", "install", "-q", f"transformers=={release}"], capture_output=True)
+    install = pip_install(python, f"transformers=={release}", capture_output=True)
     if install.returncode != 0:
         return False, "install failed: " + install.stderr.strip().splitlines()[-1]
     if installed_transformers(python) != release:
