@@ -134,6 +134,9 @@ def build_models(shape: dict, seed: int = 0) -> dict[str, nn.Module]:
     return {"reference": reference, "ours": to_tfm(reference), "nanogpt_style": MiniGPT.holding(reference)}
 
 
+MODELS = ["reference", "ours", "nanogpt_style"]  # build_models' names
+
+
 def largest_logit_difference(models: dict, input_ids: torch.Tensor) -> float:
     """How far hf_tfm's and MiniGPT's logits are from the reference's on the measured batch, in float32."""
     with torch.inference_mode():
@@ -206,13 +209,15 @@ def run(profile_name: str, output: Path | None, command: str) -> dict:
     return record
 
 
-def predict(profile_name: str, batches: tuple[int, int], length: int, output: Path | None, command: str) -> dict:
-    """The compiled step of each model predicted on the CPU, as `benchmarks.compiled` predicts the pairs': inductor's
-    bytes and kernels at `batches` sequences of `length` tokens, and the bytes on the line through them at the
-    profile's token count; graphs and graph breaks."""
+def predict(
+    profile_name: str, batches: tuple[int, int], length: int, output: Path | None, command: str, names: list[str]
+) -> dict:
+    """The compiled step of each model named predicted on the CPU, as `benchmarks.compiled` predicts the pairs':
+    inductor's bytes and kernels at `batches` sequences of `length` tokens, and the bytes on the line through them at
+    the profile's token count; graphs and graph breaks."""
     count_inductor_bytes()
     profile = PROFILES[profile_name]
-    models = build_models(profile["model"])
+    models = {name: model for name, model in build_models(profile["model"]).items() if name in names}
     profile_batch = profile["batch"] * profile["length"] / length
 
     def batch_of(batch: int) -> dict:
@@ -249,10 +254,13 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--batches", type=int, nargs=2, default=[2, 4], help="with --predict (default: 2 4)")
     parser.add_argument("--length", type=int, default=256, help="with --predict (default: 256)")
+    parser.add_argument(
+        "--models", nargs="+", choices=MODELS, default=MODELS, help="with --predict: these models only (default: all)"
+    )
     args = parser.parse_args(argv)
     command = "python -m benchmarks.nanogpt_setting " + " ".join(argv or sys.argv[1:])
     if args.predict:
-        predict(args.profile, tuple(args.batches), args.length, args.output, command)
+        predict(args.profile, tuple(args.batches), args.length, args.output, command, args.models)
         return
     if PROFILES[args.profile]["device"] == "cuda" and not torch.cuda.is_available():
         raise SystemExit(f"error: profile {args.profile!r} needs a CUDA device and none is visible")
