@@ -239,7 +239,8 @@ def test_openai_server_answers_completions_with_the_same_tokens(tmp_path):
     command += ["--model-impl", "transformers", "--trust-remote-code", "--dtype", "float32", "--max-model-len", "64"]
     command += ["--enforce-eager", "--host", "127.0.0.1", "--port", str(port)]
     log = open(tmp_path / "server.log", "w")
-    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=ENV)
+    server_env = {**ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}  # the server's processes as docs/serving.md starts it
+    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=server_env)
     try:
         deadline = time.time() + 300
         while True:
