@@ -122,25 +122,34 @@ def run(command: list[str], **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([str(part) for part in command], cwd=ROOT, text=True, **kwargs)
 
 
-def pip_install(python: Path, *requirements: str, **kwargs) -> subprocess.CompletedProcess:
-    """`pip install` into the matrix venv, then the venv compiled (what is compiled already is skipped); a file this
-    Python cannot parse is left uncompiled, as pip leaves it, so compileall's exit status is not read."""
+def pip_install(python: Path, *requirements: str, compile_: Path | None, **kwargs) -> subprocess.CompletedProcess:
+    """`pip install` into the matrix venv, then `compile_` (a folder of it, if given) compiled on every core: what is
+    compiled already would be skipped, but scanning the whole venv takes seconds. A file this Python cannot parse is
+    left uncompiled, as pip leaves it, so compileall's exit status is not read."""
     result = run([python, "-m", *PIP_INSTALL, *requirements], **kwargs)
-    run([python, "-m", *COMPILE, VENV / "lib"], capture_output=True)
+    if compile_ is not None:
+        run([python, "-m", *COMPILE, compile_], capture_output=True)
     return result
 
 
 def make_venv(torch_requirement: str, seed: Path | None = None) -> Path:
-    """The matrix venv: a copy of `seed` (a venv with the same extras installed: CI's .venv, which `make test` has
-    just built, so nothing is downloaded twice), or a new one."""
+    """The matrix venv: a copy of `seed` (a venv with the same extras installed and compiled: CI's .venv, which `make
+    test` has just built, so nothing is downloaded twice), or a new one."""
     python = VENV / "bin" / "python"
     if not python.exists() and seed is not None and (seed / "bin" / "python").exists():
         run(["cp", "-a", seed, VENV], check=True)  # its scripts keep the seed's path; this runs `python -m` alone
-    if not python.exists():
+    if python.exists():  # copied or reused: the extras added since, if any
+        pip_install(python, "-e", EXTRA, compile_=None, check=True)
+    else:
         run([sys.executable, "-m", "venv", VENV], check=True)
-        pip_install(python, torch_requirement, check=True)
-    pip_install(python, "-e", EXTRA, check=True)  # a reused venv gets extras added since
+        pip_install(python, torch_requirement, compile_=None, check=True)
+        pip_install(python, "-e", EXTRA, compile_=VENV / "lib", check=True)
     return python
+
+
+def site_packages() -> Path:
+    (folder,) = VENV.glob("lib/python3.*/site-packages")
+    return folder
 
 
 def installed_transformers(python: Path) -> str:
@@ -158,7 +167,9 @@ def full_releases(releases: list[str]) -> set[str]:
 
 def test_release(python: Path, release: str, tests: list[str]) -> tuple[bool, str]:
     """Install `release` in the matrix venv and run `tests`; (passed, pytest's closing counts)."""
-    install = pip_install(python, f"transformers=={release}", capture_output=True)
+    install = pip_install(
+        python, f"transformers=={release}", compile_=site_packages() / "transformers", capture_output=True
+    )
     if install.returncode != 0:
         return False, "install failed: " + install.stderr.strip().splitlines()[-1]
     if installed_transformers(python) != release:
