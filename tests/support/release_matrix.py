@@ -78,9 +78,6 @@ def makefile_list(name: str) -> list[str]:
 
 # what `make test-min` runs on the lowest supported release (with the lowest core packages too)
 MODEL_TESTS = makefile_list("MODEL_TESTS")
-# `pip install` with the Makefile's options, then the venv compiled on every core, as `python -m` runs them
-PIP_INSTALL = makefile_list("PIP_INSTALL")
-COMPILE = makefile_list("COMPILE")
 
 
 def supported_range() -> tuple[tuple[int, ...], int]:
@@ -122,34 +119,29 @@ def run(command: list[str], **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([str(part) for part in command], cwd=ROOT, text=True, **kwargs)
 
 
-def pip_install(python: Path, *requirements: str, compile_: Path | None, **kwargs) -> subprocess.CompletedProcess:
-    """`pip install` into the matrix venv, then `compile_` (a folder of it, if given) compiled on every core: what is
-    compiled already would be skipped, but scanning the whole venv takes seconds. A file this Python cannot parse is
-    left uncompiled, as pip leaves it, so compileall's exit status is not read."""
-    result = run([python, "-m", *PIP_INSTALL, *requirements], **kwargs)
-    if compile_ is not None:
-        run([python, "-m", *COMPILE, compile_], capture_output=True)
-    return result
-
-
 def make_venv(torch_requirement: str, seed: Path | None = None) -> Path:
-    """The matrix venv: a copy of `seed` (a venv with the same extras installed and compiled: CI's .venv, which `make
-    test` has just built, so nothing is downloaded twice), or a new one."""
+    """The matrix venv: a copy of `seed` (a venv with the same extras installed: CI's .venv, which `make test` has
+    just built, so nothing is downloaded twice), or a new one."""
     python = VENV / "bin" / "python"
     if not python.exists() and seed is not None and (seed / "bin" / "python").exists():
         run(["cp", "-a", seed, VENV], check=True)  # its scripts keep the seed's path; this runs `python -m` alone
-    if python.exists():  # copied or reused: the extras added since, if any
-        pip_install(python, "-e", EXTRA, compile_=None, check=True)
-    else:
+    if not python.exists():
         run([sys.executable, "-m", "venv", VENV], check=True)
-        pip_install(python, torch_requirement, compile_=None, check=True)
-        pip_install(python, "-e", EXTRA, compile_=VENV / "lib", check=True)
+        run([python, "-m", "pip", "install", "-q", torch_requirement], check=True)
+    run([python, "-m", "pip", "install", "-q", "-e", EXTRA], check=True)  # a reused venv gets extras added since
     return python
 
 
-def site_packages() -> Path:
-    (folder,) = VENV.glob("lib/python3.*/site-packages")
-    return folder
+def install_release(python: Path, release: str) -> subprocess.CompletedProcess:
+    """transformers `release` swapped into the matrix venv, then compiled on both cores (pip compiles one file at a
+    time: 13 s where this takes 9). A file this Python cannot parse would be left uncompiled, as pip leaves it, so
+    compileall's exit status is not read."""
+    install = run(
+        [python, "-m", "pip", "install", "-q", "--no-compile", f"transformers=={release}"], capture_output=True
+    )
+    (site_packages,) = VENV.glob("lib/python3.*/site-packages")
+    run([python, "-m", "compileall", "-qq", "-j", "0", site_packages / "transformers"], capture_output=True)
+    return install
 
 
 def installed_transformers(python: Path) -> str:
@@ -167,9 +159,7 @@ def full_releases(releases: list[str]) -> set[str]:
 
 def test_release(python: Path, release: str, tests: list[str]) -> tuple[bool, str]:
     """Install `release` in the matrix venv and run `tests`; (passed, pytest's closing counts)."""
-    install = pip_install(
-        python, f"transformers=={release}", compile_=site_packages() / "transformers", capture_output=True
-    )
+    install = install_release(python, release)
     if install.returncode != 0:
         return False, "install failed: " + install.stderr.strip().splitlines()[-1]
     if installed_transformers(python) != release:
