@@ -78,6 +78,7 @@ def makefile_list(name: str) -> list[str]:
 
 # what `make test-min` runs on the lowest supported release (with the lowest core packages too)
 MODEL_TESTS = makefile_list("MODEL_TESTS")
+XDIST = makefile_list("XDIST")  # the suite's workers and how tests are spread over them
 
 
 def supported_range() -> tuple[tuple[int, ...], int]:
@@ -165,7 +166,7 @@ def test_release(python: Path, release: str, tests: list[str]) -> tuple[bool, st
     if installed_transformers(python) != release:
         return False, f"installed {installed_transformers(python)!r} instead"
     tests = run(
-        [python, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-q", "-p", "no:cacheprovider", *tests],
+        [python, "-m", "pytest", *XDIST, "-q", "-p", "no:cacheprovider", *tests],
         capture_output=True,
     )
     lines = [line for line in tests.stdout.splitlines() if line.strip()]
