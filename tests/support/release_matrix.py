@@ -122,31 +122,31 @@ def run(command: list[str], **kwargs) -> subprocess.CompletedProcess:
 
 def make_venv(torch_requirement: str, seed: Path | None = None) -> Path:
     """The matrix venv: a copy of `seed` (a venv with the same extras installed: CI's .venv, which `make test` has
-    just built, so nothing is downloaded twice), or a new one."""
+    just built, so nothing is downloaded twice), or a new one. Its packages come from uv, as the Makefile's venvs'."""
     python = VENV / "bin" / "python"
     if not python.exists() and seed is not None and (seed / "bin" / "python").exists():
         run(["cp", "-a", seed, VENV], check=True)  # its scripts keep the seed's path; this runs `python -m` alone
     if not python.exists():
         run([sys.executable, "-m", "venv", VENV], check=True)
         run([python, "-m", "pip", "install", "-q", torch_requirement], check=True)
-    run([python, "-m", "pip", "install", "-q", "-e", EXTRA], check=True)  # a reused venv gets extras added since
+    if not (VENV / "bin" / "uv").exists():
+        run([python, "-m", "pip", "install", "-q", "uv"], check=True)
+    run(uv_install(python, "-e", EXTRA), check=True)  # a reused venv gets extras added since
     return python
 
 
+def uv_install(python: Path, *requirements: str) -> list:
+    """The Makefile's `uv_install`: `requirements` installed into `python`'s venv, compiled as pip compiles."""
+    return [python, "-m", "uv", "pip", "install", "-q", "--compile-bytecode", "--python", python, *requirements]
+
+
 def install_release(python: Path, release: str) -> subprocess.CompletedProcess:
-    """transformers `release` swapped into the matrix venv, then compiled on both cores (pip compiles one file at a
-    time: 13 s where this takes 9). A file this Python cannot parse would be left uncompiled, as pip leaves it, so
-    compileall's exit status is not read."""
-    install = run(
-        [python, "-m", "pip", "install", "-q", "--no-compile", f"transformers=={release}"], capture_output=True
-    )
-    (site_packages,) = VENV.glob("lib/python3.*/site-packages")
-    run([python, "-m", "compileall", "-qq", "-j", "0", site_packages / "transformers"], capture_output=True)
-    return install
+    """transformers `release` swapped into the matrix venv."""
+    return run(uv_install(python, f"transformers=={release}"), capture_output=True)
 
 
 def installed_transformers(python: Path) -> str:
-    """The version pip installed, from its metadata (importing transformers would take seconds)."""
+    """The version installed, from its metadata (importing transformers would take seconds)."""
     result = run(
         [python, "-c", "from importlib.metadata import version; print(version('transformers'))"], capture_output=True
     )
