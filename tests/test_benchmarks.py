@@ -23,9 +23,7 @@ from benchmarks import (
 from benchmarks.pairs import KINDS, PROFILES, build_pair, parameter_count, train_flops_per_token
 
 # one xdist worker runs this module, so its module-scoped fixture runs once
-pytestmark = [pytest.mark.xdist_group("benchmarks")]
-
-pytestmark = pytest.mark.filterwarnings("ignore")
+pytestmark = [pytest.mark.xdist_group("benchmarks"), pytest.mark.filterwarnings("ignore")]
 
 
 @pytest.fixture(scope="module")
