@@ -45,12 +45,8 @@ PYTEST := $(BIN)/python -m pytest $(XDIST) -q
 test: setup browser
 	$(PYTEST) -m "not slow" tests
 
-# The slow tier in two runs: first the modules grouped for a launch fixture (torchrun's two processes, the
-# benchmarks' compiles), one test at a time, since each keeps both cores busy itself and beside a second worker ran
-# several times slower (the collectives of two ranks wait on a third process); then the rest on two workers.
 test-slow: setup browser
-	$(BIN)/python -m pytest -q -m "slow and xdist_group" --durations=10 tests
-	$(PYTEST) -m "slow and not xdist_group" --durations=30 tests
+	$(PYTEST) -m slow --durations=30 tests
 
 # The documentation site, strict (a broken link or reference fails): README as its home page, the guides in docs/,
 # the API reference from the docstrings. Open build/site/index.html.
