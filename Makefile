@@ -15,8 +15,10 @@ TEST_RUNNER := "pytest>=8,<9.2" "pytest-xdist>=3"
 # own configuration finds the CPU wheel, and uv): pip resolves and unpacks one package at a time, uv in parallel, which
 # takes a 2-core machine's venv builds from minutes to seconds (CONTRIBUTING.md has the times). test-lean keeps pip:
 # `pip install .` is the install it proves. `$(call uv_install,VENV,REQUIREMENTS)`; compiled, as pip compiles (this
-# machine's PYTHONDONTWRITEBYTECODE leaves an import nowhere to write them).
-uv_install = $(1)/bin/python -m uv pip install -q --compile-bytecode --python $(1)/bin/python $(2)
+# machine's PYTHONDONTWRITEBYTECODE leaves an import nowhere to write them). tests/support/release_matrix.py reads
+# UV_INSTALL for its swaps.
+UV_INSTALL := -m uv pip install -q --compile-bytecode
+uv_install = $(1)/bin/python $(UV_INSTALL) --python $(1)/bin/python $(2)
 # the model tests: no training, data or metrics packages needed
 MODEL_TESTS := tests/test_compat.py tests/test_config.py tests/test_modeling.py tests/test_parity.py tests/test_generation.py \
 	tests/test_save_load.py tests/test_encoder_decoder.py tests/test_t5_bart_parity.py tests/test_upcycle.py

@@ -79,6 +79,7 @@ def makefile_list(name: str) -> list[str]:
 # what `make test-min` runs on the lowest supported release (with the lowest core packages too)
 MODEL_TESTS = makefile_list("MODEL_TESTS")
 XDIST = makefile_list("XDIST")  # the suite's workers and how tests are spread over them
+UV_INSTALL = makefile_list("UV_INSTALL")  # `python UV_INSTALL --python python REQUIREMENTS`
 
 
 def supported_range() -> tuple[tuple[int, ...], int]:
@@ -137,7 +138,7 @@ def make_venv(torch_requirement: str, seed: Path | None = None) -> Path:
 
 def uv_install(python: Path, *requirements: str) -> list:
     """The Makefile's `uv_install`: `requirements` installed into `python`'s venv, compiled as pip compiles."""
-    return [python, "-m", "uv", "pip", "install", "-q", "--compile-bytecode", "--python", python, *requirements]
+    return [python, *UV_INSTALL, "--python", python, *requirements]
 
 
 def install_release(python: Path, release: str) -> subprocess.CompletedProcess:
