@@ -102,7 +102,7 @@ vllm-venv:
 	test -x build/venv-vllm/bin/python || $(PYTHON) -m venv build/venv-vllm
 	build/venv-vllm/bin/pip install -q $(TORCH) uv
 	$(call uv_install,build/venv-vllm,$(VLLM) pytest)
-	build/venv-vllm/bin/python -m uv pip uninstall -q --python build/venv-vllm/bin/python torchvision torchaudio torchcodec
+	build/venv-vllm/bin/pip uninstall -y -q torchvision torchaudio torchcodec
 	$(call uv_install,build/venv-vllm,--no-deps -e .)
 
 test-vllm: vllm-venv
