@@ -67,9 +67,13 @@ def test_the_maps_are_eager_attention_weights(tmp_path, tokenizer, paradigm):
     forward returns for the same tokens."""
     from hf_tfm.training.checkpoints import load_saved
 
-    model = load_saved(saved(tmp_path / "model", tokenizer, paradigm))
+    model = load_saved(saved(tmp_path / "model", tokenizer, paradigm)).train()
+    backend = model.config._attn_implementation
+    assert backend != "eager"
     found = attention_maps(model, tokenizer, TEXT)
-    assert model.config._attn_implementation == "eager"
+    assert (model.config._attn_implementation, model.training) == (backend, True)  # the model is given back as it was
+    model.set_attn_implementation("eager")
+    model.eval()
     length = len(tokenizer(TEXT)["input_ids"])
     for kind, layers in found.maps.items():
         assert len(layers) == (3 if kind in ("decoder", "cross") else 2)

@@ -36,9 +36,19 @@ class AttentionMaps:
 
 def attention_maps(model, tokenizer, text: str, max_new_tokens: int = 12) -> AttentionMaps:
     """The attention weights (eager) and MoE routing of `model` on `text`. An encoder-decoder first generates a greedy
-    continuation of at most `max_new_tokens`, whose tokens are the decoder's side."""
+    continuation of at most `max_new_tokens`, whose tokens are the decoder's side. The model is read in eval mode with
+    eager attention, then given back with its own backend and mode (a model being trained goes on as it was)."""
+    attention, training = model.config._attn_implementation, model.training
     model.set_attn_implementation("eager")
     model.eval()
+    try:
+        return _eager_maps(model, tokenizer, text, max_new_tokens)
+    finally:
+        model.set_attn_implementation(attention)
+        model.train(training)
+
+
+def _eager_maps(model, tokenizer, text: str, max_new_tokens: int) -> AttentionMaps:
     inputs = tokenizer(text, return_tensors="pt")
     inputs.pop("token_type_ids", None)
     length = inputs["input_ids"].shape[1]
