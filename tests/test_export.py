@@ -142,11 +142,11 @@ def test_onnx_encoder_decoder_with_cache_generates_the_same_tokens(tmp_path):
 
 
 @pytest.mark.slow
-def test_onnx_export_keeps_the_models_attention_backend(tmp_path):
-    model = decoder(**DECODERS["dense"])
+def test_onnx_export_keeps_the_models_attention_backend_and_training_mode(tmp_path):
+    model = decoder(**DECODERS["dense"]).train()
     model.set_attn_implementation("sdpa")
     export_onnx(model, tmp_path)
-    assert model.config._attn_implementation == "sdpa"
+    assert (model.config._attn_implementation, model.training) == ("sdpa", True)
 
 
 # --------------------------------------------------------------------------------------------------------- GGUF

@@ -142,10 +142,10 @@ def export_onnx(model, folder) -> Path:
     dynamic batch, length and cache length, plus `onnx_export.json` naming them. The graphs are traced with eager
     attention and batched_mm experts (the same function: onnxruntime fuses it its own way), as torch 2.13's ONNX
     decompositions fail on sdpa with an additive bias (ALiBi, T5's relative bias) and have no ONNX function for
-    transformers' grouped_mm operator; the model's own choices are restored afterwards."""
+    transformers' grouped_mm operator; the model's own choices and its training mode are restored afterwards."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    attention = model.config._attn_implementation
+    attention, training = model.config._attn_implementation, model.training
     experts = getattr(model.config, "_experts_implementation", None) if model.config.has_moe_layers() else None
     model.eval().set_attn_implementation("eager")
     if experts is not None:
@@ -156,6 +156,7 @@ def export_onnx(model, folder) -> Path:
         model.set_attn_implementation(attention)
         if experts is not None:
             model.set_experts_implementation(experts)
+        model.train(training)
 
 
 def _export_graphs(model, folder: Path) -> Path:
